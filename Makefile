@@ -1,0 +1,30 @@
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test bench lint db-stop clean
+
+# The stamp makes a second `make run` skip pip unless requirements changed.
+$(VENV)/.installed: requirements.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+run: $(VENV)/.installed
+	@$(BIN)/python scripts/dev.py run
+
+test: $(VENV)/.installed
+	@$(BIN)/python scripts/dev.py test $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	@$(BIN)/python scripts/dev.py bench $(BENCH_ARGS)
+
+lint: $(VENV)/.installed
+	@$(BIN)/ruff check .
+
+db-stop:
+	@$(PYTHON) scripts/embedded_pg.py stop
+
+clean: db-stop
+	rm -rf $(VENV) var

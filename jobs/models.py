@@ -1,0 +1,158 @@
+import uuid
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+
+class Tenant(models.Model):
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200, blank=True)
+    max_concurrency = models.PositiveIntegerField(
+        default=10, help_text="Most runs of this tenant executing at the same moment."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "tenants"
+        ordering = ["slug"]
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class ApiToken(models.Model):
+    """Only a SHA-256 of the token is stored; the clear token is shown once at creation."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="tokens")
+    token_hash = models.CharField(max_length=64, unique=True)
+    prefix = models.CharField(max_length=12, help_text="First characters, to tell tokens apart.")
+    label = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "api_tokens"
+
+    def __str__(self) -> str:
+        return f"{self.tenant.slug}:{self.prefix}…"
+
+
+class MisfirePolicy(models.TextChoices):
+    RUN_ONCE = "run_once", "Run once (latest missed slot)"
+    SKIP = "skip", "Skip missed slots"
+    CATCH_UP = "catch_up", "Catch up (one run per missed slot)"
+
+
+class OverlapPolicy(models.TextChoices):
+    SKIP = "skip", "Skip while a run is active"
+    BUFFER_ONE = "buffer_one", "Buffer one"
+    ALLOW = "allow", "Allow concurrent runs"
+    CANCEL_PREVIOUS = "cancel_previous", "Cancel the previous run"
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="jobs")
+    name = models.CharField(max_length=200)
+
+    # Exactly one trigger is set; the check constraint below keeps it so.
+    cron_expr = models.CharField(max_length=200, blank=True, default="")
+    time_zone = models.CharField(max_length=64, default="UTC")
+    interval_seconds = models.PositiveIntegerField(null=True, blank=True)
+    run_at = models.DateTimeField(null=True, blank=True)
+
+    target = models.JSONField()
+
+    misfire_policy = models.CharField(
+        max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE
+    )
+    max_catch_up = models.PositiveIntegerField(default=100)
+    overlap_policy = models.CharField(
+        max_length=16, choices=OverlapPolicy.choices, default=OverlapPolicy.SKIP
+    )
+    max_attempts = models.PositiveIntegerField(default=5, validators=[MinValueValidator(1)])
+    retry_backoff_seconds = models.PositiveIntegerField(default=10)
+    retry_backoff_cap_seconds = models.PositiveIntegerField(default=3600)
+    lease_seconds = models.PositiveIntegerField(default=30, validators=[MinValueValidator(1)])
+    priority = models.PositiveSmallIntegerField(
+        default=0, validators=[MinValueValidator(0), MaxValueValidator(9)]
+    )
+
+    partition_id = models.PositiveSmallIntegerField(editable=False)
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    paused = models.BooleanField(default=False)
+    start_at = models.DateTimeField(null=True, blank=True)
+    end_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "jobs"
+        ordering = ["-created_at"]
+        indexes = [
+            # The dispatch query: due jobs of owned partitions, oldest first.
+            models.Index(
+                fields=["partition_id", "next_run_at"],
+                name="jobs_due_idx",
+                condition=models.Q(paused=False),
+            ),
+            models.Index(fields=["tenant", "created_at"], name="jobs_tenant_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                name="jobs_exactly_one_trigger",
+                condition=(
+                    (models.Q(cron_expr__gt="") & models.Q(interval_seconds__isnull=True) & models.Q(run_at__isnull=True))
+                    | (models.Q(cron_expr="") & models.Q(interval_seconds__isnull=False) & models.Q(run_at__isnull=True))
+                    | (models.Q(cron_expr="") & models.Q(interval_seconds__isnull=True) & models.Q(run_at__isnull=False))
+                ),
+            ),
+            models.CheckConstraint(name="jobs_priority_range", condition=models.Q(priority__lte=9)),
+            models.CheckConstraint(name="jobs_interval_positive", condition=models.Q(interval_seconds__gte=1)),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def trigger_type(self) -> str:
+        if self.cron_expr:
+            return "cron"
+        if self.interval_seconds is not None:
+            return "interval"
+        return "run_at"
+
+
+class Misfire(models.Model):
+    """A scheduler found a job's next_run_at older than the misfire threshold."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="misfires")
+    detected_at = models.DateTimeField(auto_now_add=True)
+    policy = models.CharField(max_length=16, choices=MisfirePolicy.choices)
+    missed_count = models.PositiveIntegerField()
+    first_missed_at = models.DateTimeField()
+    last_missed_at = models.DateTimeField()
+    runs_created = models.PositiveIntegerField()
+
+    class Meta:
+        db_table = "job_misfires"
+        ordering = ["-detected_at"]
+
+
+class SchedulerNode(models.Model):
+    """Heartbeat row of a live scheduler; the live set decides each node's fair share."""
+
+    node_id = models.CharField(max_length=100, primary_key=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    partitions = models.JSONField(default=list)
+
+    class Meta:
+        db_table = "scheduler_nodes"
+        ordering = ["node_id"]
+
+    def __str__(self) -> str:
+        return self.node_id

@@ -1,0 +1,216 @@
+"""Writes to jobs and tenants. Each function is one transaction; arguments are keyword-only.
+
+Validation of user input happens in the API serializers (field-level messages);
+these functions assume valid values but keep the database consistent on their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import zlib
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from jobs import schedule
+from jobs.models import ApiToken, Job, Tenant
+from runs.models import JobRun
+from runs.queue import NewRun, enqueue_runs, notify_executors
+
+TOKEN_PREFIX = "cy_"
+MAX_BACKFILL_RUNS = 1000
+
+SCHEDULE_FIELDS = ("cron_expr", "time_zone", "interval_seconds", "run_at", "start_at", "end_at")
+
+
+class ServiceError(ValueError):
+    """A request that is well-formed but cannot be done now (e.g. backfill of a run_at job)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def partition_for(job_id: UUID) -> int:
+    """Stable across processes and releases: crc32 of the id's bytes."""
+    return zlib.crc32(job_id.bytes) % settings.SCHEDULER_PARTITIONS
+
+
+@transaction.atomic
+def create_tenant(*, slug: str, name: str = "", max_concurrency: int = 10) -> tuple[Tenant, str]:
+    tenant = Tenant.objects.create(slug=slug, name=name or slug, max_concurrency=max_concurrency)
+    return tenant, _issue_token(tenant=tenant, label="created with tenant")
+
+
+@transaction.atomic
+def issue_token(*, tenant: Tenant, label: str = "") -> str:
+    return _issue_token(tenant=tenant, label=label)
+
+
+def _issue_token(*, tenant: Tenant, label: str) -> str:
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    ApiToken.objects.create(tenant=tenant, token_hash=hash_token(token), prefix=token[:10], label=label)
+    return token
+
+
+def next_slot(job: Job, *, after: datetime, anchor: datetime | None = None) -> datetime | None:
+    """The job's first fire time strictly after `after`, inside [start_at, end_at]."""
+    if job.start_at and job.start_at > after:
+        after = job.start_at - timedelta(microseconds=1)
+        anchor = anchor or job.start_at
+    moment = schedule.next_fire_time(
+        cron=job.cron_expr or None,
+        timezone=job.time_zone,
+        interval_seconds=job.interval_seconds,
+        run_at=job.run_at,
+        anchor=anchor or job.next_run_at or after,
+        after=after,
+        job_id=job.id,
+    )
+    if moment is not None and job.end_at and moment > job.end_at:
+        return None
+    return moment
+
+
+def slots_between(job: Job, *, after: datetime, until: datetime, limit: int) -> list[datetime]:
+    """Fire times in (after, until], oldest first, at most `limit` (misfires, backfill)."""
+    times = schedule.fire_times(
+        cron=job.cron_expr or None,
+        timezone=job.time_zone,
+        interval_seconds=job.interval_seconds,
+        run_at=job.run_at,
+        anchor=job.next_run_at or job.start_at or after,
+        after=after,
+        job_id=job.id,
+        until=until,
+        limit=limit,
+    )
+    out = [t.utc for t in times]
+    if job.start_at:
+        out = [t for t in out if t >= job.start_at]
+    if job.end_at:
+        out = [t for t in out if t <= job.end_at]
+    return out
+
+
+def run_for(job: Job, *, scheduled_at: datetime, trigger: str, overlap_check: bool = True) -> NewRun:
+    """The run row for one occurrence, carrying the snapshot the executor needs."""
+    return NewRun(
+        job_id=job.id,
+        scheduled_at=scheduled_at,
+        tenant_id=job.tenant_id,
+        partition_id=job.partition_id,
+        target=job.target,
+        trigger=trigger,
+        priority=job.priority,
+        job_name=job.name,
+        overlap_policy=job.overlap_policy,
+        max_attempts=job.max_attempts,
+        retry_backoff_seconds=job.retry_backoff_seconds,
+        retry_backoff_cap_seconds=job.retry_backoff_cap_seconds,
+        lease_seconds=job.lease_seconds,
+        overlap_check=overlap_check,
+    )
+
+
+@transaction.atomic
+def create_job(*, tenant: Tenant, now: datetime | None = None, **fields) -> Job:
+    now = now or timezone.now()
+    job = Job(tenant=tenant, **fields)
+    job.partition_id = partition_for(job.id)
+    job.next_run_at = None
+    job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now)
+    job.save(force_insert=True)
+    return job
+
+
+@transaction.atomic
+def update_job(*, job: Job, changes: dict, now: datetime | None = None) -> Job:
+    """Apply field changes; a schedule change restarts from the next future slot.
+
+    Edits never fire a slot that is already past (DESIGN section 3): the slots that
+    fell before the edit took effect are not misfires.
+    """
+    now = now or timezone.now()
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    schedule_changed = False
+    for name, value in changes.items():
+        if name in SCHEDULE_FIELDS and getattr(job, name) != value:
+            schedule_changed = True
+        setattr(job, name, value)
+    if schedule_changed:
+        job.next_run_at = None
+        job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now)
+    job.save()
+    return job
+
+
+@transaction.atomic
+def pause_job(*, job: Job) -> Job:
+    Job.objects.filter(pk=job.pk).update(paused=True, updated_at=timezone.now())
+    job.refresh_from_db()
+    return job
+
+
+@transaction.atomic
+def resume_job(*, job: Job, catch_up: str = "none", now: datetime | None = None) -> Job:
+    """Unpause. Without catch_up the next run is the next future slot.
+
+    catch_up="latest" queues one run for the latest slot that fell while paused,
+    "all" one per slot (at most max_catch_up), both marked trigger=catch_up.
+    """
+    now = now or timezone.now()
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if not job.paused:
+        return job
+    missed: list[datetime] = []
+    if catch_up != "none" and job.next_run_at is not None and job.next_run_at <= now:
+        missed = [job.next_run_at, *slots_between(job, after=job.next_run_at, until=now, limit=job.max_catch_up)]
+        missed = missed[-1:] if catch_up == "latest" else missed[: job.max_catch_up]
+    if missed:
+        enqueue_runs([run_for(job, scheduled_at=t, trigger="catch_up", overlap_check=False) for t in missed])
+        notify_executors()
+    if job.next_run_at is not None and job.next_run_at <= now:
+        job.next_run_at = next_slot(job, after=now, anchor=job.next_run_at)
+    job.paused = False
+    job.save(update_fields=["paused", "next_run_at", "updated_at"])
+    return job
+
+
+@transaction.atomic
+def delete_job(*, job: Job) -> None:
+    # Runs have no database FK (the table is partitioned); remove them in one statement.
+    JobRun.objects.filter(job_id=job.pk)._raw_delete(JobRun.objects.db)
+    job.misfires.all().delete()
+    Job.objects.filter(pk=job.pk).delete()
+
+
+@transaction.atomic
+def trigger_job(*, job: Job, now: datetime | None = None) -> datetime:
+    """Queue a manual run now; its scheduled_at is the request time (microseconds keep it unique)."""
+    now = now or timezone.now()
+    enqueue_runs([run_for(job, scheduled_at=now, trigger="manual", overlap_check=False)])
+    notify_executors()
+    return now
+
+
+@transaction.atomic
+def backfill_job(*, job: Job, start: datetime, end: datetime) -> list[datetime]:
+    """One run per slot in [start, end], capped; existing occurrences are left alone."""
+    if job.run_at is not None:
+        raise ServiceError("start", "a one-time job has no slots to backfill")
+    slots = slots_between(job, after=start - timedelta(microseconds=1), until=end, limit=MAX_BACKFILL_RUNS + 1)
+    if len(slots) > MAX_BACKFILL_RUNS:
+        raise ServiceError("end", f"the range holds more than {MAX_BACKFILL_RUNS} slots; backfill a shorter range")
+    inserted = enqueue_runs([run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in slots])
+    notify_executors()
+    return [run.scheduled_at for run in inserted]

@@ -1,0 +1,23 @@
+"""The run key `<job_id>/<scheduled_at RFC 3339 Z>`: idempotency key and URL path segment."""
+
+from datetime import UTC, datetime
+from uuid import UUID
+
+
+def format_utc(moment: datetime) -> str:
+    """RFC 3339 in UTC with a Z, microseconds only when present (manual triggers have them)."""
+    moment = moment.astimezone(UTC)
+    text = moment.isoformat(timespec="microseconds" if moment.microsecond else "seconds")
+    return text.replace("+00:00", "Z")
+
+
+def parse_utc(text: str) -> datetime:
+    """Inverse of format_utc; accepts any RFC 3339 offset. Raises ValueError."""
+    value = datetime.fromisoformat(text.strip().replace("z", "Z").replace("Z", "+00:00"))
+    if value.tzinfo is None:
+        raise ValueError("timestamp needs a zone, e.g. 2026-03-08T07:00:00Z")
+    return value.astimezone(UTC)
+
+
+def run_key(job_id: UUID | str, scheduled_at: datetime) -> str:
+    return f"{job_id}/{format_utc(scheduled_at)}"

@@ -1,0 +1,18 @@
+from django.conf import settings
+from django.core.management.base import BaseCommand
+
+from runs.partitions import maintain
+
+
+class Command(BaseCommand):
+    help = "Create job_runs day partitions ahead and drop days older than RUN_RETENTION_DAYS."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--days-ahead", type=int, default=7)
+
+    def handle(self, days_ahead, **options):
+        report = maintain(days_ahead=days_ahead, retention_days=settings.RUN_RETENTION_DAYS)
+        self.stdout.write(
+            f"created {len(report.created)} partition(s), dropped {len(report.dropped)}, "
+            f"moved {report.moved_rows} row(s) out of the default partition"
+        )

@@ -1,0 +1,87 @@
+from django.db import models
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    SKIPPED = "skipped"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATUSES = (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.RETRYING)
+FINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.DEAD, RunStatus.SKIPPED, RunStatus.CANCELLED)
+
+
+class RunTrigger(models.TextChoices):
+    SCHEDULE = "schedule"
+    MANUAL = "manual"
+    BACKFILL = "backfill"
+    REPLAY = "replay"
+    CATCH_UP = "catch_up"
+
+
+class JobRun(models.Model):
+    """One occurrence of a job: the outbox row and the execution record at once.
+
+    The table is range-partitioned by scheduled_at (migration 0001 creates it by hand).
+    Its identity is (job_id, scheduled_at); `id` is a surrogate only because Django 5.2's
+    admin cannot register models with a CompositePrimaryKey (see docs/DECISIONS.md).
+    The foreign keys carry no database constraint: runs outlive nothing but are
+    deleted by the job service in bulk, and a partitioned table with millions of
+    rows must not be scanned on every job delete.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(
+        "jobs.Job", on_delete=models.DO_NOTHING, db_constraint=False, related_name="runs"
+    )
+    scheduled_at = models.DateTimeField()
+    tenant = models.ForeignKey(
+        "jobs.Tenant", on_delete=models.DO_NOTHING, db_constraint=False, related_name="runs"
+    )
+    partition_id = models.PositiveSmallIntegerField()
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    trigger = models.CharField(max_length=16, choices=RunTrigger.choices, default=RunTrigger.SCHEDULE)
+    priority = models.PositiveSmallIntegerField(default=0)
+    attempt = models.PositiveIntegerField(default=0)
+    not_before = models.DateTimeField()
+    lease_until = models.DateTimeField(null=True, blank=True)
+    owner = models.CharField(max_length=100, blank=True, default="")
+
+    # Snapshot of what executing needs, so runs never read the jobs table.
+    target = models.JSONField()
+    job_name = models.CharField(max_length=200, blank=True, default="")
+    overlap_policy = models.CharField(max_length=16, default="skip")
+    max_attempts = models.PositiveIntegerField(default=5)
+    retry_backoff_seconds = models.PositiveIntegerField(default=10)
+    retry_backoff_cap_seconds = models.PositiveIntegerField(default=3600)
+    lease_seconds = models.PositiveIntegerField(default=30)
+
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    result_code = models.IntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    # One entry per attempt: {"attempt", "owner", "started_at", "finished_at", "outcome",
+    # "result_code", "error", "duration_ms"}; appended under the attempt's fence.
+    attempts = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        db_table = "job_runs"
+        ordering = ["-scheduled_at"]
+        managed = True
+        constraints = [
+            models.UniqueConstraint(fields=["job", "scheduled_at"], name="job_runs_job_scheduled_uniq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}@{self.scheduled_at.isoformat()}"
+
+    @property
+    def run_key(self) -> str:
+        from runs.keys import run_key
+
+        return run_key(self.job_id, self.scheduled_at)

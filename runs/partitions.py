@@ -1,0 +1,157 @@
+"""Day partitions of job_runs: the DDL lives here and in the initial migration only.
+
+job_runs is `PARTITION BY RANGE (scheduled_at)` with one partition per UTC day
+(`job_runs_pYYYYMMDD`) plus `job_runs_default`, which catches backfills into days
+that were already dropped or not created yet. Retention drops whole days, which is
+instant and leaves no bloat, instead of DELETEing millions of rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+from django.db import connection, transaction
+
+log = logging.getLogger(__name__)
+
+PARENT = "job_runs"
+DEFAULT = "job_runs_default"
+_NAME = re.compile(r"^job_runs_p(\d{8})$")
+
+CREATE_PARENT_SQL = """
+CREATE SEQUENCE IF NOT EXISTS job_runs_id_seq;
+CREATE TABLE job_runs (
+    id bigint NOT NULL DEFAULT nextval('job_runs_id_seq'),
+    job_id uuid NOT NULL,
+    scheduled_at timestamptz NOT NULL,
+    tenant_id bigint NOT NULL,
+    partition_id smallint NOT NULL CHECK (partition_id >= 0),
+    status varchar(16) NOT NULL DEFAULT 'queued',
+    "trigger" varchar(16) NOT NULL DEFAULT 'schedule',
+    priority smallint NOT NULL DEFAULT 0 CHECK (priority >= 0),
+    attempt integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
+    not_before timestamptz NOT NULL,
+    lease_until timestamptz NULL,
+    owner varchar(100) NOT NULL DEFAULT '',
+    target jsonb NOT NULL,
+    job_name varchar(200) NOT NULL DEFAULT '',
+    overlap_policy varchar(16) NOT NULL DEFAULT 'skip',
+    max_attempts integer NOT NULL DEFAULT 5 CHECK (max_attempts >= 0),
+    retry_backoff_seconds integer NOT NULL DEFAULT 10 CHECK (retry_backoff_seconds >= 0),
+    retry_backoff_cap_seconds integer NOT NULL DEFAULT 3600 CHECK (retry_backoff_cap_seconds >= 0),
+    lease_seconds integer NOT NULL DEFAULT 30 CHECK (lease_seconds >= 0),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    started_at timestamptz NULL,
+    finished_at timestamptz NULL,
+    result_code integer NULL,
+    last_error text NOT NULL DEFAULT '',
+    attempts jsonb NOT NULL DEFAULT '[]'::jsonb,
+    CONSTRAINT job_runs_status_valid CHECK (status IN
+        ('queued', 'running', 'retrying', 'succeeded', 'dead', 'skipped', 'cancelled')),
+    PRIMARY KEY (id, scheduled_at),
+    CONSTRAINT job_runs_job_scheduled_uniq UNIQUE (job_id, scheduled_at)
+) PARTITION BY RANGE (scheduled_at);
+ALTER SEQUENCE job_runs_id_seq OWNED BY job_runs.id;
+CREATE TABLE job_runs_default PARTITION OF job_runs DEFAULT;
+-- Executors claim from this: runnable runs, best priority first, oldest first.
+CREATE INDEX job_runs_claimable_idx ON job_runs (priority DESC, scheduled_at)
+    WHERE status IN ('queued', 'retrying');
+-- Expired-lease sweeps and per-tenant running counts.
+CREATE INDEX job_runs_running_idx ON job_runs (tenant_id, lease_until) WHERE status = 'running';
+-- Runs API and dead-letter listing, newest first per tenant.
+CREATE INDEX job_runs_tenant_sched_idx ON job_runs (tenant_id, scheduled_at DESC);
+CREATE INDEX job_runs_dead_idx ON job_runs (tenant_id, scheduled_at DESC) WHERE status = 'dead';
+"""
+
+DROP_PARENT_SQL = "DROP TABLE IF EXISTS job_runs CASCADE; DROP SEQUENCE IF EXISTS job_runs_id_seq;"
+
+
+@dataclass(frozen=True)
+class MaintenanceReport:
+    created: list[str]
+    dropped: list[str]
+    moved_rows: int
+
+
+def partition_name(day: date) -> str:
+    return f"job_runs_p{day:%Y%m%d}"
+
+
+def existing_days(cursor) -> list[date]:
+    cursor.execute(
+        """
+        SELECT c.relname FROM pg_inherits i
+        JOIN pg_class c ON c.oid = i.inhrelid
+        JOIN pg_class p ON p.oid = i.inhparent
+        WHERE p.relname = %s
+        """,
+        [PARENT],
+    )
+    days = []
+    for (name,) in cursor.fetchall():
+        match = _NAME.match(name)
+        if match:
+            days.append(datetime.strptime(match.group(1), "%Y%m%d").date())
+    return sorted(days)
+
+
+def _create_day(cursor, day: date) -> int:
+    """Create one day partition, first moving that day's rows out of the default partition.
+
+    PostgreSQL refuses to create a partition whose range already has rows in the
+    default partition, so the rows are moved into a plain table that is then attached.
+    """
+    name = partition_name(day)
+    lower = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    upper = lower + timedelta(days=1)
+    cursor.execute(f"SELECT 1 FROM {DEFAULT} WHERE scheduled_at >= %s AND scheduled_at < %s LIMIT 1", [lower, upper])
+    if cursor.fetchone() is None:
+        cursor.execute(
+            f"CREATE TABLE {name} PARTITION OF {PARENT} FOR VALUES FROM (%s) TO (%s)", [lower, upper]
+        )
+        return 0
+    cursor.execute(f"CREATE TABLE {name} (LIKE {PARENT} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+    cursor.execute(
+        f"""
+        WITH moved AS (
+            DELETE FROM {DEFAULT} WHERE scheduled_at >= %s AND scheduled_at < %s RETURNING *
+        )
+        INSERT INTO {name} SELECT * FROM moved
+        """,
+        [lower, upper],
+    )
+    moved = cursor.rowcount
+    cursor.execute(f"ALTER TABLE {PARENT} ATTACH PARTITION {name} FOR VALUES FROM (%s) TO (%s)", [lower, upper])
+    return moved
+
+
+def maintain(*, days_ahead: int = 7, retention_days: int, today: date | None = None) -> MaintenanceReport:
+    """Create partitions from today through today+days_ahead; drop days older than retention."""
+    today = today or datetime.now(UTC).date()
+    created: list[str] = []
+    dropped: list[str] = []
+    moved = 0
+    with transaction.atomic(), connection.cursor() as cursor:
+        # One maintainer at a time, whoever calls (command, scheduler, migration).
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('cronyard.maintain_partitions'))")
+        have = set(existing_days(cursor))
+        for offset in range(days_ahead + 1):
+            day = today + timedelta(days=offset)
+            if day not in have:
+                moved += _create_day(cursor, day)
+                created.append(partition_name(day))
+        oldest_kept = today - timedelta(days=retention_days)
+        for day in sorted(have):
+            if day < oldest_kept:
+                cursor.execute(f"DROP TABLE {partition_name(day)}")
+                dropped.append(partition_name(day))
+        cursor.execute(
+            f"DELETE FROM {DEFAULT} WHERE scheduled_at < %s",
+            [datetime(oldest_kept.year, oldest_kept.month, oldest_kept.day, tzinfo=UTC)],
+        )
+    if created or dropped:
+        log.info("job_runs partitions: created %s, dropped %s, moved %d rows", created, dropped, moved)
+    return MaintenanceReport(created=created, dropped=dropped, moved_rows=moved)

@@ -1,0 +1,116 @@
+"""Settings come from the environment (DESIGN section 1); every one is optional."""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+SECRET_KEY = env("SECRET_KEY", default="dev-insecure-cronyard-key-change-me-in-production")
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_filters",
+    "jobs",
+    "runs",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "scheduler_project.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "scheduler_project.wsgi.application"
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default="postgres://cronyard@127.0.0.1:54329/cronyard"),
+}
+# Persistent connections: schedulers and executors run tight loops.
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# Lets parallel test runs on one cluster use distinct test databases.
+if env("TEST_DB_SUFFIX", default=""):
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{env('TEST_DB_SUFFIX')}"}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+
+# A job body is capped so one tenant cannot fill the table with megabyte payloads.
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["jobs.api.auth.TenantTokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["jobs.api.auth.IsTenant"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Cronyard API",
+    "DESCRIPTION": "Distributed cron: recurring jobs fired exactly once, executed with retries.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# Scheduler and executor knobs (DESIGN section 1).
+SCHEDULER_PARTITIONS = env.int("SCHEDULER_PARTITIONS", default=256)
+SCHEDULER_POLL_SECONDS = env.float("SCHEDULER_POLL_SECONDS", default=1.0)
+SCHEDULER_BATCH_SIZE = env.int("SCHEDULER_BATCH_SIZE", default=500)
+SCHEDULER_LEASE_SECONDS = env.int("SCHEDULER_LEASE_SECONDS", default=30)
+SCHEDULER_MISFIRE_THRESHOLD_SECONDS = env.int("SCHEDULER_MISFIRE_THRESHOLD_SECONDS", default=60)
+EXECUTOR_POLL_SECONDS = env.float("EXECUTOR_POLL_SECONDS", default=1.0)
+RUN_RETENTION_DAYS = env.int("RUN_RETENTION_DAYS", default=30)
+SCHEDULER_ALLOW_PRIVATE_TARGETS = env.bool("SCHEDULER_ALLOW_PRIVATE_TARGETS", default=False)
+SCHEDULER_ALERT_WEBHOOK_URL = env("SCHEDULER_ALERT_WEBHOOK_URL", default="")
+# Dotted paths of modules whose @register'ed tasks the executor loads at start.
+EXECUTOR_TASK_MODULES = env.list("EXECUTOR_TASK_MODULES", default=["runs.builtin_tasks"])
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
+}

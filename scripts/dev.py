@@ -1,0 +1,130 @@
+"""`make run` / `make test` / `make bench` after the venv exists: database, migrate, go.
+
+Without DATABASE_URL an embedded PostgreSQL cluster under var/pg is started
+(scripts/embedded_pg.py) and stopped again on exit if this process started it.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var"
+PY = sys.executable
+
+
+def log(message: str) -> None:
+    print(f"cronyard: {message}", file=sys.stderr, flush=True)
+
+
+def ensure_database() -> bool:
+    """Export DATABASE_URL; return True when we started the embedded cluster."""
+    if os.environ.get("DATABASE_URL"):
+        log("using DATABASE_URL from the environment")
+        return False
+    already = subprocess.run([sys.executable, "scripts/embedded_pg.py", "url"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "scripts/embedded_pg.py", "start"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        sys.exit(result.returncode)
+    os.environ["DATABASE_URL"] = result.stdout.strip().splitlines()[-1]
+    log(f"embedded PostgreSQL at {os.environ['DATABASE_URL']}")
+    return already.returncode != 0
+
+
+def stop_database() -> None:
+    subprocess.run([sys.executable, "scripts/embedded_pg.py", "stop"], cwd=ROOT)
+
+
+def manage(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "manage.py", *args], cwd=ROOT, check=True, **kwargs)
+
+
+def admin_password() -> str:
+    path = VAR / "admin_password"
+    if path.exists():
+        return path.read_text().strip()
+    VAR.mkdir(exist_ok=True)
+    password = secrets.token_urlsafe(12)
+    path.write_text(password + "\n")
+    path.chmod(0o600)
+    return password
+
+
+def run() -> int:
+    started_db = ensure_database()
+    children: list[subprocess.Popen] = []
+    stopping = False
+
+    def stop(signum, frame):  # noqa: ARG001
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        manage("migrate", "--noinput", stdout=subprocess.DEVNULL)
+        manage("collectstatic", "--noinput", stdout=subprocess.DEVNULL)
+        password = admin_password()
+        manage("ensure_admin", "--username", "admin", "--password", password, stdout=subprocess.DEVNULL)
+        port = os.environ.get("PORT", "8000")
+        # Children get their own process group so a terminal Ctrl-C reaches only us;
+        # we then stop them in order and wait, which is what makes shutdown clean.
+        popen = {"cwd": ROOT, "start_new_session": True}
+        children.append(subprocess.Popen(
+            [str(Path(PY).parent / "gunicorn"), "scheduler_project.wsgi", "--bind", f"127.0.0.1:{port}",
+             "--workers", os.environ.get("WEB_WORKERS", "2"), "--access-logfile", "-"], **popen))
+        for _ in range(int(os.environ.get("SCHEDULERS", "2"))):
+            children.append(subprocess.Popen([PY, "manage.py", "run_scheduler"], **popen))
+        for _ in range(int(os.environ.get("EXECUTORS", "2"))):
+            children.append(subprocess.Popen([PY, "manage.py", "run_executor"], **popen))
+        print(
+            f"\nCronyard is running: console http://127.0.0.1:{port}/admin/  API http://127.0.0.1:{port}/api/v1/\n"
+            f"Admin login: admin / {password}\nCtrl-C stops everything.\n",
+            flush=True,
+        )
+        while not stopping:
+            for child in children:
+                if child.poll() is not None:
+                    log(f"{child.args[1] if len(child.args) > 1 else child.args[0]} exited with {child.returncode}; stopping")
+                    stopping = True
+            time.sleep(0.5)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for child in children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+        if started_db:
+            stop_database()
+        log("stopped")
+    return 0
+
+
+def test(args: list[str]) -> int:
+    ensure_database()
+    result = subprocess.run([PY, "-m", "pytest", *args], cwd=ROOT)
+    if result.returncode == 5:
+        log("pytest collected no tests; that is a failure here")
+        return 1
+    return result.returncode
+
+
+def bench(args: list[str]) -> int:
+    ensure_database()
+    manage("migrate", "--noinput", stdout=subprocess.DEVNULL)
+    return subprocess.run([PY, "-m", "bench", *args], cwd=ROOT).returncode
+
+
+if __name__ == "__main__":
+    command, rest = sys.argv[1], sys.argv[2:]
+    sys.exit({"run": lambda: run(), "test": lambda: test(rest), "bench": lambda: bench(rest)}[command]())

@@ -1,0 +1,118 @@
+"""Shared fixtures: tenants and API clients, child processes on the test database,
+and a real HTTP target on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def tenant_and_token(db):
+    from jobs.services import create_tenant
+
+    return create_tenant(slug="acme", max_concurrency=10)
+
+
+@pytest.fixture
+def tenant(tenant_and_token):
+    return tenant_and_token[0]
+
+
+@pytest.fixture
+def api(tenant_and_token):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {tenant_and_token[1]}")
+    return client
+
+
+def database_url() -> str:
+    """URL of the database the tests run against (the test database, not the dev one)."""
+    from django.db import connection
+
+    s = connection.settings_dict
+    auth = s["USER"] + (f":{s['PASSWORD']}" if s.get("PASSWORD") else "")
+    return f"postgres://{auth}@{s['HOST'] or '127.0.0.1'}:{s['PORT'] or 5432}/{s['NAME']}"
+
+
+@pytest.fixture
+def child_env(transactional_db):
+    """Environment for manage.py child processes: same test database, short timings."""
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url(),
+        DJANGO_SETTINGS_MODULE="scheduler_project.settings",
+        PYTHONUNBUFFERED="1",
+        SCHEDULER_POLL_SECONDS="0.2",
+        EXECUTOR_POLL_SECONDS="0.2",
+        SCHEDULER_ALLOW_PRIVATE_TARGETS="true",
+        CONN_MAX_AGE="0",
+    )
+    return env
+
+
+class Processes:
+    """Starts `manage.py` commands and makes sure none outlives the test."""
+
+    def __init__(self, env: dict, log_dir: Path):
+        self.env = env
+        self.log_dir = log_dir
+        self.children: list[subprocess.Popen] = []
+
+    def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
+        name = f"{args[0]}-{len(self.children)}"
+        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        proc.log_path = self.log_dir / f"{name}.log"
+        self.children.append(proc)
+        return proc
+
+    def log_of(self, proc: subprocess.Popen) -> str:
+        return proc.log_path.read_text(errors="replace")
+
+    def stop_all(self, timeout: float = 20) -> None:
+        for proc in self.children:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGCONT)
+                    proc.terminate()
+                except ProcessLookupError:
+                    pass
+        for proc in self.children:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def processes(child_env, tmp_path):
+    procs = Processes(child_env, tmp_path)
+    yield procs
+    procs.stop_all()
+
+
+@pytest.fixture
+def http_target():
+    from tests.support.http_target import HttpTarget
+
+    server = HttpTarget()
+    server.start()
+    yield server
+    server.stop()

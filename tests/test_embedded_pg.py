@@ -1,0 +1,181 @@
+"""End-to-end test of scripts/embedded_pg.py on a throwaway cluster.
+
+Plain pytest, no Django: the cluster lives under a private temp dir
+(``--root``), uses ``--fast`` and its own port, and never touches the
+project's real ``var/pg`` cluster.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "embedded_pg.py"
+
+
+def _load_module():
+    spec = importlib.util.spec_from_file_location("embedded_pg_under_test", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+epg = _load_module()
+BINDIR = epg.find_bindir()
+needs_pg = pytest.mark.skipif(BINDIR is None, reason="no PostgreSQL server binaries installed")
+
+
+def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def psql_ok(url: str) -> str:
+    psql = os.path.join(BINDIR, "psql")
+    if not os.access(psql, os.X_OK):
+        psql = shutil.which("psql")
+    proc = subprocess.run(
+        [psql, "-X", "-A", "-t", "-d", url, "-c", "SELECT current_user || '/' || current_database()"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.fixture
+def pg_root():
+    # Not pytest's tmp_path: /tmp/pytest-of-root is 0700, and when we are root
+    # the cluster runs as an unprivileged user that must traverse the path.
+    root = tempfile.mkdtemp(prefix="cronyard-pg-")
+    os.chmod(root, 0o755)
+    try:
+        yield root
+    finally:
+        cli("stop", "--root", root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _single_url_line(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout  # stdout is exactly the DATABASE_URL
+    assert lines[0].startswith("postgres://cronyard@127.0.0.1:")
+    assert lines[0].endswith("/cronyard")
+    return lines[0]
+
+
+@needs_pg
+def test_start_idempotent_crash_recovery_stop(pg_root):
+    first = cli("start", "--root", pg_root, "--fast")
+    url = _single_url_line(first)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    assert Path(pg_root, "var/pg/port").read_text().strip() == str(port)
+    assert Path(pg_root, "var/pg/log/postgres.log").exists()
+    assert psql_ok(url) == "cronyard/cronyard"
+    conf = Path(pg_root, "var/pg/data/postgresql.conf").read_text()
+    assert "fsync = off" in conf and "shared_buffers = 256MB" in conf
+    if os.geteuid() == 0:
+        owner = Path(pg_root, "var/pg/data").stat().st_uid
+        assert owner != 0
+
+    # Idempotent: same URL, server untouched.
+    pid = int(Path(pg_root, "var/pg/data/postmaster.pid").read_text().split()[0])
+    again = cli("start", "--root", pg_root, "--fast")
+    assert _single_url_line(again) == url
+    assert int(Path(pg_root, "var/pg/data/postmaster.pid").read_text().split()[0]) == pid
+
+    assert cli("url", "--root", pg_root).stdout.strip() == url
+    status = cli("status", "--root", pg_root)
+    assert status.returncode == 0 and "running" in status.stdout
+
+    # Crash: kill -9 the postmaster (it may linger as a zombie), then recover.
+    os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    assert cli("url", "--root", pg_root).returncode == 1
+    recovered = cli("start", "--root", pg_root, "--fast")
+    assert _single_url_line(recovered) == url
+    assert psql_ok(url) == "cronyard/cronyard"
+
+    # Extra database.
+    extra = cli("start", "--root", pg_root, "--fast", "--db", "cronyard_extra")
+    assert extra.returncode == 0, extra.stderr
+    extra_url = extra.stdout.strip()
+    assert extra_url == url.rsplit("/", 1)[0] + "/cronyard_extra"
+    assert psql_ok(extra_url) == "cronyard/cronyard_extra"
+
+    # Stop, stop again (no error), url reports not running.
+    stop = cli("stop", "--root", pg_root)
+    assert stop.returncode == 0, stop.stderr
+    assert stop.stdout == ""
+    assert not Path(pg_root, "var/pg/data/postmaster.pid").exists()
+    assert cli("stop", "--root", pg_root).returncode == 0
+    assert cli("url", "--root", pg_root).returncode == 1
+
+
+@needs_pg
+@pytest.mark.skipif(os.geteuid() != 0, reason="root-only: falls back to 'nobody'")
+def test_root_falls_back_to_nobody_without_postgres_user(pg_root, monkeypatch, capsys):
+    try:
+        nobody = pwd.getpwnam("nobody")
+    except KeyError:
+        pytest.skip("no 'nobody' user")
+    real_getpwnam = pwd.getpwnam
+
+    def fake_getpwnam(name):
+        if name == "postgres":
+            raise KeyError(name)
+        return real_getpwnam(name)
+
+    monkeypatch.setattr(epg.pwd, "getpwnam", fake_getpwnam)
+    try:
+        assert epg.main(["start", "--root", pg_root, "--fast"]) == 0
+        url = capsys.readouterr().out.strip()
+        assert Path(pg_root, "var/pg/data").stat().st_uid == nobody.pw_uid
+        assert psql_ok(url) == "cronyard/cronyard"
+    finally:
+        assert epg.main(["stop", "--root", pg_root]) == 0
+
+
+def test_no_binaries_message(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(epg, "PG_LIB_GLOB", str(tmp_path / "nothing" / "*" / "bin"))
+    assert epg.main(["start", "--root", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (
+        "embedded_pg: no PostgreSQL server binaries found; install them with: "
+        "apt-get install postgresql (or set DATABASE_URL to an existing server)\n"
+    )
+
+
+def test_find_bindir_prefers_highest_version(monkeypatch, tmp_path):
+    for ver in ("9.6", "13", "15", "16"):
+        d = tmp_path / ver / "bin"
+        d.mkdir(parents=True)
+        for prog in ("initdb", "pg_ctl", "postgres") if ver != "16" else ("initdb",):
+            f = d / prog
+            f.write_text("#!/bin/sh\n")
+            f.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(epg, "PG_LIB_GLOB", str(tmp_path / "*" / "bin"))
+    # 16 is incomplete (initdb only), so 15 wins over 13 and 9.6.
+    assert epg.find_bindir() == str(tmp_path / "15" / "bin")
