@@ -28,8 +28,7 @@ import hashlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -48,7 +47,7 @@ __all__ = [
     "validate_cron",
 ]
 
-UTC = dt_timezone.utc
+UTC = UTC
 
 # Leap-day-only expressions can legitimately wait 8 years (2096 -> 2104), so the
 # horizon must exceed that; anything further out is treated as "never".
@@ -69,8 +68,7 @@ _FIELD_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
 # month, day-of-week at 6 so Sunday is not twice as likely (0 and 7).
 _HASH_RANGES = ((0, 59), (0, 23), (1, 28), (1, 12), (0, 6))
 _MONTH_NAMES = {
-    name: i + 1
-    for i, name in enumerate("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split())
+    name: i + 1 for i, name in enumerate("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split())
 }
 _DOW_NAMES = {name: i for i, name in enumerate("SUN MON TUE WED THU FRI SAT".split())}
 _NAMES: tuple[dict[str, int], ...] = ({}, {}, {}, _MONTH_NAMES, _DOW_NAMES)
@@ -99,6 +97,8 @@ class ScheduleError(ValueError):
 
 @dataclass(frozen=True)
 class FireTime:
+    # Compare and store ``utc``.  ``local == utc`` is False inside a DST
+    # overlap even for the same instant (PEP 495 inter-zone rule).
     utc: datetime  # aware, UTC
     local: datetime  # aware, in the job's zone
     note: str | None  # DST remark for previews, None for ordinary slots
@@ -161,9 +161,7 @@ def _parse_value(expr: str, field: int, token: str) -> int:
     value = int(token)
     lo, hi = _FIELD_RANGES[field]
     if not lo <= value <= hi:
-        raise _invalid(
-            expr, f"{_FIELD_NAMES[field]} value {value} is out of range {lo}-{hi}"
-        )
+        raise _invalid(expr, f"{_FIELD_NAMES[field]} value {value} is out of range {lo}-{hi}")
     return value
 
 
@@ -176,9 +174,7 @@ def _check_step(expr: str, field: int, step_text: str | None) -> int:
     return step
 
 
-def _expand_hash(
-    expr: str, field: int, match: re.Match[str], seed: str, occurrence: int
-) -> list[int]:
+def _expand_hash(expr: str, field: int, match: re.Match[str], seed: str, occurrence: int) -> list[int]:
     lo, hi = _HASH_RANGES[field]
     if match.group(1) is not None:
         lo, hi = int(match.group(1)), int(match.group(2))
@@ -216,9 +212,7 @@ def _field_values(expr: str, field: int, text: str, seed: str) -> tuple[str, set
             continue
         plain = _TERM_RE.match(term)
         if not plain:
-            raise _invalid(
-                expr, f"cannot parse {_FIELD_NAMES[field]} field item {term!r}"
-            )
+            raise _invalid(expr, f"cannot parse {_FIELD_NAMES[field]} field item {term!r}")
         base, step_text = plain.group(1), plain.group(2)
         step = _check_step(expr, field, step_text)
         lo, hi = _FIELD_RANGES[field]
@@ -231,8 +225,7 @@ def _field_values(expr: str, field: int, text: str, seed: str) -> tuple[str, set
             if end < start:
                 raise _invalid(
                     expr,
-                    f"{_FIELD_NAMES[field]} range {base} is backwards "
-                    "(wrap-around ranges are not supported)",
+                    f"{_FIELD_NAMES[field]} range {base} is backwards (wrap-around ranges are not supported)",
                 )
         else:
             start = _parse_value(expr, field, base)
@@ -281,8 +274,7 @@ def _expand_cached(expr: str, seed: str) -> tuple[str, bool]:
     if len(parts) != 5:
         raise _invalid(
             expr,
-            "expected 5 fields (minute hour day-of-month month day-of-week) "
-            f"or an @alias, got {len(parts)}",
+            f"expected 5 fields (minute hour day-of-month month day-of-week) or an @alias, got {len(parts)}",
         )
     fields: list[str] = []
     value_sets: list[set[int]] = []
@@ -296,9 +288,7 @@ def _expand_cached(expr: str, seed: str) -> tuple[str, bool]:
     # "*", otherwise ORs them; only the AND case can be unsatisfiable.
     days, months = value_sets[2], value_sets[3]
     day_and = fields[2].startswith("*") or fields[4].startswith("*")
-    can_fire = not day_and or any(
-        day <= _DAYS_IN_MONTH[month] for day in days for month in months
-    )
+    can_fire = not day_and or any(day <= _DAYS_IN_MONTH[month] for day in days for month in months)
     try:
         CronSim(expanded, datetime(2000, 1, 1))
     except CronSimError as exc:
@@ -338,9 +328,7 @@ def _compile(expr: str, job_id: str | UUID | None) -> _Compiled:
         raise ScheduleError("Cron expression must be a string")
     expanded, can_fire = _expand_cached(expr, _normalize_seed(job_id, expr))
     if not can_fire:
-        raise _invalid(
-            expr, "it can never fire (that day does not exist in the selected months)"
-        )
+        raise _invalid(expr, "it can never fire (that day does not exist in the selected months)")
     return _compiled_for(expanded)
 
 
@@ -409,9 +397,7 @@ def _fmt(wall: datetime) -> str:
     return wall.strftime("%H:%M") if wall.second == 0 else wall.strftime("%H:%M:%S")
 
 
-def _next_fixed(
-    compiled: _Compiled, zone: ZoneInfo, after: datetime
-) -> tuple[datetime, str | None] | None:
+def _next_fixed(compiled: _Compiled, zone: ZoneInfo, after: datetime) -> tuple[datetime, str | None] | None:
     start_wall = _wall_of(zone, after)
     horizon = start_wall + HORIZON
     walls = _walls(compiled.expanded, start_wall)
@@ -423,10 +409,7 @@ def _next_fixed(
         note: str | None = None
         if not instances:
             fired = _gap_end(zone, wall)
-            note = (
-                f"DST gap: {_fmt(wall)} does not exist, "
-                f"fired at {_fmt(_wall_of(zone, fired))}"
-            )
+            note = f"DST gap: {_fmt(wall)} does not exist, fired at {_fmt(_wall_of(zone, fired))}"
         else:
             fired = instances[0]
             if len(instances) > 1:
@@ -445,9 +428,7 @@ def _overlap_note(zone: ZoneInfo, wall: datetime, instant: datetime, first: bool
     return f"DST overlap: {label} {_fmt(wall)} ({abbr})"
 
 
-def _next_elapsed(
-    compiled: _Compiled, zone: ZoneInfo, after: datetime
-) -> tuple[datetime, str | None] | None:
+def _next_elapsed(compiled: _Compiled, zone: ZoneInfo, after: datetime) -> tuple[datetime, str | None] | None:
     start_wall = _wall_of(zone, after)
     horizon = start_wall + HORIZON
     best: tuple[datetime, str | None] | None = None
@@ -497,13 +478,15 @@ def _repeat_after_fallback(
     return None
 
 
-def _next_cron(
-    compiled: _Compiled, zone: ZoneInfo, after: datetime
-) -> tuple[datetime, str | None] | None:
+def _next_cron(compiled: _Compiled, zone: ZoneInfo, after: datetime) -> tuple[datetime, str | None] | None:
     after = after.astimezone(UTC)
-    if compiled.fixed_time:
-        return _next_fixed(compiled, zone, after)
-    return _next_elapsed(compiled, zone, after)
+    try:
+        if compiled.fixed_time:
+            return _next_fixed(compiled, zone, after)
+        return _next_elapsed(compiled, zone, after)
+    except OverflowError:
+        # Searching past datetime.max (year 9999): nothing can fire there.
+        return None
 
 
 # --------------------------------------------------------------------------
@@ -511,9 +494,7 @@ def _next_cron(
 # --------------------------------------------------------------------------
 
 
-def validate_cron(
-    expr: str, tz: str = "UTC", job_id: str | UUID | None = None
-) -> None:
+def validate_cron(expr: str, tz: str = "UTC", job_id: str | UUID | None = None) -> None:
     """Raise ScheduleError for bad syntax, an unknown zone, or a dead expression."""
     zone = load_zone(tz)
     compiled = _compile(expr, job_id)
@@ -522,9 +503,7 @@ def validate_cron(
         raise _invalid(expr, "it does not fire within the next 10 years")
 
 
-def next_cron_time(
-    expr: str, tz: str, after: datetime, job_id: str | UUID | None = None
-) -> datetime | None:
+def next_cron_time(expr: str, tz: str, after: datetime, job_id: str | UUID | None = None) -> datetime | None:
     """First fire time strictly after ``after`` (UTC), or None within the horizon."""
     _require_aware(after, "after")
     found = _next_cron(_compile(expr, job_id), load_zone(tz), after)
@@ -539,9 +518,7 @@ def _check_interval(interval_seconds: int) -> int:
     return interval_seconds
 
 
-def next_interval_time(
-    interval_seconds: int, anchor: datetime, after: datetime
-) -> datetime:
+def next_interval_time(interval_seconds: int, anchor: datetime, after: datetime) -> datetime:
     """Smallest ``anchor + k * interval`` (k >= 0) strictly after ``after``."""
     step = timedelta(seconds=_check_interval(interval_seconds))
     _require_aware(anchor, "anchor")
@@ -555,9 +532,7 @@ def next_interval_time(
     return anchor + k * step
 
 
-def _trigger_kind(
-    cron: str | None, interval_seconds: int | None, run_at: datetime | None
-) -> str:
+def _trigger_kind(cron: str | None, interval_seconds: int | None, run_at: datetime | None) -> str:
     set_ = [
         name
         for name, value in (
@@ -648,9 +623,12 @@ def fire_times(
         if anchor is None:
             raise ScheduleError("Interval jobs need an anchor time")
         step = timedelta(seconds=_check_interval(interval_seconds))
-        instant = next_interval_time(interval_seconds, anchor, after)
-        while emit(instant, None):
-            instant += step
+        try:
+            instant = next_interval_time(interval_seconds, anchor, after)
+            while emit(instant, None):
+                instant += step
+        except OverflowError:
+            pass  # ran past datetime.max: the list simply ends there
         return out
 
     assert cron is not None

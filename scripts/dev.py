@@ -112,7 +112,9 @@ def run() -> int:
 
 def test(args: list[str]) -> int:
     ensure_database()
-    result = subprocess.run([PY, "-m", "pytest", *args], cwd=ROOT)
+    # Files are the unit of distribution: module-scoped fixtures stay in one worker.
+    workers = ["-n", os.environ.get("PYTEST_WORKERS", "auto"), "--dist", "loadfile"]
+    result = subprocess.run([PY, "-m", "pytest", *workers, *args], cwd=ROOT)
     if result.returncode == 5:
         log("pytest collected no tests; that is a failure here")
         return 1

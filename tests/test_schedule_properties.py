@@ -1,0 +1,277 @@
+"""Property tests for jobs.schedule across zones with awkward DST rules.
+
+The oracle below is deliberately dumb and independent of the implementation:
+it scans every UTC minute of a window, reads the local wall clock, and applies
+the Vixie-cron rules directly (no fold arithmetic, no bisection).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from zoneinfo import ZoneInfo
+
+import pytest
+from cronsim import CronSim
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from jobs.schedule import (
+    ScheduleError,
+    expand_cron,
+    fire_times,
+    is_fixed_time,
+    next_cron_time,
+)
+
+pytestmark: list[pytest.MarkDecorator] = []
+
+UTC = UTC
+ZONES = [
+    "Pacific/Chatham",
+    "America/Santiago",
+    "Australia/Lord_Howe",
+    "America/New_York",
+    "Europe/London",
+    "UTC",
+    "Asia/Kolkata",
+]
+MINUTE = timedelta(minutes=1)
+SETTINGS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+# ---------------------------------------------------------------------------
+# Strategies
+# ---------------------------------------------------------------------------
+
+
+def _field(lo: int, hi: int, hot: list[int]) -> st.SearchStrategy[str]:
+    # Bias numbers towards values near DST transitions so the properties
+    # actually meet gaps and overlaps, not just ordinary hours.
+    number = st.one_of(st.sampled_from(hot), st.integers(lo, hi)) if hot else st.integers(lo, hi)
+    value = number.map(str)
+    span = st.tuples(st.integers(lo, hi), st.integers(lo, hi)).map(lambda ab: f"{min(ab)}-{max(ab)}")
+    step = st.integers(1, max(1, (hi - lo) // 2)).map(lambda s: f"*/{s}")
+    span_step = st.tuples(span, st.integers(1, 10)).map(lambda t: f"{t[0]}/{t[1]}")
+    item = st.one_of(value, span, span_step)
+    listed = st.lists(item, min_size=2, max_size=3).map(",".join)
+    return st.one_of(st.just("*"), value, span, step, span_step, listed)
+
+
+MINUTES = _field(0, 59, [0, 15, 30, 45, 59])
+HOURS = _field(0, 23, [0, 1, 2, 3, 23])
+DOMS = st.one_of(st.just("*"), st.just("*"), _field(1, 31, [1, 28, 29, 30, 31]))
+MONTHS = st.one_of(st.just("*"), st.just("*"), _field(1, 12, [2, 3, 4, 9, 10, 11]))
+DOWS = st.one_of(st.just("*"), st.just("*"), _field(0, 7, [0, 6, 7]))
+
+# Dense expressions (day fields '*') so a 2-day oracle window has fire times.
+DENSE_EXPRS = st.tuples(MINUTES, HOURS).map(lambda mh: f"{mh[0]} {mh[1]} * * *")
+ANY_EXPRS = st.tuples(MINUTES, HOURS, DOMS, MONTHS, DOWS).map(" ".join)
+
+
+@cache
+def _transitions(tz: str) -> list[datetime]:
+    """Offset changes of ``tz`` between 2020 and 2035 (6-hour scan + bisection)."""
+    zone = ZoneInfo(tz)
+    out: list[datetime] = []
+    t = datetime(2020, 1, 1, tzinfo=UTC)
+    offset = t.astimezone(zone).utcoffset()
+    while t.year < 2036:
+        nxt = t + timedelta(hours=6)
+        new = nxt.astimezone(zone).utcoffset()
+        if new != offset:
+            lo, hi = t, nxt
+            while hi - lo > timedelta(seconds=1):
+                mid = lo + (hi - lo) / 2
+                if mid.astimezone(zone).utcoffset() == offset:
+                    lo = mid
+                else:
+                    hi = mid
+            out.append(hi)
+        t, offset = nxt, new
+    return out
+
+
+@st.composite
+def zone_and_start(draw: st.DrawFn, near_transition: bool) -> tuple[str, datetime]:
+    tz = draw(st.sampled_from(ZONES))
+    transitions = _transitions(tz)
+    if near_transition and transitions:
+        base = draw(st.sampled_from(transitions))
+        delta = draw(st.integers(-36 * 3600, 12 * 3600))
+        start = base + timedelta(seconds=delta)
+    else:
+        start = datetime(2020, 1, 1, tzinfo=UTC) + timedelta(seconds=draw(st.integers(0, 16 * 365 * 86400)))
+    return tz, start
+
+
+def _compiles(expr: str) -> bool:
+    try:
+        next_cron_time(expr, "UTC", datetime(2024, 1, 1, tzinfo=UTC))
+    except ScheduleError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------
+# Oracle
+# ---------------------------------------------------------------------------
+
+
+def _wall(zone: ZoneInfo, t: datetime) -> datetime:
+    return t.astimezone(zone).replace(tzinfo=None)
+
+
+def _matching_walls(expanded: str, lo: datetime, hi: datetime) -> set[datetime]:
+    out = set()
+    for w in CronSim(expanded, lo):
+        if w > hi:
+            break
+        out.add(w)
+    return out
+
+
+def _oracle(expr: str, tz: str, after: datetime, until: datetime) -> list[datetime]:
+    zone = ZoneInfo(tz)
+    expanded = expand_cron(expr, None)
+    # Scan a margin around the window so gap slots and first instances that
+    # belong to the window are seen.
+    first = (after - timedelta(hours=26)).replace(second=0, microsecond=0)
+    minutes = [first + i * MINUTE for i in range(int((until - first) / MINUTE) + 26 * 60)]
+    walls = [_wall(zone, t) for t in minutes]
+    matching = _matching_walls(expanded, min(walls) - MINUTE, max(walls))
+    if not is_fixed_time(expr):
+        fired = [t for t, w in zip(minutes, walls, strict=True) if w in matching]
+    else:
+        first_seen: dict[datetime, datetime] = {}
+        for t, w in zip(minutes, walls, strict=True):
+            first_seen.setdefault(w, t)
+        # Forward jumps of the wall clock: (instant, wall just before, wall at).
+        jumps = [
+            (t, prev, w)
+            for (_, prev), (t, w) in itertools.pairwise(zip(minutes, walls, strict=True))
+            if w - prev > MINUTE
+        ]
+        fired_set = set()
+        for slot in matching:
+            if slot in first_seen:
+                fired_set.add(first_seen[slot])  # first instance only
+                continue
+            for t, prev, w in jumps:
+                if prev < slot < w:
+                    fired_set.add(t)  # gap: first instant after it
+        fired = sorted(fired_set)
+    return [t for t in fired if after < t <= until]
+
+
+def _ours(expr: str, tz: str, after: datetime, until: datetime | None = None, count: int | None = None):
+    return fire_times(
+        cron=expr,
+        timezone=tz,
+        interval_seconds=None,
+        run_at=None,
+        anchor=None,
+        after=after,
+        until=until,
+        count=count,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Properties
+# ---------------------------------------------------------------------------
+
+
+@SETTINGS
+@given(expr=DENSE_EXPRS, zs=zone_and_start(near_transition=True))
+def test_matches_bruteforce_oracle_near_transitions(expr: str, zs: tuple[str, datetime]) -> None:
+    tz, after = zs
+    until = after + timedelta(hours=40)
+    got = [f.utc for f in _ours(expr, tz, after, until)]
+    assert got == _oracle(expr, tz, after, until)
+
+
+@SETTINGS
+@given(expr=ANY_EXPRS, zs=st.booleans().flatmap(lambda near: zone_and_start(near_transition=near)))
+def test_fire_times_increase_and_match(expr: str, zs: tuple[str, datetime]) -> None:
+    assume(_compiles(expr))
+    tz, after = zs
+    zone = ZoneInfo(tz)
+    expanded = expand_cron(expr, None)
+    fixed = is_fixed_time(expr)
+    got = _ours(expr, tz, after, count=25)
+    assert got, "a valid expression fires within the horizon"
+    previous = after
+    for f in got:
+        assert f.utc > previous  # strictly increasing, strictly after `after`
+        previous = f.utc
+        assert f.utc.tzinfo is UTC
+        # Not `f.local == f.utc`: PEP 495 makes inter-zone == False for
+        # times inside an overlap, even when they are the same instant.
+        assert f.local.astimezone(UTC) == f.utc and f.local.tzinfo == zone
+        wall = f.local.replace(tzinfo=None)
+        if next(CronSim(expanded, wall - timedelta(seconds=1))) == wall:
+            continue
+        # Not a match: must be a fixed-time slot shifted out of a gap, i.e.
+        # the clock jumped forward right at this instant over a matching slot.
+        assert fixed, f"elapsed-time job fired off-schedule at {f}"
+        before = _wall(zone, f.utc - timedelta(seconds=1)) + timedelta(seconds=1)
+        assert before < wall, "fire time is not the first instant after a gap"
+        slot = next(CronSim(expanded, before - timedelta(seconds=1)))
+        assert before <= slot < wall
+        assert f.note is not None and f.note.startswith("DST gap")
+    if fixed:
+        local_walls = [f.local.replace(tzinfo=None) for f in got]
+        assert len(local_walls) == len(set(local_walls)), "fixed-time job fired twice at one wall time"
+
+
+@SETTINGS
+@given(expr=DENSE_EXPRS, zs=zone_and_start(near_transition=True))
+def test_fixed_time_never_repeats_a_wall_time(expr: str, zs: tuple[str, datetime]) -> None:
+    tz, after = zs
+    assume(is_fixed_time(expr))
+    got = _ours(expr, tz, after, until=after + timedelta(hours=48))
+    local_walls = [f.local.replace(tzinfo=None) for f in got]
+    assert len(local_walls) == len(set(local_walls))
+
+
+@SETTINGS
+@given(expr=ANY_EXPRS, zs=zone_and_start(near_transition=False), job=st.text(max_size=8))
+def test_every_search_terminates_quickly(expr: str, zs: tuple[str, datetime], job: str) -> None:
+    tz, after = zs
+    hashed = expr.replace("0", "H", 1) if expr.startswith("0 ") else expr
+    for candidate in (expr, hashed):
+        start = time.perf_counter()
+        try:
+            result = next_cron_time(candidate, tz, after, job_id=job or None)
+        except ScheduleError:
+            continue  # e.g. "0 0 31 2 *": rejected, which is also an answer
+        assert time.perf_counter() - start < 1.0
+        assert result is None or result > after
+
+
+@SETTINGS
+@given(
+    job=st.text(min_size=1, max_size=40),
+    expr=st.sampled_from(
+        ["H * * * *", "H H * * *", "H(0-29) H(9-17) * * 1-5", "H/15 * * * *", "H H H * *", "H H * * H"]
+    ),
+)
+def test_hash_is_deterministic_and_in_range(job: str, expr: str) -> None:
+    expanded = expand_cron(expr, job)
+    assert expanded == expand_cron(expr, job)
+    assert "H" not in expanded
+    minute, hour, dom, _month, dow = expanded.split()
+    assert all(0 <= int(v) <= 59 for v in minute.split(","))
+    if expr.startswith("H(0-29)"):
+        assert 0 <= int(minute) <= 29 and 9 <= int(hour) <= 17
+    if dom != "*":
+        assert 1 <= int(dom) <= 28
+    if dow not in ("*", "1-5"):
+        assert 0 <= int(dow) <= 6
