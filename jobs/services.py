@@ -83,12 +83,18 @@ def next_slot(job: Job, *, after: datetime, anchor: datetime | None = None) -> d
 
 def slots_between(job: Job, *, after: datetime, until: datetime, limit: int) -> list[datetime]:
     """Fire times in (after, until], oldest first, at most `limit` (misfires, backfill)."""
+    anchor = job.next_run_at or job.start_at or after
+    if job.interval_seconds and anchor > after:
+        # An interval grid extends backwards too (backfill before the anchor): move the
+        # anchor back by whole steps to at or before `after`, so the slots stay on it.
+        step = timedelta(seconds=job.interval_seconds)
+        anchor -= -((after - anchor) // step) * step
     times = schedule.fire_times(
         cron=job.cron_expr or None,
         timezone=job.time_zone,
         interval_seconds=job.interval_seconds,
         run_at=job.run_at,
-        anchor=job.next_run_at or job.start_at or after,
+        anchor=anchor,
         after=after,
         job_id=job.id,
         until=until,
@@ -100,6 +106,24 @@ def slots_between(job: Job, *, after: datetime, until: datetime, limit: int) -> 
     if job.end_at:
         out = [t for t in out if t <= job.end_at]
     return out
+
+
+# Growing look-back windows for latest_slot: dense schedules are found in the first,
+# sparse ones (yearly) in the last, and no window holds an unbounded number of slots.
+_LOOKBACK = (timedelta(hours=1), timedelta(days=1), timedelta(days=32), timedelta(days=366))
+
+
+def latest_slot(job: Job, *, since: datetime, until: datetime) -> datetime:
+    """The last fire time in [since, until]; `since` is itself a slot (the job's next_run_at)."""
+    for window in _LOOKBACK:
+        after = max(since - timedelta(microseconds=1), until - window)
+        slots = slots_between(job, after=after, until=until, limit=1_000_000)
+        if slots:
+            return slots[-1]
+        if after < since:
+            return since
+    slots = slots_between(job, after=since - timedelta(microseconds=1), until=until, limit=1_000_000)
+    return slots[-1] if slots else since
 
 
 def run_for(job: Job, *, scheduled_at: datetime, trigger: str, overlap_check: bool = True) -> NewRun:
@@ -128,7 +152,9 @@ def create_job(*, tenant: Tenant, now: datetime | None = None, **fields) -> Job:
     job = Job(tenant=tenant, **fields)
     job.partition_id = partition_for(job.id)
     job.next_run_at = None
-    job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now)
+    # Whole seconds: an interval job's slots are anchor + k*interval, and an anchor
+    # with microseconds would put every run key at an odd instant.
+    job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now.replace(microsecond=0))
     job.save(force_insert=True)
     return job
 
@@ -174,8 +200,12 @@ def resume_job(*, job: Job, catch_up: str = "none", now: datetime | None = None)
         return job
     missed: list[datetime] = []
     if catch_up != "none" and job.next_run_at is not None and job.next_run_at <= now:
-        missed = [job.next_run_at, *slots_between(job, after=job.next_run_at, until=now, limit=job.max_catch_up)]
-        missed = missed[-1:] if catch_up == "latest" else missed[: job.max_catch_up]
+        if catch_up == "latest":
+            # Not the last of the first max_catch_up slots: the latest one before now.
+            missed = [latest_slot(job, since=job.next_run_at, until=now)]
+        else:
+            after = job.next_run_at - timedelta(microseconds=1)
+            missed = slots_between(job, after=after, until=now, limit=job.max_catch_up)
     if missed:
         enqueue_runs([run_for(job, scheduled_at=t, trigger="catch_up", overlap_check=False) for t in missed])
         notify_executors()

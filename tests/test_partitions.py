@@ -31,7 +31,10 @@ def test_migration_created_today_and_a_week_ahead():
     report = maintain(days_ahead=7, retention_days=30)
     assert report.created == []  # the migration already made them
     with connection.cursor() as cursor:
-        cursor.execute("SELECT to_regclass(%s), to_regclass(%s)", [partition_name(today), partition_name(today + timedelta(days=7))])
+        cursor.execute(
+            "SELECT to_regclass(%s), to_regclass(%s)",
+            [partition_name(today), partition_name(today + timedelta(days=7))],
+        )
         assert all(cursor.fetchone())
 
 

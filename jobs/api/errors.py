@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError, IntegrityError
 from rest_framework import exceptions, status
@@ -17,6 +18,9 @@ log = logging.getLogger(__name__)
 
 
 def exception_handler(exc, context):
+    if isinstance(exc, RequestDataTooBig):
+        # Django would answer with its HTML 400 page; API clients get JSON.
+        return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ServiceError):
         return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ScheduleError):

@@ -1,1 +1,18 @@
-urlpatterns: list = []
+"""Every path works with and without a trailing slash (DESIGN section 4)."""
+
+from django.urls import re_path
+from rest_framework.routers import SimpleRouter
+
+from . import schema  # noqa: F401 - registers the OpenAPI description of the token auth
+from .views import HealthView, JobViewSet, SchedulePreviewView
+
+router = SimpleRouter()
+# The constructor only takes a bool (it maps True to "/"); the regex form is set afterwards.
+router.trailing_slash = "/?"
+router.register("jobs", JobViewSet, basename="job")
+
+urlpatterns = [
+    re_path(r"^health/?$", HealthView.as_view(), name="health"),
+    re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
+    *router.urls,
+]

@@ -47,7 +47,13 @@ class HttpTarget:
                 path = self.path.split("?")[0]
                 with target._lock:
                     target.requests.append(
-                        Received(path, self.command, {k.lower(): v for k, v in self.headers.items()}, body, time.time())
+                        Received(
+                            path,
+                            self.command,
+                            {k.lower(): v for k, v in self.headers.items()},
+                            body,
+                            time.time(),
+                        )
                     )
                     script = target._scripts.get(path)
                     reply = script.pop(0) if script else target._default.get(path, Reply())

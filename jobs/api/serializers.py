@@ -1,0 +1,220 @@
+"""Job API shapes. Serializers parse and validate (rules live in jobs.validation);
+jobs.services does every write."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from jobs.describe import describe_job
+from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
+from jobs.validation import TRIGGER_FIELDS, JobInvalid, validate_job
+
+from .fields import StrictBooleanField, StrictCharField, StrictIntegerField, UtcDateTimeField
+
+# API name -> model field name, where they differ.
+API_TO_MODEL = {"cron": "cron_expr", "timezone": "time_zone"}
+MODEL_TO_API = {v: k for k, v in API_TO_MODEL.items()}
+# Field defaults of a new job (DESIGN section 4); the model agrees.
+DEFAULTS: dict[str, Any] = {
+    "time_zone": "UTC",
+    "misfire_policy": MisfirePolicy.RUN_ONCE,
+    "max_catch_up": 100,
+    "overlap_policy": OverlapPolicy.SKIP,
+    "max_attempts": 5,
+    "retry_backoff_seconds": 10,
+    "retry_backoff_cap_seconds": 3600,
+    "lease_seconds": 30,
+    "priority": 0,
+    "paused": False,
+    "start_at": None,
+    "end_at": None,
+    "cron_expr": None,
+    "interval_seconds": None,
+    "run_at": None,
+}
+EDITABLE_MODEL_FIELDS = (*DEFAULTS, "name", "target")
+
+
+def api_errors(errors: dict[str, list[str]]) -> dict[str, list[str]]:
+    return {MODEL_TO_API.get(key, key): messages for key, messages in errors.items()}
+
+
+class RejectUnknownMixin:
+    """A typo such as `intervall_seconds` must be a 400, not a silently different job."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
+        return super().to_internal_value(data)
+
+
+class TargetField(serializers.JSONField):
+    """`{"type": "http", "url", "method", "headers", "body", "timeout_seconds"}` or
+    `{"type": "task", "name", "kwargs"}`; validated in jobs.validation.check_target."""
+
+
+class JobSerializer(RejectUnknownMixin, serializers.Serializer):
+    id = serializers.UUIDField(read_only=True)
+    name = StrictCharField(max_length=None, allow_blank=True, trim_whitespace=False)
+    cron = StrictCharField(source="cron_expr", required=False, allow_null=True, allow_blank=True)
+    interval_seconds = StrictIntegerField(required=False, allow_null=True)
+    run_at = UtcDateTimeField(required=False, allow_null=True)
+    timezone = StrictCharField(source="time_zone", required=False)
+    target = TargetField()
+    misfire_policy = serializers.ChoiceField(choices=MisfirePolicy.choices, required=False)
+    max_catch_up = StrictIntegerField(required=False)
+    overlap_policy = serializers.ChoiceField(choices=OverlapPolicy.choices, required=False)
+    max_attempts = StrictIntegerField(required=False)
+    retry_backoff_seconds = StrictIntegerField(required=False)
+    retry_backoff_cap_seconds = StrictIntegerField(required=False)
+    lease_seconds = StrictIntegerField(required=False)
+    priority = StrictIntegerField(required=False)
+    paused = StrictBooleanField(required=False)
+    start_at = UtcDateTimeField(required=False, allow_null=True)
+    end_at = UtcDateTimeField(required=False, allow_null=True)
+
+    trigger_type = serializers.CharField(read_only=True)
+    schedule_description = serializers.SerializerMethodField()
+    next_run_at = UtcDateTimeField(read_only=True)
+    partition_id = serializers.IntegerField(read_only=True)
+    created_at = UtcDateTimeField(read_only=True)
+    updated_at = UtcDateTimeField(read_only=True)
+    misfires = serializers.SerializerMethodField()
+
+    def get_schedule_description(self, job: Job) -> str:
+        return describe_job(job)
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "properties": {"count": {"type": "integer"}, "url": {"type": "string"}},
+        }
+    )
+    def get_misfires(self, job: Job) -> dict:
+        count = getattr(job, "misfire_count", None)
+        if count is None:
+            count = job.misfires.count()
+        return {"count": count, "url": f"/api/v1/jobs/{job.id}/misfires/"}
+
+    def to_representation(self, job: Job) -> dict:
+        data = super().to_representation(job)
+        data["cron"] = job.cron_expr or None
+        return data
+
+    def validate(self, attrs: dict) -> dict:
+        """Merge with the stored job (PATCH) or the defaults (POST), then apply the shared rules."""
+        job: Job | None = self.instance
+        changes = dict(attrs)
+        if job is not None and any(f in changes for f in TRIGGER_FIELDS):
+            # Naming one trigger in a PATCH replaces the job's trigger: clear the other two.
+            for other in TRIGGER_FIELDS:
+                changes.setdefault(other, None)
+        if job is None:
+            current = dict(DEFAULTS)
+        else:
+            current = {f: getattr(job, f) for f in EDITABLE_MODEL_FIELDS}
+        merged = {**current, **changes}
+        if merged.get("cron_expr") == "":
+            merged["cron_expr"] = None
+        try:
+            clean = validate_job(
+                merged,
+                now=timezone.now(),
+                allow_private=settings.SCHEDULER_ALLOW_PRIVATE_TARGETS,
+                # A client that sends back an unchanged past run_at is not setting it.
+                changed=None if job is None else {k for k, v in changes.items() if getattr(job, k) != v},
+                job_id=job.id if job is not None else None,
+            )
+        except JobInvalid as exc:
+            raise serializers.ValidationError(api_errors(exc.errors)) from None
+        # The model stores "no cron" as an empty string.
+        clean["cron_expr"] = clean.get("cron_expr") or ""
+        keys = merged.keys() if job is None else changes.keys()
+        return {key: clean[key] for key in keys}
+
+
+class ResumeSerializer(RejectUnknownMixin, serializers.Serializer):
+    catch_up = serializers.ChoiceField(choices=["none", "latest", "all"], required=False, default="none")
+
+
+class BackfillSerializer(RejectUnknownMixin, serializers.Serializer):
+    start = UtcDateTimeField()
+    end = UtcDateTimeField()
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs["end"] < attrs["start"]:
+            raise serializers.ValidationError({"end": ["end must not be earlier than start."]})
+        return attrs
+
+
+class BackfillResultSerializer(serializers.Serializer):
+    job_id = serializers.UUIDField()
+    created = serializers.IntegerField(
+        help_text="Runs inserted; slots that already had a run are left alone."
+    )
+    scheduled_at = serializers.ListField(child=serializers.CharField())
+
+
+class TriggerResultSerializer(serializers.Serializer):
+    job_id = serializers.UUIDField()
+    scheduled_at = serializers.CharField()
+    run = serializers.CharField(help_text="URL of the created run.")
+
+
+class MisfireSerializer(serializers.ModelSerializer):
+    detected_at = UtcDateTimeField()
+    first_missed_at = UtcDateTimeField()
+    last_missed_at = UtcDateTimeField()
+    # A plain string: an enum here would be a second name for MisfirePolicy in the schema.
+    policy = serializers.CharField(help_text="misfire_policy of the job when the misfire was handled")
+
+    class Meta:
+        model = Misfire
+        fields = [
+            "id",
+            "detected_at",
+            "policy",
+            "missed_count",
+            "first_missed_at",
+            "last_missed_at",
+            "runs_created",
+        ]
+
+
+class FireTimeSerializer(serializers.Serializer):
+    utc = serializers.CharField()
+    local = serializers.CharField()
+    note = serializers.CharField(allow_null=True)
+
+
+class PreviewSerializer(serializers.Serializer):
+    fire_times = FireTimeSerializer(many=True)
+    description = serializers.CharField()
+    timezone = serializers.CharField()
+
+
+class PreviewQuerySerializer(serializers.Serializer):
+    """Query string of /schedules/preview: strings, so the standard (coercing) fields."""
+
+    cron = serializers.CharField(required=False, allow_blank=True)
+    interval_seconds = serializers.IntegerField(required=False)
+    timezone = serializers.CharField(required=False, default="UTC")
+    after = UtcDateTimeField(required=False)
+    count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=100)
+
+
+class PreviewCountSerializer(serializers.Serializer):
+    count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=100)
+
+
+class HealthSerializer(serializers.Serializer):
+    status = serializers.CharField(help_text='"ok", or "degraded" when the database is unreachable')
+    database = serializers.CharField()
+    time = serializers.CharField()

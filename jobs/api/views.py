@@ -1,0 +1,299 @@
+"""Job endpoints under /api/v1/. Reads are tenant-scoped querysets; writes go through jobs.services."""
+
+from __future__ import annotations
+
+from django.db import connection, transaction
+from django.db.models import Count
+from django.utils import timezone
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+    inline_serializer,
+)
+from rest_framework import mixins, permissions, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from jobs import services
+from jobs.describe import describe_job, describe_schedule, fire_time_json, job_fire_times
+from jobs.models import Job
+from jobs.schedule import ScheduleError, fire_times
+from jobs.validation import SCHEDULE_KEY, check_cron, check_interval, check_zone
+from runs.keys import format_utc
+
+from .serializers import (
+    BackfillResultSerializer,
+    BackfillSerializer,
+    HealthSerializer,
+    JobSerializer,
+    MisfireSerializer,
+    PreviewCountSerializer,
+    PreviewQuerySerializer,
+    PreviewSerializer,
+    ResumeSerializer,
+    TriggerResultSerializer,
+)
+
+UUID_RE = r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
+_BOOL_PARAM = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+class Pagination(LimitOffsetPagination):
+    default_limit = 50
+    max_limit = 500
+
+
+def run_url(job_id, scheduled_at) -> str:
+    return f"/api/v1/runs/{job_id}/{format_utc(scheduled_at)}/"
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List the tenant's jobs",
+        parameters=[
+            OpenApiParameter("paused", bool, description="Only paused (true) or active (false) jobs."),
+            OpenApiParameter("name", str, description="Name contains (case-insensitive)."),
+        ],
+    ),
+    create=extend_schema(summary="Create a job", responses={201: JobSerializer}),
+    retrieve=extend_schema(summary="A job"),
+    partial_update=extend_schema(
+        summary="Change a job",
+        description="Naming one of cron / interval_seconds / run_at replaces the trigger (the other two "
+        "are cleared). A schedule change restarts from the next future slot; past slots never fire.",
+    ),
+    destroy=extend_schema(summary="Delete a job and its runs"),
+)
+class JobViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    mixins.CreateModelMixin,
+    mixins.UpdateModelMixin,
+    mixins.DestroyModelMixin,
+    viewsets.GenericViewSet,
+):
+    serializer_class = JobSerializer
+    pagination_class = Pagination
+    lookup_value_regex = UUID_RE
+    http_method_names = ["get", "post", "patch", "delete", "head", "options"]
+
+    def get_queryset(self):
+        qs = Job.objects.filter(tenant=self.request.auth).annotate(misfire_count=Count("misfires"))
+        if self.action != "list":
+            return qs
+        params = self.request.query_params
+        if "paused" in params:
+            value = _BOOL_PARAM.get(params["paused"].strip().lower())
+            if value is None:
+                raise serializers.ValidationError({"paused": ["Use true or false."]})
+            qs = qs.filter(paused=value)
+        if params.get("name"):
+            qs = qs.filter(name__icontains=params["name"])
+        return qs.order_by("-created_at", "id")
+
+    def _job(self) -> Job:
+        # Lock-free read; services re-read under select_for_update where it matters.
+        return self.get_object()
+
+    def _respond(self, job: Job, code: int = status.HTTP_200_OK) -> Response:
+        job = self.get_queryset().get(pk=job.pk)
+        return Response(JobSerializer(job).data, status=code)
+
+    def create(self, request: Request, *args, **kwargs) -> Response:
+        serializer = JobSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        job = services.create_job(tenant=request.auth, **serializer.validated_data)
+        return self._respond(job, status.HTTP_201_CREATED)
+
+    def partial_update(self, request: Request, *args, **kwargs) -> Response:
+        job = self._job()
+        serializer = JobSerializer(job, data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        changes = dict(serializer.validated_data)
+        paused = changes.pop("paused", None)
+        with transaction.atomic():
+            if changes:
+                job = services.update_job(job=job, changes=changes)
+            # Pausing/resuming through PATCH has the same meaning as the actions:
+            # resuming never fires the slots that fell while paused.
+            if paused is True and not job.paused:
+                job = services.pause_job(job=job)
+            elif paused is False and job.paused:
+                job = services.resume_job(job=job, catch_up="none")
+        return self._respond(job)
+
+    def destroy(self, request: Request, *args, **kwargs) -> Response:
+        services.delete_job(job=self._job())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(summary="Pause a job", request=None, responses=JobSerializer)
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk=None) -> Response:
+        return self._respond(services.pause_job(job=self._job()))
+
+    @extend_schema(
+        summary="Resume a job",
+        description='Without catch_up (or "none") the next run is the next future slot; "latest" queues '
+        'one run for the latest slot missed while paused, "all" one per missed slot (max_catch_up).',
+        request=ResumeSerializer,
+        responses=JobSerializer,
+    )
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk=None) -> Response:
+        job = self._job()
+        body = ResumeSerializer(data=request.data or {})
+        body.is_valid(raise_exception=True)
+        return self._respond(services.resume_job(job=job, catch_up=body.validated_data["catch_up"]))
+
+    @extend_schema(summary="Queue a manual run now", request=None, responses={201: TriggerResultSerializer})
+    @action(detail=True, methods=["post"])
+    def trigger(self, request: Request, pk=None) -> Response:
+        job = self._job()
+        scheduled_at = services.trigger_job(job=job)
+        data = {
+            "job_id": str(job.id),
+            "scheduled_at": format_utc(scheduled_at),
+            "run": run_url(job.id, scheduled_at),
+        }
+        return Response(data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        summary="One run per slot in [start, end]",
+        description=f"Capped at {services.MAX_BACKFILL_RUNS} slots; existing runs are left alone.",
+        request=BackfillSerializer,
+        responses=BackfillResultSerializer,
+    )
+    @action(detail=True, methods=["post"])
+    def backfill(self, request: Request, pk=None) -> Response:
+        job = self._job()
+        body = BackfillSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        created = services.backfill_job(job=job, **body.validated_data)
+        data = {
+            "job_id": str(job.id),
+            "created": len(created),
+            "scheduled_at": [format_utc(t) for t in created],
+        }
+        return Response(data)
+
+    @extend_schema(
+        summary="Next fire times of a job",
+        parameters=[OpenApiParameter("count", int, description="1..100, default 10")],
+        responses=PreviewSerializer,
+    )
+    @action(detail=True, methods=["get"])
+    def preview(self, request: Request, pk=None) -> Response:
+        job = self._job()
+        query = PreviewCountSerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        times = job_fire_times(job, now=timezone.now(), count=query.validated_data["count"])
+        return Response(
+            {
+                "fire_times": [fire_time_json(t) for t in times],
+                "description": describe_job(job),
+                "timezone": job.time_zone,
+            }
+        )
+
+    @extend_schema(
+        summary="Misfires recorded for a job",
+        parameters=[OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
+        responses=inline_serializer(
+            "PaginatedMisfireList",
+            {
+                "count": serializers.IntegerField(),
+                "next": serializers.URLField(allow_null=True),
+                "previous": serializers.URLField(allow_null=True),
+                "results": MisfireSerializer(many=True),
+            },
+        ),
+    )
+    @action(detail=True, methods=["get"])
+    def misfires(self, request: Request, pk=None) -> Response:
+        job = self._job()
+        paginator = Pagination()
+        page = paginator.paginate_queryset(job.misfires.order_by("-detected_at", "-id"), request, view=self)
+        return paginator.get_paginated_response(MisfireSerializer(page, many=True).data)
+
+
+class SchedulePreviewView(APIView):
+    @extend_schema(
+        summary="Fire times of a schedule that is not saved",
+        description="Give `cron` (with `timezone`) or `interval_seconds` (anchored at `after`).",
+        parameters=[PreviewQuerySerializer],
+        responses=PreviewSerializer,
+    )
+    def get(self, request: Request) -> Response:
+        query = PreviewQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        cron, interval = params.get("cron") or None, params.get("interval_seconds")
+        errors: dict[str, list[str]] = {}
+        zone = params["timezone"]
+        try:
+            check_zone(zone)
+        except ValueError as exc:
+            errors["timezone"] = [str(exc)]
+        if (cron is None) == (interval is None):
+            errors[SCHEDULE_KEY] = ["Give exactly one of cron or interval_seconds."]
+        elif cron is not None:
+            try:
+                cron = check_cron(cron, zone="UTC" if errors else zone)
+            except ValueError as exc:
+                errors["cron"] = [str(exc)]
+        else:
+            try:
+                check_interval(interval)
+            except ValueError as exc:
+                errors["interval_seconds"] = [str(exc)]
+        if errors:
+            raise serializers.ValidationError(errors)
+        after = params.get("after") or timezone.now()
+        try:
+            times = fire_times(
+                cron=cron,
+                timezone=zone,
+                interval_seconds=interval,
+                run_at=None,
+                anchor=after,
+                after=after,
+                count=params["count"],
+            )
+        except ScheduleError as exc:
+            raise serializers.ValidationError({SCHEDULE_KEY: [str(exc)]}) from None
+        description = describe_schedule(cron=cron, timezone=zone, interval_seconds=interval, run_at=None)
+        return Response(
+            {"fire_times": [fire_time_json(t) for t in times], "description": description, "timezone": zone}
+        )
+
+
+class HealthView(APIView):
+    authentication_classes: list = []
+    permission_classes = [permissions.AllowAny]
+
+    @extend_schema(
+        summary="Liveness and database check (no auth)",
+        responses={
+            200: HealthSerializer,
+            503: OpenApiResponse(HealthSerializer, description="database down"),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")
+                cursor.fetchone()
+            database, code = "ok", status.HTTP_200_OK
+        except Exception as exc:
+            database, code = f"error: {type(exc).__name__}", status.HTTP_503_SERVICE_UNAVAILABLE
+        body = {
+            "status": "ok" if code == status.HTTP_200_OK else "degraded",
+            "database": database,
+            "time": format_utc(timezone.now()),
+        }
+        return Response(body, status=code)

@@ -1,0 +1,83 @@
+"""Read-only presentation of schedules for the API and the admin: text and upcoming fire times."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from cron_descriptor import Options, get_description
+
+from jobs import schedule
+from jobs.models import Job
+from runs.keys import format_utc
+
+_UNITS = ((86_400, "day"), (3_600, "hour"), (60, "minute"), (1, "second"))
+
+
+def describe_interval(seconds: int) -> str:
+    for size, unit in _UNITS:
+        if seconds % size == 0:
+            n = seconds // size
+            return f"Every {unit}" if n == 1 else f"Every {n} {unit}s"
+    return f"Every {seconds} seconds"
+
+
+def describe_cron(expr: str, zone: str = "UTC", job_id: UUID | str | None = None) -> str:
+    """cron-descriptor on the expanded expression (it knows neither `@daily` nor `H`)."""
+    try:
+        expanded = schedule.expand_cron(expr, job_id)
+        options = Options()
+        options.use_24hour_time_format = True
+        text = get_description(expanded, options)
+    except Exception:
+        return expr
+    return f"{text} ({zone})"
+
+
+def describe_schedule(
+    *, cron: str | None, timezone: str, interval_seconds: int | None, run_at: datetime | None, job_id=None
+) -> str:
+    if cron:
+        return describe_cron(cron, timezone, job_id)
+    if interval_seconds:
+        return describe_interval(interval_seconds)
+    if run_at:
+        return f"Once at {format_utc(run_at)}"
+    return ""
+
+
+def describe_job(job: Job) -> str:
+    return describe_schedule(
+        cron=job.cron_expr or None,
+        timezone=job.time_zone,
+        interval_seconds=job.interval_seconds,
+        run_at=job.run_at,
+        job_id=job.id,
+    )
+
+
+def format_local(moment: datetime) -> str:
+    """RFC 3339 with the zone's offset (`2026-03-08T03:00:00-04:00`)."""
+    return moment.isoformat(timespec="microseconds" if moment.microsecond else "seconds")
+
+
+def fire_time_json(fire: schedule.FireTime) -> dict:
+    return {"utc": format_utc(fire.utc), "local": format_local(fire.local), "note": fire.note}
+
+
+def job_fire_times(job: Job, *, now: datetime, count: int) -> list[schedule.FireTime]:
+    """The job's next `count` fire times after `now`, inside [start_at, end_at]."""
+    after = now
+    if job.start_at and job.start_at > after:
+        after = job.start_at - timedelta(microseconds=1)
+    return schedule.fire_times(
+        cron=job.cron_expr or None,
+        timezone=job.time_zone,
+        interval_seconds=job.interval_seconds,
+        run_at=job.run_at,
+        anchor=job.next_run_at or job.start_at or now,
+        after=after,
+        job_id=job.id,
+        count=count,
+        until=job.end_at,
+    )

@@ -1,0 +1,229 @@
+"""Jobs admin as a superuser: list, filters, search, actions, change page preview, validation."""
+
+from __future__ import annotations
+
+import pytest
+import time_machine
+from django.contrib.messages import get_messages
+from rest_framework.test import APIClient
+
+from jobs import services
+from jobs.models import ApiToken, Job, SchedulerNode
+from runs.keys import format_utc, parse_utc
+from runs.models import JobRun
+
+CHANGELIST = "/admin/jobs/job/"
+HOOK = {"type": "http", "url": "https://example.com/hook"}
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    # admin_client creates a superuser per test; PBKDF2 would cost ~0.5 s each time.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def jobs(tenant):
+    return {
+        "nightly": services.create_job(
+            tenant=tenant, name="nightly export", cron_expr="30 2 * * *", target=HOOK
+        ),
+        "poll": services.create_job(tenant=tenant, name="poller", interval_seconds=60, target=HOOK),
+        "once": services.create_job(
+            tenant=tenant, name="one shot", run_at=parse_utc("2099-01-01T00:00:00Z"), target=HOOK, paused=True
+        ),
+    }
+
+
+def names(response) -> set[str]:
+    assert response.status_code == 200
+    return {job.name for job in response.context["cl"].result_list}
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def form_data(tenant, **overrides) -> dict:
+    data = {
+        "tenant": tenant.pk,
+        "name": "from admin",
+        "cron_expr": "*/5 * * * *",
+        "time_zone": "UTC",
+        "interval_seconds": "",
+        "run_at_0": "",
+        "run_at_1": "",
+        "start_at_0": "",
+        "start_at_1": "",
+        "end_at_0": "",
+        "end_at_1": "",
+        "target": '{"type": "http", "url": "https://example.com/hook"}',
+        "misfire_policy": "run_once",
+        "max_catch_up": "100",
+        "overlap_policy": "skip",
+        "max_attempts": "5",
+        "retry_backoff_seconds": "10",
+        "retry_backoff_cap_seconds": "3600",
+        "lease_seconds": "30",
+        "priority": "0",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_changelist_renders_columns_filters_and_search(admin_client, jobs):
+    response = admin_client.get(CHANGELIST)
+    assert names(response) == {"nightly export", "poller", "one shot"}
+    html = response.content.decode()
+    for text in ("By trigger type", "By paused", "By misfire policy", "30 2 * * *", "Every minute", "acme"):
+        assert text in html, text
+    assert names(admin_client.get(f"{CHANGELIST}?paused__exact=1")) == {"one shot"}
+    assert names(admin_client.get(f"{CHANGELIST}?trigger=cron")) == {"nightly export"}
+    assert names(admin_client.get(f"{CHANGELIST}?trigger=interval")) == {"poller"}
+    assert names(admin_client.get(f"{CHANGELIST}?trigger=run_at")) == {"one shot"}
+    assert names(admin_client.get(f"{CHANGELIST}?q=poll")) == {"poller"}
+    assert names(admin_client.get(f"{CHANGELIST}?q=30+2")) == {"nightly export"}
+    assert names(admin_client.get(f"{CHANGELIST}?q={jobs['once'].id}")) == {"one shot"}
+
+
+def run_action(admin_client, action: str, *job_list):
+    return admin_client.post(
+        CHANGELIST,
+        {"action": action, "_selected_action": [str(j.pk) for j in job_list]},
+        follow=True,
+    )
+
+
+def test_pause_and_resume_actions(admin_client, jobs):
+    response = run_action(admin_client, "pause_jobs", jobs["nightly"], jobs["poll"])
+    assert "Paused 2 job(s)." in messages_of(response)
+    assert Job.objects.filter(paused=True).count() == 3
+    response = run_action(admin_client, "resume_jobs", jobs["nightly"], jobs["once"])
+    assert "Resumed 2 job(s)." in messages_of(response)
+    assert set(Job.objects.filter(paused=True).values_list("name", flat=True)) == {"poller"}
+    assert JobRun.objects.count() == 0
+
+
+def test_trigger_now_action_queues_manual_runs(admin_client, jobs):
+    response = run_action(admin_client, "trigger_now", jobs["nightly"], jobs["once"])
+    assert "Queued a manual run for 2 job(s)." in messages_of(response)
+    runs = JobRun.objects.all()
+    assert {r.job_id for r in runs} == {jobs["nightly"].id, jobs["once"].id}
+    assert {r.trigger for r in runs} == {"manual"}
+
+
+def test_change_page_shows_the_next_fire_times(admin_client, tenant):
+    with time_machine.travel(parse_utc("2026-03-07T12:00:00Z"), tick=False):
+        job = services.create_job(
+            tenant=tenant, name="ny", cron_expr="30 2 * * *", time_zone="America/New_York", target=HOOK
+        )
+        response = admin_client.get(f"{CHANGELIST}{job.pk}/change/")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "next fire times" in html.lower()
+    assert "2026-03-08T07:00:00Z" in html and "2026-03-09T06:30:00Z" in html
+    assert "DST gap" in html
+    assert "Live preview" in html
+
+
+def test_live_preview_endpoint(admin_client, db):
+    response = admin_client.get(
+        "/admin/jobs/job/preview/", {"cron_expr": "0 9 * * *", "time_zone": "Asia/Tokyo"}
+    )
+    assert response.status_code == 200
+    data = response.json()
+    assert len(data["fire_times"]) == 5 and all(t["utc"].endswith("T00:00:00Z") for t in data["fire_times"])
+    bad = admin_client.get("/admin/jobs/job/preview/", {"cron_expr": "0 0 30 2 *", "time_zone": "UTC"})
+    assert bad.status_code == 400 and "never fire" in bad.json()["error"]
+
+
+def test_add_form_rejects_a_bad_cron_and_writes_nothing(admin_client, tenant):
+    response = admin_client.post(f"{CHANGELIST}add/", form_data(tenant, cron_expr="0 0 30 2 *"))
+    assert response.status_code == 200
+    assert "can never fire" in response.content.decode()
+    assert "cron_expr" in response.context["adminform"].form.errors
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"cron_expr": "", "interval_seconds": ""}, "cron_expr"),
+        ({"interval_seconds": "60"}, "cron_expr"),
+        ({"time_zone": "Mars/Base"}, "time_zone"),
+        ({"target": '{"type": "http", "url": "http://127.0.0.1/"}'}, "target"),
+        ({"target": '{"type": "smtp"}'}, "target"),
+        ({"priority": "12"}, "priority"),
+        ({"lease_seconds": "2"}, "lease_seconds"),
+        ({"cron_expr": "", "interval_seconds": "0"}, "interval_seconds"),
+        ({"cron_expr": "", "run_at_0": "2001-01-01", "run_at_1": "00:00:00"}, "run_at"),
+    ],
+)
+def test_add_form_applies_the_api_rules(admin_client, tenant, overrides, field):
+    response = admin_client.post(f"{CHANGELIST}add/", form_data(tenant, **overrides))
+    assert response.status_code == 200
+    assert field in response.context["adminform"].form.errors, response.context["adminform"].form.errors
+    assert Job.objects.count() == 0
+
+
+def test_add_form_creates_through_the_services(admin_client, tenant):
+    with time_machine.travel(parse_utc("2026-03-07T12:00:00Z"), tick=False):
+        response = admin_client.post(
+            f"{CHANGELIST}add/",
+            form_data(
+                tenant,
+                cron_expr="30 2 * * *",
+                time_zone="America/New_York",
+                target=' {"type": "http", "url": "https://example.com/hook"}',
+            ),
+        )
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    job = Job.objects.get()
+    assert format_utc(job.next_run_at) == "2026-03-08T07:00:00Z"
+    assert job.partition_id == services.partition_for(job.id)
+    assert job.target["method"] == "POST" and job.target["timeout_seconds"] == 30
+
+
+def test_change_form_edit_recomputes_next_run(admin_client, tenant):
+    with time_machine.travel(parse_utc("2026-01-10T12:00:00Z"), tick=False):
+        job = services.create_job(tenant=tenant, name="edit me", cron_expr="0 9 * * *", target=HOOK)
+        response = admin_client.post(
+            f"{CHANGELIST}{job.pk}/change/",
+            form_data(tenant, name="edited", cron_expr="", interval_seconds="600", overlap_policy="allow"),
+        )
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    job.refresh_from_db()
+    assert job.name == "edited" and job.cron_expr == "" and job.interval_seconds == 600
+    assert job.overlap_policy == "allow"
+    assert format_utc(job.next_run_at) == "2026-01-10T12:10:00Z"
+
+
+def test_tenant_admin_issue_token_shows_it_once_and_it_works(admin_client, tenant):
+    response = admin_client.get("/admin/jobs/tenant/")
+    assert response.status_code == 200 and "active tokens" in response.content.decode().lower()
+    response = admin_client.post(
+        "/admin/jobs/tenant/", {"action": "issue_new_token", "_selected_action": [tenant.pk]}, follow=True
+    )
+    (message,) = [m for m in messages_of(response) if "New API token" in m]
+    token = message.rsplit(" ", 1)[-1]
+    assert token.startswith("cy_")
+    assert ApiToken.objects.filter(tenant=tenant).count() == 2
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert client.get("/api/v1/jobs/").status_code == 200
+
+
+def test_misfire_and_node_admins_are_read_only_lists(admin_client, jobs):
+    when = parse_utc("2026-01-01T00:00:00Z")
+    jobs["nightly"].misfires.create(
+        policy="run_once", missed_count=4, first_missed_at=when, last_missed_at=when, runs_created=1
+    )
+    SchedulerNode.objects.create(
+        node_id="node-a", hostname="h", pid=1, started_at=when, heartbeat_at=when, partitions=[1, 2, 3]
+    )
+    response = admin_client.get("/admin/jobs/misfire/")
+    assert response.status_code == 200 and "nightly export" in response.content.decode()
+    response = admin_client.get("/admin/jobs/schedulernode/")
+    assert response.status_code == 200 and "node-a" in response.content.decode()
+    assert admin_client.get("/admin/jobs/misfire/add/").status_code == 403
+    assert admin_client.get("/admin/jobs/schedulernode/add/").status_code == 403

@@ -1,0 +1,286 @@
+"""Every bad job body is a field-level 400 that writes nothing; auth and tenant scoping."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from jobs.models import Job
+from jobs.services import create_tenant
+
+JOBS = "/api/v1/jobs/"
+BASE = {
+    "name": "nightly report",
+    "cron": "30 2 * * *",
+    "timezone": "UTC",
+    "target": {"type": "http", "url": "https://example.com/hook"},
+}
+DROP = object()  # marks a key to remove from the base body
+
+
+def body(**changes) -> dict:
+    data = copy.deepcopy(BASE)
+    for key, value in changes.items():
+        if value is DROP:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return data
+
+
+def http(**target) -> dict:
+    return {"type": "http", "url": "https://example.com/hook", **target}
+
+
+def past() -> str:
+    return (timezone.now() - timedelta(hours=1)).isoformat()
+
+
+BIG = "x" * (64 * 1024 + 1)
+
+BAD_BODIES = [
+    # (case id, body, field that must carry the error)
+    ("cron-syntax", body(cron="61 * * * *"), "cron"),
+    ("cron-garbage", body(cron="every day at noon"), "cron"),
+    ("cron-too-few-fields", body(cron="* * *"), "cron"),
+    ("cron-never-fires", body(cron="0 0 30 2 *"), "cron"),
+    ("cron-blank-only-trigger", body(cron=""), "schedule"),
+    ("cron-wrong-type", body(cron=5), "cron"),
+    ("unknown-zone", body(timezone="Mars/Olympus_Mons"), "timezone"),
+    ("zone-wrong-type", body(timezone=1), "timezone"),
+    ("no-trigger", body(cron=DROP), "schedule"),
+    ("cron-and-interval", body(interval_seconds=60), "schedule"),
+    ("all-three-triggers", body(interval_seconds=60, run_at="2099-01-01T00:00:00Z"), "schedule"),
+    ("interval-zero", body(cron=DROP, interval_seconds=0), "interval_seconds"),
+    ("interval-negative", body(cron=DROP, interval_seconds=-5), "interval_seconds"),
+    ("interval-string", body(cron=DROP, interval_seconds="60"), "interval_seconds"),
+    ("interval-fraction", body(cron=DROP, interval_seconds=1.5), "interval_seconds"),
+    ("interval-bool", body(cron=DROP, interval_seconds=True), "interval_seconds"),
+    ("interval-huge", body(cron=DROP, interval_seconds=10**12), "interval_seconds"),
+    ("run_at-past", body(cron=DROP, run_at=past()), "run_at"),
+    ("run_at-garbage", body(cron=DROP, run_at="tomorrow"), "run_at"),
+    ("run_at-naive", body(cron=DROP, run_at="2099-01-01T00:00:00"), "run_at"),
+    ("misfire-unknown", body(misfire_policy="sometimes"), "misfire_policy"),
+    ("overlap-unknown", body(overlap_policy="queue"), "overlap_policy"),
+    ("target-ftp", body(target=http(url="ftp://example.com/x")), "target"),
+    ("target-no-scheme", body(target=http(url="example.com/hook")), "target"),
+    ("target-loopback-ip", body(target=http(url="http://127.0.0.1:8080/hook")), "target"),
+    ("target-localhost", body(target=http(url="http://localhost/hook")), "target"),
+    ("target-private-ip", body(target=http(url="http://10.1.2.3/hook")), "target"),
+    ("target-metadata-ip", body(target=http(url="http://169.254.169.254/latest/meta-data")), "target"),
+    ("target-ipv6-loopback", body(target=http(url="http://[::1]/hook")), "target"),
+    ("target-url-missing", body(target={"type": "http"}), "target"),
+    ("target-unknown-type", body(target={"type": "smtp", "to": "a@example.com"}), "target"),
+    ("target-no-type", body(target={"url": "https://example.com/"}), "target"),
+    ("target-not-object", body(target="https://example.com/"), "target"),
+    ("target-missing", body(target=DROP), "target"),
+    ("target-bad-method", body(target=http(method="FETCH")), "target"),
+    ("target-headers-list", body(target=http(headers=["X-A: 1"])), "target"),
+    ("target-header-int-value", body(target=http(headers={"X-A": 1})), "target"),
+    ("target-header-newline", body(target=http(headers={"X-A": "a\r\nX-Evil: 1"})), "target"),
+    ("target-header-reserved", body(target=http(headers={"Idempotency-Key": "mine"})), "target"),
+    ("target-timeout-zero", body(target=http(timeout_seconds=0)), "target"),
+    ("target-timeout-big", body(target=http(timeout_seconds=301)), "target"),
+    ("target-timeout-string", body(target=http(timeout_seconds="30")), "target"),
+    ("target-unknown-key", body(target=http(retries=3)), "target"),
+    ("target-body-too-big", body(target=http(body=BIG)), "target"),
+    ("target-json-body-too-big", body(target=http(body={"blob": BIG})), "target"),
+    ("task-name-missing", body(target={"type": "task", "kwargs": {}}), "target"),
+    ("task-name-blank", body(target={"type": "task", "name": " "}), "target"),
+    ("task-kwargs-list", body(target={"type": "task", "name": "noop", "kwargs": [1]}), "target"),
+    ("task-kwargs-too-big", body(target={"type": "task", "name": "noop", "kwargs": {"a": BIG}}), "target"),
+    ("name-empty", body(name=""), "name"),
+    ("name-blank", body(name="   "), "name"),
+    ("name-too-long", body(name="n" * 201), "name"),
+    ("name-missing", body(name=DROP), "name"),
+    ("name-number", body(name=5), "name"),
+    ("end-before-start", body(start_at="2099-01-02T00:00:00Z", end_at="2099-01-01T00:00:00Z"), "end_at"),
+    ("end-equals-start", body(start_at="2099-01-01T00:00:00Z", end_at="2099-01-01T00:00:00Z"), "end_at"),
+    ("end-in-past", body(end_at=past()), "end_at"),
+    ("start-garbage", body(start_at="soon"), "start_at"),
+    ("unknown-field-typo", body(cron=DROP, intervall_seconds=60), "intervall_seconds"),
+    ("unknown-field", body(colour="blue"), "colour"),
+    ("max-catch-up-zero", body(max_catch_up=0), "max_catch_up"),
+    ("max-catch-up-big", body(max_catch_up=10_001), "max_catch_up"),
+    ("max-attempts-zero", body(max_attempts=0), "max_attempts"),
+    ("max-attempts-big", body(max_attempts=101), "max_attempts"),
+    ("lease-too-short", body(lease_seconds=4), "lease_seconds"),
+    ("lease-too-long", body(lease_seconds=3601), "lease_seconds"),
+    ("priority-ten", body(priority=10), "priority"),
+    ("priority-negative", body(priority=-1), "priority"),
+    ("priority-string", body(priority="9"), "priority"),
+    ("paused-string", body(paused="yes"), "paused"),
+    ("backoff-negative", body(retry_backoff_seconds=-1), "retry_backoff_seconds"),
+    (
+        "backoff-cap-below-base",
+        body(retry_backoff_seconds=100, retry_backoff_cap_seconds=50),
+        "retry_backoff_cap_seconds",
+    ),
+]
+
+
+@pytest.mark.parametrize(("payload", "field"), [pytest.param(b, f, id=i) for i, b, f in BAD_BODIES])
+def test_bad_job_body_is_field_level_400_and_writes_nothing(api, payload, field):
+    before = Job.objects.count()
+    response = api.post(JOBS, payload, format="json")
+    assert response.status_code == 400, response.content
+    errors = response.json()
+    assert field in errors, errors
+    assert (
+        isinstance(errors[field], list) and errors[field] and all(isinstance(m, str) for m in errors[field])
+    )
+    assert Job.objects.count() == before
+
+
+def test_the_base_body_is_valid(api):
+    # Guards the table above: every case differs from a body that does get created.
+    response = api.post(JOBS, body(), format="json")
+    assert response.status_code == 201, response.content
+    assert Job.objects.count() == 1
+
+
+def test_cron_error_carries_the_schedule_message(api):
+    response = api.post(JOBS, body(cron="0 0 30 2 *"), format="json")
+    assert "can never fire" in response.json()["cron"][0]
+
+
+@pytest.mark.parametrize(
+    ("raw", "content_type"),
+    [
+        (b'{"name": "x", ', "application/json"),
+        (b"not json at all", "application/json"),
+        (b"[1, 2, 3]", "application/json"),
+        (b'"just a string"', "application/json"),
+        (b"", "application/json"),
+    ],
+    ids=["truncated", "garbage", "list", "string", "empty"],
+)
+def test_malformed_json_is_400(api, raw, content_type):
+    response = api.generic("POST", JOBS, raw, content_type=content_type)
+    assert response.status_code == 400, response.content
+    assert response["Content-Type"].startswith("application/json")
+    assert Job.objects.count() == 0
+
+
+def test_private_targets_allowed_when_the_setting_says_so(api, settings):
+    settings.SCHEDULER_ALLOW_PRIVATE_TARGETS = True
+    response = api.post(JOBS, body(target=http(url="http://127.0.0.1:9/hook")), format="json")
+    assert response.status_code == 201, response.content
+
+
+def test_unresolvable_host_name_does_not_fail_creation(api):
+    response = api.post(JOBS, body(target=http(url="https://not-yet-in-dns.invalid/hook")), format="json")
+    assert response.status_code == 201, response.content
+
+
+@pytest.fixture
+def job(api):
+    response = api.post(JOBS, body(), format="json")
+    assert response.status_code == 201
+    return response.json()
+
+
+@pytest.mark.parametrize(
+    ("patch", "field"),
+    [
+        ({"cron": "0 0 30 2 *"}, "cron"),
+        ({"cron": "61 * * * *"}, "cron"),
+        ({"interval_seconds": "60"}, "interval_seconds"),
+        ({"interval_seconds": 0}, "interval_seconds"),
+        ({"cron": None}, "schedule"),
+        ({"cron": "* * * * *", "interval_seconds": 60}, "schedule"),
+        ({"timezone": "Nowhere/Special"}, "timezone"),
+        ({"run_at": "2001-01-01T00:00:00Z"}, "run_at"),
+        ({"name": ""}, "name"),
+        ({"intervall_seconds": 60}, "intervall_seconds"),
+        ({"target": {"type": "http", "url": "http://192.168.0.1/"}}, "target"),
+        ({"overlap_policy": "maybe"}, "overlap_policy"),
+        ({"start_at": "2099-02-01T00:00:00Z", "end_at": "2099-01-01T00:00:00Z"}, "end_at"),
+        ({"paused": "false"}, "paused"),
+    ],
+)
+def test_bad_patch_is_400_and_leaves_the_job_as_it_was(api, job, patch, field):
+    stored = Job.objects.values().get(pk=job["id"])
+    response = api.patch(f"{JOBS}{job['id']}/", patch, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json(), response.json()
+    assert Job.objects.values().get(pk=job["id"]) == stored
+
+
+def test_no_token_is_401(db, tenant):
+    client = APIClient()
+    for method, path in [("get", JOBS), ("post", JOBS), ("get", "/api/v1/schedules/preview?cron=*+*+*+*+*")]:
+        response = (
+            getattr(client, method)(path, body(), format="json") if method == "post" else client.get(path)
+        )
+        assert response.status_code == 401, (method, path)
+        assert response.json()["detail"]
+    assert Job.objects.count() == 0
+
+
+def test_bad_token_is_401(db, tenant):
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION="Bearer cy_not-a-real-token")
+    assert client.get(JOBS).status_code == 401
+    client.credentials(HTTP_AUTHORIZATION="Basic dXNlcjpwYXNz")
+    assert client.get(JOBS).status_code == 401
+
+
+def test_another_tenants_job_is_404(api, job):
+    _, other_token = create_tenant(slug="other")
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Bearer {other_token}")
+    path = f"{JOBS}{job['id']}"
+    assert other.get(f"{path}/").status_code == 404
+    assert other.patch(f"{path}/", {"name": "stolen"}, format="json").status_code == 404
+    assert other.delete(f"{path}/").status_code == 404
+    for action in ("pause", "resume", "trigger", "preview", "misfires"):
+        method = other.get if action in ("preview", "misfires") else other.post
+        assert method(f"{path}/{action}").status_code == 404, action
+    assert (
+        other.post(
+            f"{path}/backfill", {"start": "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00Z"}
+        ).status_code
+        == 404
+    )
+    assert other.get(JOBS).json()["results"] == []
+    stored = Job.objects.get(pk=job["id"])
+    assert stored.name == BASE["name"] and not stored.paused
+    assert not stored.tenant.slug == "other"
+
+
+def test_non_uuid_job_id_is_404(api):
+    assert api.get(f"{JOBS}not-a-uuid/").status_code == 404
+    assert api.get(f"{JOBS}12345/").status_code == 404
+
+
+def test_bad_list_filter_is_400(api):
+    response = api.get(f"{JOBS}?paused=perhaps")
+    assert response.status_code == 400
+    assert "paused" in response.json()
+
+
+def test_error_bodies_are_json_not_html(api):
+    response = api.post(JOBS, json.dumps(body(cron="bad")), content_type="application/json")
+    assert response["Content-Type"].startswith("application/json")
+
+
+def test_request_over_the_upload_limit_is_a_json_400(api):
+    huge = json.dumps(body(target=http(body="x" * (2 * 1024 * 1024))))
+    response = api.generic("POST", JOBS, huge, content_type="application/json")
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("application/json")
+    assert response.json()["detail"]
+    assert Job.objects.count() == 0
+
+
+def test_two_triggers_message_uses_api_names(api):
+    response = api.post(JOBS, body(interval_seconds=60), format="json")
+    assert response.json()["schedule"] == [
+        "Set exactly one of cron, interval_seconds or run_at (got cron, interval_seconds)."
+    ]
