@@ -117,3 +117,304 @@ def notify_executors() -> None:
     """Wake LISTENing executors; delivered when the surrounding transaction commits."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+
+
+# --- Executor side: claim, heartbeat, complete. Async (psycopg AsyncConnection), used by
+# runs/executor.py off the Django ORM so the hot path costs one round trip per batch.
+
+# pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
+TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
+
+# How many top candidates the lock step looks at to find the tenants worth locking.
+_WINDOW_FACTOR = 4
+
+
+def database_conninfo() -> str:
+    """libpq conninfo of Django's default database, for connections outside the ORM."""
+    from django.conf import settings
+    from psycopg.conninfo import make_conninfo
+
+    db = settings.DATABASES["default"]
+    params = {
+        "dbname": db.get("NAME") or "",
+        "user": db.get("USER") or "",
+        "password": db.get("PASSWORD") or "",
+        "host": db.get("HOST") or "",
+        "port": str(db.get("PORT") or ""),
+    }
+    return make_conninfo(**{k: v for k, v in params.items() if v}, application_name="cronyard-executor")
+
+
+async def connect_async(conninfo: str | None = None):
+    """An autocommit AsyncConnection: each statement commits on its own unless wrapped."""
+    import psycopg
+
+    return await psycopg.AsyncConnection.connect(conninfo or database_conninfo(), autocommit=True)
+
+
+@dataclass(frozen=True)
+class ClaimedRun:
+    job_id: UUID
+    scheduled_at: datetime
+    tenant_id: int
+    attempt: int
+    target: dict
+    job_name: str
+    overlap_policy: str
+    priority: int
+    max_attempts: int
+    retry_backoff_seconds: int
+    retry_backoff_cap_seconds: int
+    lease_seconds: int
+    started_at: datetime
+
+
+@dataclass(frozen=True)
+class ReapedRun:
+    """A run whose lease ran out: handed back to the queue, or dead when out of attempts."""
+
+    job_id: UUID
+    scheduled_at: datetime
+    tenant_id: int
+    job_name: str
+    attempt: int
+    owner: str
+    status: str
+    last_error: str
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The write that ends one attempt; applied only while that attempt still holds the run."""
+
+    job_id: UUID
+    scheduled_at: datetime
+    attempt: int
+    status: str  # succeeded | retrying | dead
+    retry_in_s: float | None
+    result_code: int | None
+    error: str
+    entry: dict  # the attempts-history entry
+
+
+_UTC_TEXT = """to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+
+_REAP_SQL = f"""
+WITH expired AS (
+    SELECT id, scheduled_at FROM job_runs
+    WHERE status = 'running' AND lease_until < now()
+    ORDER BY lease_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE job_runs r SET
+    status = CASE WHEN r.attempt >= r.max_attempts THEN 'dead' ELSE 'retrying' END,
+    not_before = now(),
+    lease_until = NULL,
+    finished_at = CASE WHEN r.attempt >= r.max_attempts THEN now() END,
+    last_error = 'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating',
+    attempts = r.attempts || jsonb_build_array(jsonb_build_object(
+        'attempt', r.attempt, 'owner', r.owner,
+        'started_at', {_UTC_TEXT.format(col="r.started_at")},
+        'finished_at', NULL, 'duration_ms', NULL, 'outcome', 'lease expired',
+        'result_code', NULL, 'error', 'lease expired (no heartbeat)', 'retry_in_s', 0))
+FROM expired e
+WHERE r.id = e.id AND r.scheduled_at = e.scheduled_at
+  AND r.status = 'running' AND r.lease_until < now()
+RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.job_name, r.attempt, r.owner, r.status, r.last_error
+"""
+
+# Step 1 of a claim: lock (in tenant id order, so claimers never deadlock) every tenant
+# that has runnable runs near the head of the queue and a free slot. Full tenants and
+# busy skip/buffer_one jobs are left out of the window so they cannot starve others.
+_LOCK_TENANTS_SQL = """
+WITH running AS (
+    SELECT tenant_id, count(*) AS n FROM job_runs WHERE status = 'running' GROUP BY tenant_id
+),
+open_tenants AS (
+    SELECT t.id FROM tenants t LEFT JOIN running ru ON ru.tenant_id = t.id
+    WHERE t.max_concurrency > coalesce(ru.n, 0)
+),
+head AS (
+    SELECT DISTINCT tenant_id FROM (
+        SELECT r.tenant_id FROM job_runs r
+        WHERE r.status IN ('queued', 'retrying') AND r.not_before <= now()
+          AND r.tenant_id IN (SELECT id FROM open_tenants)
+          AND (r.overlap_policy NOT IN ('skip', 'buffer_one') OR NOT EXISTS (
+                SELECT 1 FROM job_runs b WHERE b.job_id = r.job_id AND b.status = 'running'))
+        ORDER BY r.priority DESC, r.scheduled_at
+        LIMIT %(window)s
+    ) w
+)
+SELECT s.tenant_id, pg_advisory_xact_lock(%(ns)s, s.tenant_id::integer)::text
+FROM (SELECT tenant_id FROM head ORDER BY tenant_id) s
+"""
+
+# Step 2, under those locks and with a fresh snapshot (READ COMMITTED: every statement
+# sees what committed before it began, so the running counts include other claimers'
+# committed claims). Per locked tenant, take at most its free slots; per job, at most
+# one run unless the job allows overlap.
+_CLAIM_SQL = """
+WITH slots AS (
+    SELECT t.id AS tenant_id,
+           t.max_concurrency - (SELECT count(*) FROM job_runs x
+                                WHERE x.tenant_id = t.id AND x.status = 'running') AS free
+    FROM tenants t WHERE t.id = ANY(%(tenants)s)
+),
+picked AS (
+    SELECT c.* FROM slots s CROSS JOIN LATERAL (
+        SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy
+        FROM job_runs r
+        WHERE r.tenant_id = s.tenant_id
+          AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
+          AND (r.overlap_policy NOT IN ('skip', 'buffer_one') OR NOT EXISTS (
+                SELECT 1 FROM job_runs b WHERE b.job_id = r.job_id AND b.status = 'running'))
+        ORDER BY r.priority DESC, r.scheduled_at
+        LIMIT least(s.free, %(limit)s)
+        FOR UPDATE OF r SKIP LOCKED
+    ) c
+    WHERE s.free > 0
+),
+ranked AS (
+    SELECT p.*, row_number() OVER (PARTITION BY p.job_id ORDER BY p.scheduled_at) AS job_rank
+    FROM picked p
+),
+chosen AS (
+    SELECT * FROM ranked WHERE job_rank = 1 OR overlap_policy = 'allow'
+    ORDER BY priority DESC, scheduled_at
+    LIMIT %(limit)s
+),
+claimed AS (
+    UPDATE job_runs r SET
+        status = 'running', attempt = r.attempt + 1,
+        lease_until = now() + r.lease_seconds * interval '1 second',
+        owner = %(owner)s, started_at = now(), finished_at = NULL
+    FROM chosen c
+    WHERE r.id = c.id AND r.scheduled_at = c.scheduled_at
+    RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.attempt, r.target, r.job_name, r.overlap_policy,
+              r.priority, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_cap_seconds,
+              r.lease_seconds, r.started_at
+),
+cancelled AS (
+    -- cancel_previous: the older running run loses the run; its worker finds out at
+    -- its next heartbeat (the row is no longer 'running') and stops its call.
+    UPDATE job_runs o SET
+        status = 'cancelled', finished_at = now(), lease_until = NULL,
+        last_error = 'cancelled by a newer run',
+        attempts = o.attempts || jsonb_build_array(jsonb_build_object(
+            'attempt', o.attempt, 'owner', o.owner,
+            'started_at', to_char(o.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'finished_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+            'duration_ms', NULL, 'outcome', 'cancelled', 'result_code', NULL,
+            'error', 'cancelled by a newer run', 'retry_in_s', NULL))
+    FROM chosen c
+    WHERE c.overlap_policy = 'cancel_previous' AND o.job_id = c.job_id
+      AND o.status = 'running' AND o.scheduled_at < c.scheduled_at
+    RETURNING o.job_id
+)
+SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
+"""
+
+_HEARTBEAT_SQL = """
+UPDATE job_runs r SET lease_until = now() + r.lease_seconds * interval '1 second'
+FROM unnest(%s::uuid[], %s::timestamptz[], %s::integer[]) AS h(job_id, scheduled_at, attempt)
+WHERE r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
+  AND r.attempt = h.attempt AND r.status = 'running'
+RETURNING r.job_id, r.scheduled_at, r.attempt
+"""
+
+_COMPLETE_SQL = """
+UPDATE job_runs r SET
+    status = x.status,
+    not_before = CASE WHEN x.status = 'retrying'
+                      THEN now() + coalesce(x.retry_in_s, 0) * interval '1 second'
+                      ELSE r.not_before END,
+    lease_until = NULL,
+    finished_at = CASE WHEN x.status IN ('succeeded', 'dead') THEN now() END,
+    result_code = x.result_code,
+    last_error = x.error,
+    attempts = r.attempts || jsonb_build_array(x.entry)
+FROM jsonb_to_recordset(%s::jsonb) AS x(
+    job_id uuid, scheduled_at timestamptz, attempt integer, status text, retry_in_s float8,
+    result_code integer, error text, entry jsonb)
+WHERE r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+  AND r.attempt = x.attempt AND r.status = 'running'
+RETURNING r.job_id, r.scheduled_at, r.attempt
+"""
+
+
+async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
+    """Hand back runs whose owner stopped heartbeating (lease expiries).
+
+    The expired attempt is fenced off by the status change: its late writes all
+    require status='running' with its attempt number. Out of attempts → dead.
+    """
+    cursor = await conn.execute(_REAP_SQL, {"limit": limit})
+    return [ReapedRun(*row) for row in await cursor.fetchall()]
+
+
+async def claim_runs(conn, *, owner: str, limit: int) -> list[ClaimedRun]:
+    """Claim up to `limit` runnable runs for `owner`, in one short transaction.
+
+    Never more running runs per tenant than tenants.max_concurrency: claimers of the
+    same tenant are serialised by a transaction-scoped advisory lock, and the slot
+    count is taken after the lock is held. The transaction ends before any call.
+    """
+    if limit <= 0:
+        return []
+    async with conn.transaction():
+        cursor = await conn.execute(
+            _LOCK_TENANTS_SQL, {"window": max(limit * _WINDOW_FACTOR, 100), "ns": TENANT_CLAIM_LOCK}
+        )
+        tenants = [row[0] for row in await cursor.fetchall()]
+        if not tenants:
+            return []
+        cursor = await conn.execute(_CLAIM_SQL, {"tenants": tenants, "limit": limit, "owner": owner})
+        return [ClaimedRun(*row) for row in await cursor.fetchall()]
+
+
+async def heartbeat_runs(conn, keys: Sequence[tuple[UUID, datetime, int]]) -> set[tuple[UUID, datetime, int]]:
+    """Extend the lease of every (job_id, scheduled_at, attempt) still held; return those held.
+
+    A key missing from the answer was fenced off (lease expired and reclaimed) or
+    cancelled: its worker must stop and write nothing.
+    """
+    if not keys:
+        return set()
+    cursor = await conn.execute(
+        _HEARTBEAT_SQL, [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]
+    )
+    return {(row[0], row[1], row[2]) for row in await cursor.fetchall()}
+
+
+async def complete_runs(conn, completions: Sequence[Completion]) -> set[tuple[UUID, datetime, int]]:
+    """Write the outcomes of attempts, each only if that attempt still holds its run.
+
+    Returns the keys written; the others were fenced off and wrote nothing.
+    """
+    if not completions:
+        return set()
+    payload = json.dumps(
+        [
+            {
+                "job_id": str(c.job_id),
+                "scheduled_at": c.scheduled_at.isoformat(),
+                "attempt": c.attempt,
+                "status": c.status,
+                "retry_in_s": c.retry_in_s,
+                "result_code": c.result_code,
+                "error": c.error,
+                "entry": c.entry,
+            }
+            for c in completions
+        ]
+    )
+    cursor = await conn.execute(_COMPLETE_SQL, [payload])
+    return {(row[0], row[1], row[2]) for row in await cursor.fetchall()}
+
+
+async def listen_connection(conninfo: str | None = None):
+    """A dedicated autocommit connection LISTENing on the executors' channel."""
+    conn = await connect_async(conninfo)
+    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    return conn

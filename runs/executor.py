@@ -1,0 +1,466 @@
+"""The executor: claims runs, calls their targets, writes outcomes under the attempt's fence.
+
+One asyncio event loop (uvloop) per process. HTTP calls share one aiohttp session;
+sync tasks run in a thread pool. The database is reached through psycopg
+AsyncConnections with the raw SQL of runs/queue.py, never the ORM:
+
+- claim connection: short claim transactions (never open during a call);
+- write connection: outcomes of finished attempts, batched into one UPDATE;
+- heartbeat connection: one UPDATE extending every in-flight lease, every lease/3;
+- listen connection: LISTEN cronyard_runs, so new runs start without waiting for a poll.
+
+A run whose lease this process no longer holds (reclaimed after a stall, or
+cancelled) is dropped at the next heartbeat: its call is cancelled and nothing is
+written for it. Every write is `WHERE attempt = <mine> AND status = 'running'`, so
+even a write racing that discovery is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import secrets
+import signal
+import socket
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from uuid import UUID
+
+import psycopg
+
+from runs import queue, retry, targets, tasks
+from runs.alerts import Alerter, DeadRun
+from runs.keys import format_utc, run_key
+
+log = logging.getLogger(__name__)
+
+RunKey = tuple[UUID, datetime, int]
+
+WRITE_BATCH = 500
+REAP_EVERY_SECONDS = 1.0
+HEARTBEAT_TICK_SECONDS = 0.25
+RECONNECT_DELAY_SECONDS = 1.0
+
+
+@dataclass
+class InFlight:
+    run: queue.ClaimedRun
+    started_monotonic: float
+    started_wall: datetime
+    task: asyncio.Task | None = None
+    writing: bool = False  # its outcome is in a write batch; the write decides
+    lost: bool = False  # fenced, cancelled or handed back: its outcome is discarded
+
+    @property
+    def key(self) -> RunKey:
+        return (self.run.job_id, self.run.scheduled_at, self.run.attempt)
+
+    @property
+    def run_key(self) -> str:
+        return run_key(self.run.job_id, self.run.scheduled_at)
+
+
+@dataclass
+class Counters:
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    fenced: int = 0
+    handed_back: int = 0
+    lease_expiries: int = 0
+
+
+def default_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"[:100]
+
+
+@dataclass
+class Executor:
+    concurrency: int = 32
+    poll_seconds: float = 1.0
+    grace_seconds: float = 10.0
+    allow_private: bool = False
+    webhook_url: str = ""
+    task_modules: Iterable[str] = ()
+    claim_batch: int = 100
+    conninfo: str | None = None
+    owner: str = field(default_factory=default_owner)
+    rng: random.Random = field(default_factory=random.Random)
+    counters: Counters = field(default_factory=Counters)
+
+    def __post_init__(self) -> None:
+        self._signals = False
+        self._inflight: dict[RunKey, InFlight] = {}
+        self._results: list[tuple[InFlight, queue.Completion]] = []
+        self._alerter = Alerter(webhook_url=self.webhook_url)
+
+    @classmethod
+    def from_settings(cls, **overrides) -> Executor:
+        from django.conf import settings
+
+        options = {
+            "poll_seconds": settings.EXECUTOR_POLL_SECONDS,
+            "allow_private": settings.SCHEDULER_ALLOW_PRIVATE_TARGETS,
+            "webhook_url": settings.SCHEDULER_ALERT_WEBHOOK_URL,
+            "task_modules": tuple(settings.EXECUTOR_TASK_MODULES),
+            "conninfo": queue.database_conninfo(),
+        }
+        options.update(overrides)
+        return cls(**options)
+
+    # --- lifecycle -----------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: stop claiming, finish or hand back in-flight runs, exit 0."""
+        self._signals = True
+
+    def run(self, *, once: bool = False) -> None:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            runner.run(self.main(once=once))
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self._stopping.is_set():
+            log.warning("second %s: exiting now", name)
+            os._exit(128 + signum)
+        log.info(
+            "%s: no more claims; %d run(s) in flight get %.1fs to finish, then are handed back",
+            name,
+            len(self._inflight),
+            self.grace_seconds,
+        )
+        self.stop()
+
+    async def main(self, *, once: bool = False) -> None:
+        loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._results_ready = asyncio.Event()
+        self._flushed = asyncio.Event()
+        self._next_beat = float("inf")
+        if self._signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self._on_signal, signum)
+        tasks.load_modules(self.task_modules)
+        self._claim_conn = await queue.connect_async(self.conninfo)
+        self._write_conn = await queue.connect_async(self.conninfo)
+        self._beat_conn = await queue.connect_async(self.conninfo)
+        self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
+        self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronyard-task")
+        writer = asyncio.create_task(self._writer(), name="writer")
+        background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
+        if not once:
+            background.append(asyncio.create_task(self._listen(), name="listen"))
+        log.info(
+            "executor %s started: concurrency %d, tasks %s%s",
+            self.owner,
+            self.concurrency,
+            ", ".join(tasks.names()) or "none",
+            ", private targets allowed" if self.allow_private else "",
+        )
+        try:
+            await self._claim_loop(once=once)
+            await self._drain(grace=None if once and not self._stopping.is_set() else self.grace_seconds)
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+            await self._alerter.close(timeout=min(self.grace_seconds, 5.0))
+            await self._session.close()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for conn in (self._claim_conn, self._write_conn, self._beat_conn):
+                await conn.close()
+            log.info("executor %s stopped: %s", self.owner, self.counters)
+
+    # --- claiming ------------------------------------------------------------------
+
+    async def _claim_loop(self, *, once: bool) -> None:
+        next_reap = 0.0
+        while not self._stopping.is_set():
+            self._wake.clear()
+            free = self.concurrency - len(self._inflight)
+            limit = min(free, self.claim_batch)
+            claimed: list[queue.ClaimedRun] = []
+            if limit > 0:
+                try:
+                    if time.monotonic() >= next_reap:
+                        self._reaped(await queue.reap_expired_leases(self._claim_conn))
+                        next_reap = time.monotonic() + REAP_EVERY_SECONDS
+                    claimed = await queue.claim_runs(self._claim_conn, owner=self.owner, limit=limit)
+                except psycopg.Error as exc:
+                    log.warning("claim failed (%s); reconnecting", exc)
+                    self._claim_conn = await self._reconnect(self._claim_conn)
+                    continue
+                for run in claimed:
+                    self._start(run)
+            if once:
+                return
+            if limit > 0 and len(claimed) == limit:
+                continue  # the queue may hold more right now
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
+            except TimeoutError:
+                pass
+
+    def _reaped(self, reaped: list[queue.ReapedRun]) -> None:
+        for run in reaped:
+            self.counters.lease_expiries += 1
+            log.warning(
+                "lease expired: attempt %d of %s (owner %s) -> %s",
+                run.attempt,
+                run_key(run.job_id, run.scheduled_at),
+                run.owner,
+                run.status,
+            )
+            if run.status == "dead":
+                self.counters.dead += 1
+                self._alerter.dead(
+                    DeadRun(
+                        run.job_id,
+                        run.scheduled_at,
+                        run.tenant_id,
+                        run.job_name,
+                        run.attempt,
+                        None,
+                        run.last_error,
+                    )
+                )
+
+    def _start(self, run: queue.ClaimedRun) -> None:
+        self.counters.claimed += 1
+        entry = InFlight(run=run, started_monotonic=time.monotonic(), started_wall=datetime.now(UTC))
+        self._inflight[entry.key] = entry
+        self._next_beat = min(self._next_beat, time.monotonic() + run.lease_seconds / 3)
+        entry.task = asyncio.create_task(self._execute(entry))
+
+    # --- executing -----------------------------------------------------------------
+
+    async def _execute(self, entry: InFlight) -> None:
+        run = entry.run
+        try:
+            result = await targets.call(
+                run, session=self._session, pool=self._pool, allow_private=self.allow_private
+            )
+        except asyncio.CancelledError:
+            return  # whoever cancelled it owns the run's fate (fenced / handed back)
+        except Exception as exc:  # a bug in our own code must not kill the loop
+            log.exception("calling %s failed unexpectedly", entry.run_key)
+            result = retry.CallResult(retry.RETRY, error=retry.truncate(f"{type(exc).__name__}: {exc}"))
+        if entry.lost:
+            return
+        decision = retry.decide(
+            result,
+            attempt=run.attempt,
+            max_attempts=run.max_attempts,
+            base=run.retry_backoff_seconds,
+            cap=run.retry_backoff_cap_seconds,
+            rng=self.rng,
+        )
+        self._results.append(
+            (entry, self._completion(entry, decision.status, decision.outcome, result, decision.retry_in_s))
+        )
+        self._results_ready.set()
+
+    def _completion(
+        self, entry: InFlight, status: str, outcome: str, result: retry.CallResult, retry_in_s: float | None
+    ) -> queue.Completion:
+        finished = datetime.now(UTC)
+        return queue.Completion(
+            job_id=entry.run.job_id,
+            scheduled_at=entry.run.scheduled_at,
+            attempt=entry.run.attempt,
+            status=status,
+            retry_in_s=retry_in_s,
+            result_code=result.result_code,
+            error=result.error,
+            # No request headers in the history: they may carry the target's secrets.
+            entry={
+                "attempt": entry.run.attempt,
+                "owner": self.owner,
+                "started_at": format_utc(entry.started_wall),
+                "finished_at": format_utc(finished),
+                "duration_ms": round((time.monotonic() - entry.started_monotonic) * 1000, 1),
+                "outcome": outcome,
+                "result_code": result.result_code,
+                "error": result.error,
+                "retry_in_s": None if retry_in_s is None else round(retry_in_s, 3),
+            },
+        )
+
+    # --- writing outcomes ----------------------------------------------------------
+
+    async def _writer(self) -> None:
+        while True:
+            await self._results_ready.wait()
+            self._results_ready.clear()
+            while self._results:
+                batch = self._results[:WRITE_BATCH]
+                del self._results[:WRITE_BATCH]
+                for entry, _ in batch:
+                    entry.writing = True
+                try:
+                    written = await queue.complete_runs(self._write_conn, [c for _, c in batch])
+                except psycopg.Error as exc:
+                    log.warning("writing %d outcome(s) failed (%s); retrying", len(batch), exc)
+                    self._results[:0] = batch
+                    self._write_conn = await self._reconnect(self._write_conn)
+                    continue
+                self._written(batch, written)
+            self._flushed.set()
+
+    def _written(self, batch: list[tuple[InFlight, queue.Completion]], written: set[RunKey]) -> None:
+        loop = asyncio.get_running_loop()
+        for entry, completion in batch:
+            self._inflight.pop(entry.key, None)
+            if entry.key not in written:
+                self._fenced(entry)
+                continue
+            if completion.entry["outcome"] == "handed back":
+                self.counters.handed_back += 1
+            elif completion.status == "succeeded":
+                self.counters.succeeded += 1
+            elif completion.status == "retrying":
+                self.counters.retried += 1
+                # Retry our own backoff promptly instead of at the next poll.
+                loop.call_later((completion.retry_in_s or 0) + 0.01, self._wake.set)
+            elif completion.status == "dead":
+                self.counters.dead += 1
+                self._alerter.dead(
+                    DeadRun(
+                        entry.run.job_id,
+                        entry.run.scheduled_at,
+                        entry.run.tenant_id,
+                        entry.run.job_name,
+                        entry.run.attempt,
+                        completion.result_code,
+                        completion.error,
+                    )
+                )
+        self._wake.set()
+
+    def _fenced(self, entry: InFlight) -> None:
+        self.counters.fenced += 1
+        log.warning(
+            "fenced: attempt %d of %s is no longer ours (lease lost or run cancelled); wrote nothing",
+            entry.run.attempt,
+            entry.run_key,
+        )
+
+    # --- heartbeat -----------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_TICK_SECONDS)
+            now = time.monotonic()
+            if not self._inflight:
+                self._next_beat = float("inf")
+                continue
+            if now < self._next_beat:
+                continue
+            leases = [e.run.lease_seconds for e in self._inflight.values()]
+            self._next_beat = now + max(min(leases) / 3, HEARTBEAT_TICK_SECONDS)
+            keys = [key for key, e in self._inflight.items() if not e.writing]
+            try:
+                held = await queue.heartbeat_runs(self._beat_conn, keys)
+            except psycopg.Error as exc:
+                log.warning("heartbeat failed (%s); reconnecting", exc)
+                self._beat_conn = await self._reconnect(self._beat_conn)
+                self._next_beat = time.monotonic()
+                continue
+            for key in keys:
+                entry = self._inflight.get(key)
+                if key in held or entry is None or entry.writing or entry.lost:
+                    continue
+                entry.lost = True
+                if entry.task is not None:
+                    entry.task.cancel()
+                del self._inflight[key]
+                self._fenced(entry)
+                self._wake.set()
+
+    # --- waking --------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        while True:
+            conn = None
+            try:
+                conn = await queue.listen_connection(self.conninfo)
+                self._wake.set()  # anything queued while we were not listening
+                async for _ in conn.notifies():
+                    self._wake.set()
+            except psycopg.Error as exc:
+                log.warning(
+                    "LISTEN connection lost (%s); polling every %.1fs meanwhile", exc, self.poll_seconds
+                )
+                await asyncio.sleep(RECONNECT_DELAY_SECONDS)
+            finally:
+                if conn is not None:
+                    await conn.close()
+
+    async def _reconnect(self, conn):
+        try:
+            await conn.close()
+        except psycopg.Error:
+            pass
+        while True:
+            await asyncio.sleep(RECONNECT_DELAY_SECONDS)
+            try:
+                return await queue.connect_async(self.conninfo)
+            except psycopg.Error as exc:
+                log.warning("database unreachable (%s); retrying", exc)
+
+    # --- shutdown ------------------------------------------------------------------
+
+    async def _drain(self, *, grace: float | None) -> None:
+        """Let in-flight runs finish (within `grace` seconds), then hand back the rest."""
+        deadline = None if grace is None else time.monotonic() + grace
+        while self._inflight:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            self._flushed.clear()
+            try:
+                await asyncio.wait_for(self._flushed.wait(), timeout=min(remaining or 0.5, 0.5))
+            except TimeoutError:
+                pass
+        unfinished = [e for e in self._inflight.values() if not e.writing]
+        if unfinished:
+            await self._hand_back(unfinished)
+        # Outcomes already in the writer's hands: give them a moment to land.
+        deadline = time.monotonic() + 5
+        while (
+            self._results or any(e.writing for e in self._inflight.values())
+        ) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _hand_back(self, entries: list[InFlight]) -> None:
+        for entry in entries:
+            entry.lost = True
+            if entry.task is not None:
+                entry.task.cancel()
+        await asyncio.gather(*(e.task for e in entries if e.task is not None), return_exceptions=True)
+        result = retry.CallResult(
+            retry.RETRY, error="handed back: the executor shut down before the call finished"
+        )
+        batch = [(e, self._completion(e, "retrying", "handed back", result, 0.0)) for e in entries]
+        try:
+            written = await queue.complete_runs(self._write_conn, [c for _, c in batch])
+        except psycopg.Error as exc:
+            log.error("could not hand back %d run(s) (%s); their leases will expire", len(batch), exc)
+            return
+        self._written(batch, written)
+        log.info("handed back %d unfinished run(s)", len(written))

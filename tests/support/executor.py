@@ -1,0 +1,84 @@
+"""Helpers for executor tests: queue runs straight into job_runs, start executors, wait."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from runs.models import JobRun
+from runs.queue import NewRun, enqueue_runs, notify_executors
+
+
+def queue_runs(
+    tenant,
+    target: dict,
+    *,
+    count: int = 1,
+    job_id: uuid.UUID | None = None,
+    spacing: timedelta = timedelta(seconds=1),
+    start: datetime | None = None,
+    job_name: str = "test job",
+    **fields,
+) -> list[tuple[uuid.UUID, datetime]]:
+    """Queue `count` runs straight into job_runs (no jobs row: runs carry their snapshot).
+
+    With job_id given all runs belong to that job, `spacing` apart; otherwise each run
+    gets its own job id, so overlap policies do not come into play.
+    """
+    start = start or datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+    runs = [
+        NewRun(
+            job_id=job_id or uuid.uuid4(),
+            scheduled_at=start + i * spacing,
+            tenant_id=tenant.id,
+            partition_id=0,
+            target=target,
+            job_name=job_name,
+            overlap_check=False,
+            **fields,
+        )
+        for i in range(count)
+    ]
+    inserted = enqueue_runs(runs)
+    notify_executors()
+    return [(r.job_id, r.scheduled_at) for r in inserted]
+
+
+def row(key: tuple[uuid.UUID, datetime]) -> JobRun:
+    return JobRun.objects.get(job_id=key[0], scheduled_at=key[1])
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float = 20, interval: float = 0.05, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+
+
+def wait_status(key, statuses: str | tuple[str, ...], timeout: float = 20) -> JobRun:
+    statuses = (statuses,) if isinstance(statuses, str) else statuses
+
+    def check():
+        run = row(key)
+        return run if run.status in statuses else None
+
+    return wait_for(check, timeout=timeout, what=f"run {key} to be {statuses}")
+
+
+def wait_log(processes, proc, text: str, timeout: float = 20) -> str:
+    return wait_for(
+        lambda: text in processes.log_of(proc) and processes.log_of(proc), timeout=timeout, what=text
+    )
+
+
+def http_spec(url: str, **extra) -> dict:
+    return {"type": "http", "url": url, "method": "POST", "timeout_seconds": 30, **extra}
+
+
+def task_target(name: str, **kwargs) -> dict:
+    return {"type": "task", "name": name, "kwargs": kwargs}
