@@ -85,3 +85,13 @@ class JobRun(models.Model):
         from runs.keys import run_key
 
         return run_key(self.job_id, self.scheduled_at)
+
+
+# --- runs admin area: the dead-letter queue as its own admin page --------------------------
+class DeadRun(JobRun):
+    """Proxy for the admin's dead-letter view (status='dead'); no table of its own."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead-letter run"
+        verbose_name_plural = "dead-letter queue"

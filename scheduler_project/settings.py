@@ -104,6 +104,8 @@ EXECUTOR_POLL_SECONDS = env.float("EXECUTOR_POLL_SECONDS", default=1.0)
 RUN_RETENTION_DAYS = env.int("RUN_RETENTION_DAYS", default=30)
 SCHEDULER_ALLOW_PRIVATE_TARGETS = env.bool("SCHEDULER_ALLOW_PRIVATE_TARGETS", default=False)
 SCHEDULER_ALERT_WEBHOOK_URL = env("SCHEDULER_ALERT_WEBHOOK_URL", default="")
+# When set, /metrics requires `Authorization: Bearer <METRICS_TOKEN>`.
+METRICS_TOKEN = env("METRICS_TOKEN", default="")
 # Dotted paths of modules whose @register'ed tasks the executor loads at start.
 EXECUTOR_TASK_MODULES = env.list("EXECUTOR_TASK_MODULES", default=["runs.builtin_tasks"])
 

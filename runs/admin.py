@@ -1,0 +1,396 @@
+"""Runs in the admin: a read-only runs list with replay/cancel, the dead-letter queue,
+and the operations dashboard (DESIGN section 7).
+
+Run pages are read-only on purpose: a form save would rewrite every column of a row
+that executors update concurrently. State changes go through runs.services (the
+same conditional UPDATEs as the API), and each one is recorded as an admin LogEntry.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, path, reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+
+from runs import selectors, services
+from runs.keys import format_utc, parse_utc
+from runs.metrics import node_stale_after_seconds
+from runs.models import ACTIVE_STATUSES, DeadRun, JobRun, RunStatus
+
+STATUS_COLORS = {
+    RunStatus.QUEUED: "#5b7083",
+    RunStatus.RUNNING: "#1f6feb",
+    RunStatus.RETRYING: "#d29922",
+    RunStatus.SUCCEEDED: "#2da44e",
+    RunStatus.DEAD: "#cf222e",
+    RunStatus.SKIPPED: "#8c959f",
+    RunStatus.CANCELLED: "#6e7781",
+}
+COUNT_CAP = 10_000
+
+
+class CappedCountPaginator(Paginator):
+    """count(*) over a big partitioned table is slow; count at most COUNT_CAP + 1 rows
+    (`SELECT count(*) FROM (... LIMIT n)`), so the last pages of a huge unfiltered list
+    are reachable only by narrowing the filters."""
+
+    @cached_property
+    def count(self) -> int:
+        # Without the ordering the capped count stops after COUNT_CAP rows instead of sorting all.
+        return self.object_list.order_by()[: COUNT_CAP + 1].count()
+
+
+def actor_of(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}"
+
+
+class JobRunAdmin(admin.ModelAdmin):
+    list_display = (
+        "job_name",
+        "scheduled",
+        "status_badge",
+        "trigger",
+        "attempt",
+        "result_code",
+        "started_at",
+        "finished_at",
+        "tenant",
+    )
+    list_filter = ("status", "trigger", "tenant")
+    list_select_related = ("tenant",)
+    # No date_hierarchy: its year/month queries scan every partition.
+    search_fields = ("job_name",)
+    search_help_text = "Job name (contains), job id, or a run key <job_id>/<scheduled_at>."
+    show_full_result_count = False
+    paginator = CappedCountPaginator
+    list_per_page = 50
+    # Newest created first: the primary key index of every partition serves it (a merge
+    # append, milliseconds), where scheduled_at, led by no index, means sorting the whole
+    # table. Sorting by the scheduled-at column stays one click away.
+    ordering = ("-id",)
+    actions = ("replay_selected", "cancel_selected")
+    change_form_template = "admin/runs/run_change_form.html"
+    change_list_template = "admin/runs/run_change_list.html"
+
+    fieldsets = (
+        (
+            "Run",
+            {"fields": ("run_key", "job_link", "tenant", "job_name", "scheduled", "status_badge", "trigger")},
+        ),
+        (
+            "Execution",
+            {
+                "fields": (
+                    "attempt",
+                    "max_attempts",
+                    "priority",
+                    "not_before",
+                    "lease_until",
+                    "owner",
+                    "started_at",
+                    "finished_at",
+                    "result_code",
+                    "last_error",
+                )
+            },
+        ),
+        ("Attempts", {"fields": ("attempts_table",)}),
+        (
+            "Snapshot",
+            {
+                "fields": (
+                    "target_snapshot",
+                    "overlap_policy",
+                    "retry_backoff_seconds",
+                    "retry_backoff_cap_seconds",
+                    "lease_seconds",
+                    "created_at",
+                )
+            },
+        ),
+    )
+    readonly_fields = (
+        "run_key",
+        "job_link",
+        "tenant",
+        "job_name",
+        "scheduled",
+        "status_badge",
+        "trigger",
+        "attempt",
+        "max_attempts",
+        "priority",
+        "not_before",
+        "lease_until",
+        "owner",
+        "started_at",
+        "finished_at",
+        "result_code",
+        "last_error",
+        "attempts_table",
+        "target_snapshot",
+        "overlap_policy",
+        "retry_backoff_seconds",
+        "retry_backoff_cap_seconds",
+        "lease_seconds",
+        "created_at",
+    )
+
+    # --- permissions: view and act, never edit through a form --------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        # Retention drops whole day partitions; single-row deletes would only leave gaps.
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        # Without an object this gates the replay/cancel actions; with one it makes the
+        # change page view-only (a POST to it is refused).
+        return obj is None and super().has_change_permission(request)
+
+    def can_operate(self, request: HttpRequest) -> bool:
+        return super().has_change_permission(request)
+
+    # --- columns ----------------------------------------------------------------------
+
+    @admin.display(description="scheduled at (UTC)", ordering="scheduled_at")
+    def scheduled(self, run: JobRun) -> str:
+        return format_utc(run.scheduled_at)
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: JobRun) -> str:
+        return format_html(
+            '<span style="background:{};color:#fff;padding:1px 7px;border-radius:8px;font-size:11px">'
+            "{}</span>",
+            STATUS_COLORS.get(run.status, "#444"),
+            run.status,
+        )
+
+    @admin.display(description="run key (Idempotency-Key)")
+    def run_key(self, run: JobRun) -> str:
+        return run.run_key
+
+    @admin.display(description="job")
+    def job_link(self, run: JobRun) -> str:
+        try:
+            url = reverse("admin:jobs_job_change", args=[run.job_id])
+        except NoReverseMatch:
+            return str(run.job_id)
+        return format_html('<a href="{}">{}</a>', url, run.job_id)
+
+    @admin.display(description="attempts")
+    def attempts_table(self, run: JobRun) -> str:
+        entries = [e for e in run.attempts or [] if isinstance(e, dict)]
+        if not entries:
+            return "no attempt recorded yet"
+        columns = (
+            "attempt",
+            "owner",
+            "started_at",
+            "finished_at",
+            "outcome",
+            "result_code",
+            "duration_ms",
+            "error",
+        )
+        head = format_html_join("", "<th>{}</th>", ((c,) for c in columns))
+        rows = format_html_join(
+            "",
+            "<tr>{}</tr>",
+            ((format_html_join("", "<td>{}</td>", ((_cell(e.get(c)),) for c in columns)),) for e in entries),
+        )
+        return format_html(
+            '<table class="attempts"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, rows
+        )
+
+    @admin.display(description="target (secrets redacted)")
+    def target_snapshot(self, run: JobRun) -> str:
+        return format_html(
+            '<pre style="white-space:pre-wrap">{}</pre>',
+            json.dumps(selectors.redact_target(run.target), indent=2),
+        )
+
+    # --- search: job id or run key, else name ------------------------------------------
+
+    def get_search_results(self, request: HttpRequest, queryset, search_term: str):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        job_part, _, time_part = term.partition("/")
+        try:
+            job_id = UUID(job_part)
+        except ValueError:
+            return queryset.filter(job_name__icontains=term), False
+        queryset = queryset.filter(job_id=job_id)
+        if time_part:
+            try:
+                queryset = queryset.filter(scheduled_at=parse_utc(time_part))
+            except (ValueError, OverflowError):
+                return queryset.none(), False
+        return queryset, False
+
+    # --- actions ----------------------------------------------------------------------
+
+    def _log(self, request: HttpRequest, ids: list[int], message: str) -> None:
+        # Logged against JobRun even from the dead-letter page, so a run's history page
+        # shows every change whichever list it was made from.
+        for run in JobRun.objects.filter(id__in=ids):
+            self.log_change(request, run, message)
+
+    @admin.action(description="Replay selected dead/cancelled runs", permissions=["change"])
+    def replay_selected(self, request: HttpRequest, queryset) -> None:
+        result = services.replay_runs(
+            ids=list(queryset.values_list("id", flat=True)), actor=actor_of(request)
+        )
+        self._log(request, result.done, "Replayed: re-queued under the same run key.")
+        self.message_user(
+            request,
+            f"Replayed {len(result.done)} run(s); ignored {result.ignored} that were not dead or cancelled.",
+            messages.SUCCESS if result.done else messages.WARNING,
+        )
+
+    @admin.action(description="Cancel selected queued/retrying/running runs", permissions=["change"])
+    def cancel_selected(self, request: HttpRequest, queryset) -> None:
+        result = services.cancel_runs(
+            ids=list(queryset.values_list("id", flat=True)), actor=actor_of(request)
+        )
+        self._log(request, result.done, "Cancelled.")
+        self.message_user(
+            request,
+            f"Cancelled {len(result.done)} run(s); ignored {result.ignored} that were already finished.",
+            messages.SUCCESS if result.done else messages.WARNING,
+        )
+
+    # --- single-run buttons and the dashboard ----------------------------------------
+
+    def get_urls(self):
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        own = [
+            path("<path:object_id>/replay/", wrap(self.replay_view), name=f"{info}_replay"),
+            path("<path:object_id>/cancel/", wrap(self.cancel_view), name=f"{info}_cancel"),
+        ]
+        if self.model is JobRun:
+            own.insert(0, path("dashboard/", wrap(self.dashboard_view), name="runs_dashboard"))
+        return own + super().get_urls()
+
+    def _operate(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.can_operate(request):
+            raise PermissionDenied
+        run = self.get_object(request, object_id)
+        if run is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        service = services.replay_run if operation == "replay" else services.cancel_run
+        try:
+            service(job_id=run.job_id, scheduled_at=run.scheduled_at, actor=actor_of(request))
+        except services.RunConflict as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        except services.RunNotFound:
+            self.message_user(request, "The run no longer exists.", messages.ERROR)
+        else:
+            verb = "Replayed: re-queued under the same run key." if operation == "replay" else "Cancelled."
+            self._log(request, [run.pk], verb)
+            self.message_user(request, f"{verb} {run.run_key}", messages.SUCCESS)
+        # A replayed dead run leaves the dead-letter queue: show it in the runs list.
+        return HttpResponseRedirect(reverse("admin:runs_jobrun_change", args=[run.pk]))
+
+    def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._operate(request, object_id, "replay")
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return self._operate(request, object_id, "cancel")
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        return super().changelist_view(request, {"count_cap": COUNT_CAP, **(extra_context or {})})
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
+        run = self.get_object(request, object_id)
+        extra = {
+            "can_replay": run is not None and run.status in services.REPLAYABLE and self.can_operate(request),
+            "can_cancel": run is not None
+            and run.status in services.CANCELLABLE
+            and self.can_operate(request),
+        }
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        now = timezone.now()
+        lateness, due = selectors.oldest_due(now=now)
+        depth = selectors.queue_depth()
+        priorities = sorted({p for p, _ in depth}, reverse=True)
+        statuses = [str(s) for s in ACTIVE_STATUSES]
+        depth_rows = [
+            (p, [depth.get((p, s), 0) for s in statuses], sum(depth.get((p, s), 0) for s in statuses))
+            for p in priorities
+        ]
+        last_hour = selectors.status_counts(since=now - timedelta(hours=1))
+        nodes = selectors.scheduler_nodes(now=now, stale_after_seconds=node_stale_after_seconds())
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Operations dashboard",
+            "now": now,
+            "lateness_seconds": round(lateness, 1),
+            "due_jobs": due,
+            "depth_statuses": statuses,
+            "depth_rows": depth_rows,
+            "depth_totals": [sum(depth.get((p, s), 0) for p in priorities) for s in statuses],
+            "last_hour": [(str(s), last_hour.get(s, 0)) for s in RunStatus],
+            "last_hour_total": sum(last_hour.values()),
+            "nodes": nodes,
+            "live_nodes": sum(1 for n in nodes if n.alive),
+            "total_partitions": settings.SCHEDULER_PARTITIONS,
+            "unowned_partitions": selectors.unowned_partitions(
+                nodes=nodes, total=settings.SCHEDULER_PARTITIONS
+            ),
+            "tenant_loads": selectors.tenant_load(limit=50),
+            "recent_changes": selectors.recent_admin_changes(limit=20),
+            "dead_last_day": selectors.status_counts(since=now - timedelta(hours=24)).get(RunStatus.DEAD, 0),
+        }
+        return TemplateResponse(request, "admin/runs/dashboard.html", context)
+
+
+class DeadRunAdmin(JobRunAdmin):
+    """The dead-letter queue: dead runs only, newest first, replayable in bulk."""
+
+    list_display = (
+        "job_name",
+        "scheduled",
+        "tenant",
+        "attempt",
+        "result_code",
+        "short_error",
+        "finished_at",
+    )
+    list_filter = ("tenant", "trigger")
+    actions = ("replay_selected",)
+
+    def get_queryset(self, request: HttpRequest):
+        return super().get_queryset(request).filter(status=RunStatus.DEAD)
+
+    @admin.display(description="last error")
+    def short_error(self, run: JobRun) -> str:
+        text = run.last_error or ""
+        return text if len(text) <= 120 else text[:117] + "…"
+
+
+def _cell(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+admin.site.register(JobRun, JobRunAdmin)
+admin.site.register(DeadRun, DeadRunAdmin)

@@ -1,0 +1,153 @@
+"""Shapes of runs in the API, and validation of the list filters. No writes here."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.urls import reverse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from runs.keys import format_utc
+from runs.models import JobRun, RunStatus
+from runs.selectors import redact_target
+
+
+class UTCDateTimeField(serializers.DateTimeField):
+    """Output as RFC 3339 UTC with Z (runs.keys.format_utc), the same text as in run keys."""
+
+    def to_representation(self, value: datetime | None) -> str | None:
+        return format_utc(value) if value else None
+
+
+def run_path_kwargs(run: JobRun) -> dict:
+    return {"job_id": str(run.job_id), "scheduled_at": format_utc(run.scheduled_at)}
+
+
+def absolute(request, url: str) -> str:
+    return request.build_absolute_uri(url) if request is not None else url
+
+
+class RunFilterSerializer(serializers.Serializer):
+    """Query parameters of GET /runs/ and /dead-letter/; errors are field-level 400s."""
+
+    job = serializers.UUIDField(required=False)
+    status = serializers.ChoiceField(choices=RunStatus.choices, required=False)
+    scheduled_after = serializers.DateTimeField(required=False, help_text="Inclusive, RFC 3339.")
+    scheduled_before = serializers.DateTimeField(required=False, help_text="Exclusive, RFC 3339.")
+
+    def validate(self, attrs: dict) -> dict:
+        after, before = attrs.get("scheduled_after"), attrs.get("scheduled_before")
+        if after and before and after >= before:
+            raise serializers.ValidationError({"scheduled_before": ["must be later than scheduled_after"]})
+        return attrs
+
+
+class RunSerializer(serializers.ModelSerializer):
+    job_id = serializers.UUIDField(read_only=True)
+    scheduled_at = UTCDateTimeField(read_only=True)
+    not_before = UTCDateTimeField(read_only=True)
+    lease_until = UTCDateTimeField(read_only=True)
+    started_at = UTCDateTimeField(read_only=True)
+    finished_at = UTCDateTimeField(read_only=True)
+    key = serializers.CharField(source="run_key", read_only=True)
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = JobRun
+        fields = [
+            "job_id",
+            "job_name",
+            "scheduled_at",
+            "key",
+            "status",
+            "trigger",
+            "attempt",
+            "max_attempts",
+            "priority",
+            "not_before",
+            "lease_until",
+            "started_at",
+            "finished_at",
+            "result_code",
+            "last_error",
+            "url",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.URI)
+    def get_url(self, run: JobRun) -> str:
+        return absolute(self.context.get("request"), reverse("runs-detail", kwargs=run_path_kwargs(run)))
+
+
+class AttemptSerializer(serializers.Serializer):
+    """Documents the shape of one attempts entry (written by the executor)."""
+
+    attempt = serializers.IntegerField()
+    owner = serializers.CharField(required=False)
+    started_at = serializers.CharField(required=False, allow_null=True)
+    finished_at = serializers.CharField(required=False, allow_null=True)
+    outcome = serializers.CharField(required=False)
+    result_code = serializers.IntegerField(required=False, allow_null=True)
+    error = serializers.CharField(required=False, allow_blank=True)
+    duration_ms = serializers.IntegerField(required=False, allow_null=True)
+
+
+class SnapshotMethods:
+    """Method fields shared by the detail and dead-letter shapes."""
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_target(self, run: JobRun) -> dict:
+        return redact_target(run.target)
+
+    @extend_schema_field(AttemptSerializer(many=True))
+    def get_attempts(self, run: JobRun) -> list:
+        return list(run.attempts or [])
+
+    @extend_schema_field(OpenApiTypes.URI)
+    def get_replay_url(self, run: JobRun) -> str:
+        return absolute(self.context.get("request"), reverse("runs-replay", kwargs=run_path_kwargs(run)))
+
+    @extend_schema_field(OpenApiTypes.URI)
+    def get_cancel_url(self, run: JobRun) -> str:
+        return absolute(self.context.get("request"), reverse("runs-cancel", kwargs=run_path_kwargs(run)))
+
+
+class RunDetailSerializer(SnapshotMethods, RunSerializer):
+    target = serializers.SerializerMethodField()
+    attempts = serializers.SerializerMethodField()
+    created_at = UTCDateTimeField(read_only=True)
+    replay_url = serializers.SerializerMethodField()
+    cancel_url = serializers.SerializerMethodField()
+
+    class Meta(RunSerializer.Meta):
+        fields = [
+            *RunSerializer.Meta.fields,
+            "owner",
+            "overlap_policy",
+            "lease_seconds",
+            "created_at",
+            "target",
+            "attempts",
+            "replay_url",
+            "cancel_url",
+        ]
+        read_only_fields = fields
+
+
+class DeadRunSerializer(SnapshotMethods, RunSerializer):
+    """A dead-letter entry: what was sent (redacted), every attempt, and how to replay it."""
+
+    target = serializers.SerializerMethodField()
+    attempts = serializers.SerializerMethodField()
+    replay_url = serializers.SerializerMethodField()
+
+    class Meta(RunSerializer.Meta):
+        fields = [*RunSerializer.Meta.fields, "target", "attempts", "replay_url"]
+        read_only_fields = fields
+
+
+class ConflictSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    status = serializers.CharField()

@@ -1,0 +1,143 @@
+"""/metrics: Prometheus text computed from the database at scrape time.
+
+Every value is a gauge read from the tables, so any web worker answers the same and
+no process keeps counters in memory. Each query is bounded: active runs come from
+the partial claim/running indexes, totals only from runs scheduled in the last
+TOTALS_WINDOW (the recent day partitions), never a count(*) of the whole job_runs.
+Restrict access at the proxy, or set METRICS_TOKEN to require `Authorization: Bearer`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from runs import selectors
+from runs.models import ACTIVE_STATUSES
+
+TOTALS_WINDOW = timedelta(hours=24)
+
+
+def node_stale_after_seconds() -> float:
+    """A node whose heartbeat is older than two partition leases has lost its partitions."""
+    return 2.0 * settings.SCHEDULER_LEASE_SECONDS
+
+
+class CronyardCollector(Collector):
+    def __init__(self, *, now: datetime):
+        self.now = now
+
+    def collect(self) -> Iterator[Metric]:
+        now = self.now
+        lateness, due = selectors.oldest_due(now=now)
+        yield GaugeMetricFamily(
+            "cronyard_oldest_due_seconds",
+            "Seconds since the next_run_at of the most overdue unpaused job (0 when none is due).",
+            value=lateness,
+        )
+        yield GaugeMetricFamily("cronyard_jobs_due", "Unpaused jobs whose next_run_at has passed.", value=due)
+
+        depth = GaugeMetricFamily(
+            "cronyard_queue_depth", "Active runs by priority and status.", labels=["priority", "status"]
+        )
+        counts = selectors.queue_depth()
+        for priority in sorted({p for p, _ in counts} | {0}):
+            for run_status in ACTIVE_STATUSES:
+                depth.add_metric([str(priority), str(run_status)], counts.get((priority, run_status), 0))
+        yield depth
+
+        since = now - TOTALS_WINDOW
+        totals = GaugeMetricFamily(
+            "cronyard_runs_total",
+            "Runs scheduled in the last 24 h: dispatched (all rows), succeeded, retried "
+            "(attempts beyond the first), dead, skipped, cancelled. A sliding window, not a counter.",
+            labels=["status"],
+        )
+        window = selectors.window_totals(since=since)
+        expiries = window.pop("lease_expiries")
+        for name, value in window.items():
+            totals.add_metric([name], value)
+        yield totals
+        yield GaugeMetricFamily(
+            "cronyard_lease_expiries_total",
+            "Attempts whose lease expired before they reported, over runs scheduled in the last 24 h.",
+            value=expiries,
+        )
+
+        nodes = selectors.scheduler_nodes(now=now, stale_after_seconds=node_stale_after_seconds())
+        owned = GaugeMetricFamily(
+            "cronyard_partitions_owned",
+            "Partitions a scheduler node holds, as of its last heartbeat.",
+            labels=["node"],
+        )
+        age = GaugeMetricFamily(
+            "cronyard_scheduler_heartbeat_age_seconds",
+            "Seconds since a node's last heartbeat.",
+            labels=["node"],
+        )
+        for node in nodes:
+            owned.add_metric([node.node_id], node.partitions)
+            age.add_metric([node.node_id], node.heartbeat_age_seconds)
+        yield owned
+        yield age
+        yield GaugeMetricFamily(
+            "cronyard_scheduler_nodes",
+            "Scheduler nodes with a heartbeat younger than two partition leases.",
+            value=sum(1 for n in nodes if n.alive),
+        )
+        yield GaugeMetricFamily(
+            "cronyard_partitions_unowned",
+            "Partitions that no live scheduler node holds.",
+            value=selectors.unowned_partitions(nodes=nodes, total=settings.SCHEDULER_PARTITIONS),
+        )
+
+        running = GaugeMetricFamily(
+            "cronyard_tenant_running",
+            "Running runs per tenant (tenants with active runs).",
+            labels=["tenant"],
+        )
+        limit = GaugeMetricFamily(
+            "cronyard_tenant_max_concurrency",
+            "max_concurrency of tenants with active runs.",
+            labels=["tenant"],
+        )
+        for load in selectors.tenant_load(limit=1000):
+            running.add_metric([load.slug], load.running)
+            limit.add_metric([load.slug], load.max_concurrency)
+        yield running
+        yield limit
+
+
+def metrics_token() -> str:
+    return getattr(settings, "METRICS_TOKEN", "") or os.environ.get("METRICS_TOKEN", "")
+
+
+def authorized(request: HttpRequest) -> bool:
+    token = metrics_token()
+    if not token:
+        return True
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if not authorized(request):
+        response = HttpResponse("metrics token required\n", status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    # A registry per scrape: nothing global, nothing left over between requests.
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CronyardCollector(now=timezone.now()))
+    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

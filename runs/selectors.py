@@ -1,0 +1,281 @@
+"""Reads of runs: tenant-scoped querysets for the API, redacted snapshots for display,
+and the operations overview shared by the admin dashboard and /metrics.
+
+The overview reads the jobs, tenants and scheduler_nodes tables too: it is the one
+place that looks across both apps, and it only reads.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from uuid import UUID
+
+from django.contrib.postgres.aggregates import JSONBAgg
+from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
+from django.db.models.functions import Greatest
+
+from runs.models import JobRun, RunStatus
+
+REDACTED = "***"
+# Header, query-parameter and kwarg names whose values are credentials.
+_SECRET_NAME = re.compile(r"auth|cookie|token|secret|key|passw|credential|session|signature", re.IGNORECASE)
+
+# The outcome the executor's reaper records for an attempt whose lease ran out
+# (runs/queue.py _REAP_SQL); the underscore spelling is accepted too.
+LEASE_EXPIRED_OUTCOMES = ("lease expired", "lease_expired")
+
+
+# --- runs -------------------------------------------------------------------------------
+
+
+def runs_for_tenant(
+    *,
+    tenant_id: int,
+    job_id: UUID | None = None,
+    status: str | None = None,
+    scheduled_after: datetime | None = None,
+    scheduled_before: datetime | None = None,
+) -> QuerySet[JobRun]:
+    """A tenant's runs, newest first. `scheduled_after` is inclusive, `scheduled_before`
+    exclusive, so consecutive windows tile without overlap."""
+    qs = JobRun.objects.filter(tenant_id=tenant_id)
+    if job_id is not None:
+        qs = qs.filter(job_id=job_id)
+    if status:
+        qs = qs.filter(status=status)
+    if scheduled_after is not None:
+        qs = qs.filter(scheduled_at__gte=scheduled_after)
+    if scheduled_before is not None:
+        qs = qs.filter(scheduled_at__lt=scheduled_before)
+    return qs.order_by("-scheduled_at", "-id")
+
+
+def dead_runs_for_tenant(*, tenant_id: int, job_id: UUID | None = None) -> QuerySet[JobRun]:
+    return runs_for_tenant(tenant_id=tenant_id, job_id=job_id, status=RunStatus.DEAD)
+
+
+def get_run(*, job_id: UUID, scheduled_at: datetime, tenant_id: int | None = None) -> JobRun | None:
+    """One run by its key; None when absent or (with tenant_id) another tenant's."""
+    qs = JobRun.objects.filter(job_id=job_id, scheduled_at=scheduled_at)
+    if tenant_id is not None:
+        qs = qs.filter(tenant_id=tenant_id)
+    return qs.first()
+
+
+# --- redaction --------------------------------------------------------------------------
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name or ""))
+
+
+def _redact_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, _, host = netloc.rpartition("@")
+        user = userinfo.split(":", 1)[0]
+        netloc = f"{user}:{REDACTED}@{host}" if ":" in userinfo else f"{REDACTED}@{host}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(is_secret_name(name) for name, _ in pairs):
+            query = urlencode([(n, REDACTED if is_secret_name(n) else v) for n, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _redact_mapping(values: object) -> object:
+    if isinstance(values, dict):
+        return {name: REDACTED if is_secret_name(str(name)) else value for name, value in values.items()}
+    if isinstance(values, list):
+        # Headers given as [[name, value], ...] pairs.
+        out = []
+        for item in values:
+            if isinstance(item, list | tuple) and len(item) == 2 and is_secret_name(str(item[0])):
+                out.append([item[0], REDACTED])
+            else:
+                out.append(item)
+        return out
+    return values
+
+
+def redact_target(target: dict | None) -> dict:
+    """A copy of a target snapshot that is safe to show: credential-looking headers,
+    URL passwords and query parameters, and task kwargs are replaced by "***"."""
+    if not isinstance(target, dict):
+        return {}
+    out = dict(target)
+    if "headers" in out:
+        out["headers"] = _redact_mapping(out["headers"])
+    if "kwargs" in out:
+        out["kwargs"] = _redact_mapping(out["kwargs"])
+    if isinstance(out.get("url"), str):
+        out["url"] = _redact_url(out["url"])
+    return out
+
+
+# --- operations overview (dashboard and /metrics) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    node_id: str
+    hostname: str
+    pid: int
+    started_at: datetime
+    heartbeat_age_seconds: float
+    partitions: int
+    alive: bool
+
+
+@dataclass(frozen=True)
+class TenantLoad:
+    tenant_id: int
+    slug: str
+    running: int
+    waiting: int
+    max_concurrency: int
+
+
+def oldest_due(*, now: datetime) -> tuple[float, int]:
+    """(seconds the most overdue unpaused job is late, number of jobs due now).
+
+    In a healthy system only a handful of jobs are due at any moment, so this reads
+    the partial due index (`WHERE NOT paused`) and a few rows.
+    """
+    from jobs.models import Job
+
+    row = Job.objects.filter(paused=False, next_run_at__lte=now).aggregate(
+        oldest=Min("next_run_at"), due=Count("id")
+    )
+    if row["oldest"] is None:
+        return 0.0, 0
+    return max(0.0, (now - row["oldest"]).total_seconds()), row["due"]
+
+
+def _active_counts(*fields: str) -> Counter:
+    """Active runs grouped by `fields`, as two queries whose filters match the partial
+    indexes exactly (claimable: queued/retrying; running), so neither scans the table."""
+    counts: Counter = Counter()
+    for statuses in ((RunStatus.QUEUED, RunStatus.RETRYING), (RunStatus.RUNNING,)):
+        rows = JobRun.objects.filter(status__in=statuses).values(*fields).annotate(n=Count("id")).order_by()
+        for row in rows:
+            counts[tuple(row[f] for f in fields)] += row["n"]
+    return counts
+
+
+def queue_depth() -> dict[tuple[int, str], int]:
+    """Active runs by (priority, status)."""
+    return dict(_active_counts("priority", "status"))
+
+
+def status_counts(*, since: datetime) -> dict[str, int]:
+    """Runs scheduled at or after `since`, by status (the window prunes to the recent
+    day partitions instead of counting the whole retained table)."""
+    rows = JobRun.objects.filter(scheduled_at__gte=since).values("status").annotate(n=Count("id")).order_by()
+    return {row["status"]: row["n"] for row in rows}
+
+
+def dead_count(*, since: datetime) -> int:
+    """Dead runs scheduled since `since` (the partial dead index keeps it small)."""
+    return JobRun.objects.filter(status=RunStatus.DEAD, scheduled_at__gte=since).count()
+
+
+def window_totals(*, since: datetime) -> dict[str, int]:
+    """Over runs scheduled at or after `since`, in one pass: dispatched (every run row),
+    succeeded, retried (attempts beyond the first), dead, skipped, cancelled, and
+    lease_expiries (attempts entries the reaper recorded as expired)."""
+    final = (RunStatus.SUCCEEDED, RunStatus.DEAD, RunStatus.SKIPPED, RunStatus.CANCELLED)
+    any_expiry = Q()
+    for outcome in LEASE_EXPIRED_OUTCOMES:
+        any_expiry |= Q(attempts__contains=[{"outcome": outcome}])
+    row = JobRun.objects.filter(scheduled_at__gte=since).aggregate(
+        dispatched=Count("id"),
+        retried=Sum(Greatest(F("attempt") - Value(1), Value(0))),
+        # Only the (rare) runs that had an expiry ship their history back to be counted.
+        expired_histories=JSONBAgg("attempts", filter=any_expiry, default=Value("[]")),
+        **{str(status): Count("id", filter=Q(status=status)) for status in final},
+    )
+    expiries = sum(
+        1
+        for attempts in row["expired_histories"] or []
+        for entry in attempts or []
+        if isinstance(entry, dict) and entry.get("outcome") in LEASE_EXPIRED_OUTCOMES
+    )
+    return {
+        "dispatched": row["dispatched"],
+        "succeeded": row[RunStatus.SUCCEEDED],
+        "retried": row["retried"] or 0,
+        "dead": row[RunStatus.DEAD],
+        "skipped": row[RunStatus.SKIPPED],
+        "cancelled": row[RunStatus.CANCELLED],
+        "lease_expiries": expiries,
+    }
+
+
+def scheduler_nodes(*, now: datetime, stale_after_seconds: float) -> list[NodeHealth]:
+    from jobs.models import SchedulerNode
+
+    out = []
+    for node in SchedulerNode.objects.order_by("node_id"):
+        age = max(0.0, (now - node.heartbeat_at).total_seconds())
+        out.append(
+            NodeHealth(
+                node_id=node.node_id,
+                hostname=node.hostname,
+                pid=node.pid,
+                started_at=node.started_at,
+                heartbeat_age_seconds=age,
+                partitions=len(node.partitions or []),
+                alive=age <= stale_after_seconds,
+            )
+        )
+    return out
+
+
+def unowned_partitions(*, nodes: list[NodeHealth], total: int) -> int:
+    """Partitions no live node claims (a node's list is what it last heartbeated)."""
+    from jobs.models import SchedulerNode
+
+    live = {n.node_id for n in nodes if n.alive}
+    owned: set[int] = set()
+    for partitions in SchedulerNode.objects.filter(node_id__in=live).values_list("partitions", flat=True):
+        owned.update(int(p) for p in partitions or [])
+    return max(0, total - len(owned))
+
+
+def tenant_load(*, limit: int = 100) -> list[TenantLoad]:
+    """Tenants with active runs: running vs max_concurrency, and how many wait."""
+    from jobs.models import Tenant
+
+    by_tenant: Counter = Counter()
+    waiting: Counter = Counter()
+    for (tenant_id, status), n in _active_counts("tenant_id", "status").items():
+        (by_tenant if status == RunStatus.RUNNING else waiting)[tenant_id] += n
+    ids = set(by_tenant) | set(waiting)
+    tenants = {t.id: t for t in Tenant.objects.filter(id__in=ids)}
+    loads = [
+        TenantLoad(
+            tenant_id=tid,
+            slug=tenants[tid].slug if tid in tenants else f"#{tid}",
+            running=by_tenant[tid],
+            waiting=waiting[tid],
+            max_concurrency=tenants[tid].max_concurrency if tid in tenants else 0,
+        )
+        for tid in ids
+    ]
+    loads.sort(key=lambda t: (-t.running, -t.waiting, t.slug))
+    return loads[:limit]
+
+
+def recent_admin_changes(*, limit: int = 20):
+    from django.contrib.admin.models import LogEntry
+
+    return LogEntry.objects.select_related("user", "content_type").order_by("-action_time")[:limit]

@@ -1,0 +1,190 @@
+"""Operator writes to runs: replay and cancel. One transaction each, keyword-only.
+
+Replay is a conditional UPDATE (`WHERE status IN ('dead', 'cancelled')`): two
+operators replaying the same dead run at once queue it once, because the second
+UPDATE waits for the first's row lock, re-checks the status and matches nothing.
+Cancel locks the row, then writes; a running attempt it cuts short is fenced off,
+since every executor write requires `status = 'running' AND attempt = n`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from uuid import UUID
+
+from django.db import transaction
+from django.utils import timezone
+
+from runs.keys import format_utc, run_key
+from runs.models import JobRun, RunStatus, RunTrigger
+from runs.queue import notify_executors
+
+log = logging.getLogger(__name__)
+
+REPLAYABLE = (RunStatus.DEAD, RunStatus.CANCELLED)
+CANCELLABLE = (RunStatus.QUEUED, RunStatus.RETRYING, RunStatus.RUNNING)
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+class RunConflict(Exception):
+    """The run exists but its status does not allow the operation."""
+
+    def __init__(self, *, operation: str, status: str, allowed: Iterable[str]):
+        self.operation = operation
+        self.status = status
+        self.allowed = tuple(str(s) for s in allowed)
+        super().__init__(f"cannot {operation} a {status} run (allowed for: {', '.join(self.allowed)})")
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    done: list[int]
+    ignored: int
+
+
+def _replay_changes(now: datetime) -> dict:
+    # attempt and the attempts history stay: the next claim makes it attempt + 1, and
+    # the Idempotency-Key is the run key, which does not change.
+    return {
+        "status": RunStatus.QUEUED,
+        "trigger": RunTrigger.REPLAY,
+        "not_before": now,
+        "finished_at": None,
+        "lease_until": None,
+        "owner": "",
+    }
+
+
+def _cancel_changes(now: datetime, actor: str) -> dict:
+    return {
+        "status": RunStatus.CANCELLED,
+        "finished_at": now,
+        "lease_until": None,
+        "last_error": f"cancelled by {actor}",
+    }
+
+
+def _keyed(job_id: UUID, scheduled_at: datetime, tenant_id: int | None):
+    qs = JobRun.objects.filter(job_id=job_id, scheduled_at=scheduled_at)
+    return qs.filter(tenant_id=tenant_id) if tenant_id is not None else qs
+
+
+@transaction.atomic
+def replay_run(
+    *,
+    job_id: UUID,
+    scheduled_at: datetime,
+    actor: str,
+    tenant_id: int | None = None,
+    now: datetime | None = None,
+) -> JobRun:
+    """Re-queue a dead or cancelled run under the same key. Raises RunNotFound, RunConflict."""
+    qs = _keyed(job_id, scheduled_at, tenant_id)
+    if qs.filter(status__in=REPLAYABLE).update(**_replay_changes(now or timezone.now())) == 0:
+        current = qs.values_list("status", flat=True).first()
+        if current is None:
+            raise RunNotFound(run_key(job_id, scheduled_at))
+        raise RunConflict(operation="replay", status=current, allowed=REPLAYABLE)
+    notify_executors()
+    run = qs.get()
+    log.info(
+        "run replay: key=%s tenant_id=%s actor=%r attempt=%s", run.run_key, run.tenant_id, actor, run.attempt
+    )
+    return run
+
+
+def _cancelled_entry(run: JobRun, *, now: datetime, actor: str) -> dict:
+    """History entry for the attempt a cancel cuts short: that attempt's own write will
+    be fenced off, so without this the history would just stop."""
+    return {
+        "attempt": run.attempt,
+        "owner": run.owner,
+        "started_at": format_utc(run.started_at) if run.started_at else None,
+        "finished_at": format_utc(now),
+        "duration_ms": round((now - run.started_at).total_seconds() * 1000, 1) if run.started_at else None,
+        "outcome": "cancelled",
+        "result_code": None,
+        "error": f"cancelled by {actor}",
+        "retry_in_s": None,
+    }
+
+
+def _cancel_locked(run: JobRun, *, now: datetime, actor: str) -> None:
+    changes = _cancel_changes(now, actor)
+    if run.status == RunStatus.RUNNING:
+        changes["attempts"] = [*(run.attempts or []), _cancelled_entry(run, now=now, actor=actor)]
+    # The row is locked; the status/attempt condition documents what the write assumes.
+    JobRun.objects.filter(
+        id=run.id, scheduled_at=run.scheduled_at, status=run.status, attempt=run.attempt
+    ).update(**changes)
+
+
+@transaction.atomic
+def cancel_run(
+    *,
+    job_id: UUID,
+    scheduled_at: datetime,
+    actor: str,
+    tenant_id: int | None = None,
+    now: datetime | None = None,
+) -> JobRun:
+    """Cancel a queued, retrying or running run. A running attempt finds out at its next
+    heartbeat, whose fenced UPDATE no longer matches. Raises RunNotFound, RunConflict.
+
+    The row is locked first (the executor claims with SKIP LOCKED and writes results
+    with a status/attempt fence, so it never waits long on this lock nor overwrites).
+    """
+    now = now or timezone.now()
+    qs = _keyed(job_id, scheduled_at, tenant_id)
+    run = qs.select_for_update().first()
+    if run is None:
+        raise RunNotFound(run_key(job_id, scheduled_at))
+    if run.status not in CANCELLABLE:
+        raise RunConflict(operation="cancel", status=run.status, allowed=CANCELLABLE)
+    _cancel_locked(run, now=now, actor=actor)
+    run = qs.get()
+    log.info(
+        "run cancel: key=%s tenant_id=%s actor=%r attempt=%s", run.run_key, run.tenant_id, actor, run.attempt
+    )
+    return run
+
+
+@transaction.atomic
+def replay_runs(*, ids: Iterable[int], actor: str, now: datetime | None = None) -> BulkResult:
+    """Bulk replay by surrogate id (admin); rows that are not dead/cancelled are ignored."""
+    ids = list(ids)
+    # Lock the eligible rows first so the ids reported are exactly the rows changed.
+    locked = list(
+        JobRun.objects.select_for_update()
+        .filter(id__in=ids, status__in=REPLAYABLE)
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    if locked:
+        JobRun.objects.filter(id__in=locked, status__in=REPLAYABLE).update(
+            **_replay_changes(now or timezone.now())
+        )
+        notify_executors()
+    log.info("runs replay (bulk): actor=%r done=%d ignored=%d", actor, len(locked), len(ids) - len(locked))
+    return BulkResult(done=locked, ignored=len(ids) - len(locked))
+
+
+@transaction.atomic
+def cancel_runs(*, ids: Iterable[int], actor: str, now: datetime | None = None) -> BulkResult:
+    """Bulk cancel by surrogate id (admin); final runs are ignored."""
+    now = now or timezone.now()
+    ids = list(ids)
+    locked = list(
+        JobRun.objects.select_for_update().filter(id__in=ids, status__in=CANCELLABLE).order_by("id")
+    )
+    for run in locked:
+        _cancel_locked(run, now=now, actor=actor)
+    done = [run.id for run in locked]
+    log.info("runs cancel (bulk): actor=%r done=%d ignored=%d", actor, len(done), len(ids) - len(done))
+    return BulkResult(done=done, ignored=len(ids) - len(done))

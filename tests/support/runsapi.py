@@ -1,0 +1,90 @@
+"""Helpers for the runs API / dead-letter / admin / metrics tests: jobs made through the
+job service, run rows written directly with their snapshot (no executor needed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from django.utils import timezone
+
+HTTP_TARGET = {
+    "type": "http",
+    "url": "https://hooks.example.com/run?token=abc123&team=blue",
+    "method": "POST",
+    "headers": {
+        "Authorization": "Bearer very-secret",
+        "X-Api-Key": "k-123",
+        "Cookie": "session=s1",
+        "X-Auth-Token": "t-1",
+        "Content-Type": "application/json",
+        "X-Team": "blue",
+    },
+    "body": '{"hello": "world"}',
+    "timeout_seconds": 10,
+}
+
+
+def make_job(tenant, name: str = "nightly", **fields):
+    from jobs.services import create_job
+
+    fields.setdefault("interval_seconds", 3600)
+    fields.setdefault("target", HTTP_TARGET)
+    return create_job(tenant=tenant, name=name, **fields)
+
+
+def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
+    """A run row as the scheduler would write it, then moved to `status` as the executor would."""
+    from runs.models import JobRun
+
+    values = {
+        "job_id": job.id,
+        "tenant_id": job.tenant_id,
+        "scheduled_at": scheduled_at,
+        "partition_id": job.partition_id,
+        "status": status,
+        "trigger": "schedule",
+        "priority": job.priority,
+        "not_before": scheduled_at,
+        "target": job.target,
+        "job_name": job.name,
+        "overlap_policy": job.overlap_policy,
+        "max_attempts": job.max_attempts,
+    }
+    values.update(fields)
+    return JobRun.objects.create(**values)
+
+
+def attempt_entry(n: int, outcome: str, code: int | None = 500, error: str = "HTTP 500") -> dict:
+    return {
+        "attempt": n,
+        "owner": "exec-1",
+        "started_at": "2026-03-08T07:00:00Z",
+        "finished_at": "2026-03-08T07:00:01Z",
+        "duration_ms": 1000.0,
+        "outcome": outcome,
+        "result_code": code,
+        "error": error,
+        "retry_in_s": None,
+    }
+
+
+def make_dead_run(job, scheduled_at: datetime, attempts: int = 3, **fields):
+    history = [attempt_entry(n, "retry") for n in range(1, attempts)] + [attempt_entry(attempts, "dead")]
+    fields.setdefault("finished_at", timezone.now())
+    return make_run(
+        job,
+        scheduled_at,
+        status="dead",
+        attempt=attempts,
+        attempts=history,
+        result_code=500,
+        last_error="HTTP 500",
+        started_at=scheduled_at,
+        **fields,
+    )
+
+
+def minute_slots(count: int, *, end: datetime | None = None, step: timedelta = timedelta(minutes=1)) -> list:
+    """`count` whole-minute instants ending at `end` (default: the last whole minute)."""
+    end = end or datetime.now(UTC).replace(second=0, microsecond=0)
+    return [end - step * i for i in range(count)]
