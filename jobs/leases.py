@@ -1,0 +1,415 @@
+"""Partition leases of the scheduler: PostgreSQL advisory locks on a dedicated session.
+
+Raw SQL lives here (the accepted exception to "raw SQL only in runs/"): advisory
+locks, pg_locks / pg_stat_activity reads and the compare-and-set that advances
+next_run_at have no ORM form.
+
+How a lease works
+-----------------
+* Every scheduler opens ONE psycopg connection of its own (not Django's), sets
+  ``idle_session_timeout = SCHEDULER_LEASE_SECONDS`` and ``application_name =
+  node_id`` on it, and takes ``pg_try_advisory_lock(NAMESPACE, partition)`` for its
+  share of the partitions there. A thread heartbeats every lease/3. When the
+  process stalls (SIGSTOP, GC pause, network partition) the heartbeat stops, the
+  server ends the idle session after one lease and the locks vanish with it: the
+  lease expires without any clock on the stalled node having to agree.
+* Liveness of a node = its heartbeat row is fresh (< 2 leases) AND its lease
+  session still exists (``pg_stat_activity.application_name``). The second half
+  makes a SIGKILLed node drop out at once (the kernel closes its socket) instead
+  of after two leases, so its orphaned partitions are picked up within a tick.
+* Fair share: live node ids sorted, node i gets ``N // n + (1 if i < N % n else 0)``;
+  the shares sum to N. Each tick a node releases what it holds above its share and
+  tries to lock free partitions up to its share. A node prefers its "home"
+  partitions (``p % n == i``) so that steady state is deterministic and newcomers
+  find free partitions quickly; any free partition will do to cover orphans.
+
+Why advisory locks are not the fence, and what is
+-------------------------------------------------
+A lease is checked at one instant and used at a later one: a node can check its
+lease, be SIGSTOPped, lose the lease, and resume to commit a dispatch transaction
+while another node owns the partition. No lease scheme closes that window on its
+own. Exactly-once therefore rests on the dispatch transaction itself:
+
+1. The job rows are locked (``SELECT ... FOR UPDATE SKIP LOCKED``) and their
+   ``next_run_at`` is read in that same transaction. In READ COMMITTED a row
+   locked FOR UPDATE is re-checked against the newest committed version, so the
+   slot we read is the current one and nobody can advance it until we commit: two
+   transactions can never both act on the same (job, slot). The other node simply
+   skips the rows a stalled transaction holds.
+2. ``next_run_at`` is advanced with a compare-and-set (``WHERE next_run_at = old
+   AND new > old``) BEFORE the runs are inserted, and runs are inserted only for
+   the jobs whose CAS succeeded: a stale write can neither insert a run for a slot
+   another node already advanced past nor move next_run_at backwards. Under (1) the
+   CAS always succeeds; it exists so that no future change of the read path can
+   silently break the guarantee.
+3. The run insert is ``ON CONFLICT DO NOTHING`` on (job_id, scheduled_at): the
+   unique key is the last line, also against manual triggers/backfills/resumes.
+
+On top of that, each dispatch transaction starts with one statement (``fence``)
+that (a) sets ``idle_in_transaction_session_timeout`` to the lease, so a
+transaction stalled longer than a lease is killed by the server and never commits
+(its row locks are freed for the new owner), and (b) reads from pg_locks which
+partitions the lease session holds *right now*; only those are dispatched. So a
+node whose lease session is gone dispatches nothing, even if its own bookkeeping
+has not noticed yet. That check is not a fence by itself (the lease can be lost
+right after it), which is why (1)-(3) carry the correctness; the check makes
+"a node that lost its lease stops dispatching" true and observable.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from uuid import UUID
+
+import psycopg
+
+log = logging.getLogger(__name__)
+
+# Key 1 of every two-int advisory lock the scheduler takes ("CRON" in ASCII).
+NAMESPACE = 0x43524F4E
+# Key 2 used with NAMESPACE for "one node runs partition maintenance" (partitions are >= 0).
+MAINTENANCE_KEY = -1
+
+_APPNAME_MAX = 63  # NAMEDATALEN - 1
+
+_HELD_SQL = """
+SELECT objid::int FROM pg_locks
+WHERE locktype = 'advisory' AND classid = %(ns)s AND objsubid = 2 AND granted
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND pid = {pid}
+"""
+
+_LIVE_SQL = """
+SELECT n.node_id FROM scheduler_nodes n
+WHERE n.heartbeat_at > now() - make_interval(secs => %(live_secs)s)
+  AND EXISTS (SELECT 1 FROM pg_stat_activity a
+              WHERE a.application_name = left(n.node_id, 63) AND a.datname = current_database())
+ORDER BY n.node_id
+"""
+
+_UPSERT_NODE_SQL = """
+INSERT INTO scheduler_nodes (node_id, hostname, pid, started_at, heartbeat_at, partitions)
+VALUES (%(node_id)s, %(hostname)s, %(pid)s, now(), now(), %(partitions)s::jsonb)
+ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), partitions = EXCLUDED.partitions
+"""
+
+_ACQUIRE_SQL = """
+SELECT p FROM unnest(%(candidates)s::int[]) AS p
+WHERE pg_try_advisory_lock(%(ns)s, p)
+LIMIT %(need)s
+"""
+
+
+def fair_share(node_ids: Sequence[str], me: str, partitions: int) -> int:
+    """How many partitions `me` should hold; over all live nodes the shares sum to `partitions`."""
+    ids = sorted(set(node_ids) | {me})
+    n = len(ids)
+    i = ids.index(me)
+    return partitions // n + (1 if i < partitions % n else 0)
+
+
+def home_partitions(node_ids: Sequence[str], me: str, partitions: int) -> list[int]:
+    ids = sorted(set(node_ids) | {me})
+    n, i = len(ids), ids.index(me)
+    return [p for p in range(partitions) if p % n == i]
+
+
+def plan_rebalance(
+    *, held: set[int], share: int, home: list[int], partitions: int
+) -> tuple[list[int], list[int]]:
+    """(to_release, candidates_to_try): release the surplus, non-home and highest first."""
+    if len(held) > share:
+        home_set = set(home)
+        order = sorted(held, key=lambda p: (p in home_set, -p))
+        return order[: len(held) - share], []
+    if len(held) < share:
+        home_free = [p for p in home if p not in held]
+        others = [p for p in range(partitions) if p not in held and p not in set(home_free)]
+        return [], home_free + others
+    return [], []
+
+
+@dataclass(frozen=True)
+class LeaseSnapshot:
+    """What the dispatch loop may rely on, swapped atomically by the heartbeat thread."""
+
+    session_pid: int | None
+    owned: frozenset[int]
+    ok_at: float  # time.monotonic() of the last successful heartbeat
+    generation: int  # bumped on every new lease session
+
+    def usable(self, *, now: float, lease_seconds: float) -> bool:
+        # 2/3 of a lease: the server ends a silent session after one lease, so a
+        # snapshot older than this may describe locks that are already gone.
+        return bool(self.owned) and self.session_pid is not None and now - self.ok_at < lease_seconds * 2 / 3
+
+
+@dataclass
+class LeaseManager:
+    """Owns the dedicated lease connection, the heartbeat thread and the node row."""
+
+    conninfo: str
+    node_id: str
+    hostname: str
+    pid: int
+    partitions: int
+    lease_seconds: float
+    namespace: int = NAMESPACE
+    _conn: psycopg.Connection | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    snapshot: LeaseSnapshot = field(
+        default_factory=lambda: LeaseSnapshot(None, frozenset(), 0.0, 0), init=False
+    )
+    live_nodes: tuple[str, ...] = field(default=(), init=False)
+
+    @property
+    def tick_seconds(self) -> float:
+        return self.lease_seconds / 3
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self, *, thread: bool = True) -> None:
+        """Connect, register and take a first share synchronously; then heartbeat in a thread."""
+        with self._lock:
+            self._connect()
+            self._tick()
+        if thread:
+            self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        """Unlock everything and remove the node row so others take over at their next tick."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.lease_seconds)
+        with self._lock:
+            conn, self._conn = self._conn, None
+            self.snapshot = LeaseSnapshot(None, frozenset(), 0.0, self.snapshot.generation)
+            if conn is None:
+                return
+            try:
+                conn.execute("SELECT pg_advisory_unlock_all()")
+                conn.execute("DELETE FROM scheduler_nodes WHERE node_id = %s", [self.node_id])
+            except psycopg.Error as exc:  # the server ends the session anyway; nothing to undo
+                log.warning("lease release failed (%s); the session end releases the locks", exc)
+            finally:
+                conn.close()
+        log.info("lease released node=%s", self.node_id)
+
+    def tick_now(self) -> None:
+        """One heartbeat + rebalance now, as the thread would do it (tests)."""
+        with self._lock:
+            self._beat()
+
+    def _beat(self) -> None:
+        try:
+            if self._conn is None:
+                self._connect()
+            self._tick()
+        except psycopg.Error as exc:
+            self._lost(exc)
+        except Exception as exc:
+            # A bug here must not kill the thread silently: the lease would look
+            # stale forever and the node would never dispatch again.
+            log.exception("lease heartbeat failed")
+            self._lost(exc)
+
+    # -- internals ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_seconds):
+            with self._lock:
+                if self._stop.is_set():
+                    return
+                self._beat()
+
+    def _lost(self, exc: Exception) -> None:
+        old = self.snapshot
+        self.snapshot = LeaseSnapshot(None, frozenset(), 0.0, old.generation)
+        log.warning(
+            "lease lost node=%s session_pid=%s partitions=%d: %s; reconnecting",
+            self.node_id,
+            old.session_pid,
+            len(old.owned),
+            str(exc).strip().splitlines()[0] if str(exc) else exc,
+        )
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:
+                pass
+            self._conn = None
+
+    def _connect(self) -> None:
+        lease_ms = int(self.lease_seconds * 1000)
+        conn = psycopg.connect(
+            self.conninfo,
+            autocommit=True,
+            application_name=self.node_id[:_APPNAME_MAX],
+            connect_timeout=max(2, int(self.lease_seconds)),
+            # A peer that vanished from the network is noticed client-side within
+            # about a lease instead of the kernel's default two hours.
+            keepalives=1,
+            keepalives_idle=max(1, int(self.lease_seconds / 3)),
+            keepalives_interval=1,
+            keepalives_count=3,
+            tcp_user_timeout=lease_ms,
+        )
+        conn.execute(f"SET idle_session_timeout = {lease_ms}")
+        conn.execute(f"SET statement_timeout = {lease_ms}")
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        self._conn = conn
+        generation = self.snapshot.generation + 1
+        self.snapshot = LeaseSnapshot(pid, frozenset(), 0.0, generation)
+        log.info("lease session started node=%s session_pid=%s generation=%d", self.node_id, pid, generation)
+
+    def _tick(self) -> None:
+        """Heartbeat, expire dead nodes, rebalance. Runs with self._lock held."""
+        conn = self._conn
+        assert conn is not None
+        session_pid = self.snapshot.session_pid
+        held = {
+            row[0] for row in conn.execute(_HELD_SQL.format(pid="pg_backend_pid()"), {"ns": self.namespace})
+        }
+        # Long-dead rows only; a stalled node's row lingers a little so its return is cheap.
+        conn.execute(
+            "DELETE FROM scheduler_nodes WHERE heartbeat_at < now() - make_interval(secs => %s)",
+            [self.lease_seconds * 5],
+        )
+        conn.execute(
+            _UPSERT_NODE_SQL,
+            {
+                "node_id": self.node_id,
+                "hostname": self.hostname,
+                "pid": self.pid,
+                "partitions": json.dumps(sorted(held)),
+            },
+        )
+        live = [row[0] for row in conn.execute(_LIVE_SQL, {"live_secs": self.lease_seconds * 2})]
+        share = fair_share(live, self.node_id, self.partitions)
+        home = home_partitions(live, self.node_id, self.partitions)
+        release, candidates = plan_rebalance(held=held, share=share, home=home, partitions=self.partitions)
+        if release:
+            # Drop them from the snapshot first: the dispatch loop must stop using a
+            # partition before another node can lock it.
+            self.snapshot = LeaseSnapshot(
+                session_pid, frozenset(held - set(release)), self.snapshot.ok_at, self.snapshot.generation
+            )
+            conn.execute(
+                "SELECT pg_advisory_unlock(%s, p) FROM unnest(%s::int[]) AS p", [self.namespace, release]
+            )
+            held -= set(release)
+        if candidates:
+            got = [
+                row[0]
+                for row in conn.execute(
+                    _ACQUIRE_SQL, {"ns": self.namespace, "candidates": candidates, "need": share - len(held)}
+                )
+            ]
+            held |= set(got)
+        if release or candidates:
+            conn.execute(
+                "UPDATE scheduler_nodes SET partitions = %s::jsonb WHERE node_id = %s",
+                [json.dumps(sorted(held)), self.node_id],
+            )
+        old = self.snapshot
+        self.live_nodes = tuple(live)
+        self.snapshot = LeaseSnapshot(session_pid, frozenset(held), time.monotonic(), old.generation)
+        if set(old.owned) != held:
+            log.info(
+                "partitions node=%s session_pid=%s owned=%d share=%d live_nodes=%d",
+                self.node_id,
+                session_pid,
+                len(held),
+                share,
+                len(live),
+            )
+
+
+# -- dispatch transaction SQL (runs on Django's connection, inside the dispatch txn) --
+
+
+def fence(
+    cursor, *, session_pid: int, lease_seconds: float, namespace: int = NAMESPACE
+) -> tuple[datetime, set[int]]:
+    """First statement of a dispatch transaction: (transaction time, partitions the lease session holds now).
+
+    Also arms idle_in_transaction_session_timeout for this transaction only, so a
+    dispatch stalled longer than a lease is killed by the server and never commits.
+    """
+    cursor.execute(
+        f"""
+        SELECT now(), set_config('idle_in_transaction_session_timeout', %(ms)s, true),
+               ARRAY({_HELD_SQL.format(pid="%(pid)s")})
+        """,
+        {"ms": str(int(lease_seconds * 1000)), "ns": namespace, "pid": session_pid},
+    )
+    now, _, held = cursor.fetchone()
+    return now, set(held or ())
+
+
+def advance_next_run(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]]) -> set[UUID]:
+    """Compare-and-set next_run_at for many jobs in one statement: (id, new, old) -> ids advanced.
+
+    A row is written only if next_run_at still equals the value the plan was made
+    from and the new value is later (or NULL: finished), so a stale plan is a no-op.
+    """
+    if not rows:
+        return set()
+    cursor.execute(
+        """
+        UPDATE jobs AS j SET next_run_at = v.new
+        FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[]) AS v(id, new, old)
+        WHERE j.id = v.id AND j.next_run_at = v.old AND (v.new IS NULL OR v.new > v.old)
+        RETURNING j.id
+        """,
+        [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+    )
+    return {row[0] for row in cursor.fetchall()}
+
+
+def try_maintenance_lock(cursor, *, namespace: int = NAMESPACE) -> bool:
+    cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [namespace, MAINTENANCE_KEY])
+    return bool(cursor.fetchone()[0])
+
+
+def maintenance_unlock(cursor, *, namespace: int = NAMESPACE) -> None:
+    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [namespace, MAINTENANCE_KEY])
+
+
+def conninfo_from_settings(settings_dict: dict) -> str:
+    """libpq conninfo for the database Django uses (the test database under pytest)."""
+    parts = {
+        "dbname": settings_dict["NAME"],
+        "user": settings_dict.get("USER") or "",
+        "password": settings_dict.get("PASSWORD") or "",
+        "host": settings_dict.get("HOST") or "",
+        "port": str(settings_dict.get("PORT") or ""),
+    }
+    # libpq connection parameters from OPTIONS (TLS etc.); Django-only keys are left out.
+    options = settings_dict.get("OPTIONS") or {}
+    parts.update({k: str(v) for k, v in options.items() if k in _LIBPQ_OPTIONS})
+    return psycopg.conninfo.make_conninfo(**{k: v for k, v in parts.items() if v})
+
+
+_LIBPQ_OPTIONS = {
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "options",
+    "target_session_attrs",
+    "passfile",
+    "service",
+    "gssencmode",
+    "channel_binding",
+}

@@ -1,0 +1,145 @@
+"""Helpers for the scheduler tests: jobs with a chosen next_run_at, lease inspection,
+expected-slot arithmetic and parsing of the scheduler's per-batch log lines."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from jobs.leases import NAMESPACE
+from jobs.models import Job, Tenant
+from jobs.services import partition_for
+
+TARGET = {"type": "task", "name": "noop", "kwargs": {}}
+
+
+def make_job(tenant: Tenant, *, next_run_at: datetime | None, **fields) -> Job:
+    """A job whose next_run_at is set directly (what the scheduler would find after downtime)."""
+    fields.setdefault("name", "job")
+    fields.setdefault("target", TARGET)
+    if not fields.get("interval_seconds") and not fields.get("run_at"):
+        fields.setdefault("cron_expr", "* * * * *")
+    job = Job(tenant=tenant, **fields)
+    job.partition_id = partition_for(job.id)
+    job.next_run_at = next_run_at
+    job.save(force_insert=True)
+    return job
+
+
+def bulk_interval_jobs(
+    tenant: Tenant, *, anchors_and_intervals: Iterable[tuple[datetime, int]], **fields
+) -> list[Job]:
+    jobs = []
+    for i, (anchor, interval) in enumerate(anchors_and_intervals):
+        job_id = uuid.uuid4()
+        jobs.append(
+            Job(
+                id=job_id,
+                tenant=tenant,
+                name=f"j{i}",
+                interval_seconds=interval,
+                target=TARGET,
+                partition_id=partition_for(job_id),
+                next_run_at=anchor,
+                **fields,
+            )
+        )
+    return Job.objects.bulk_create(jobs, batch_size=2000)
+
+
+def expected_interval_slots(jobs: Iterable[Job], *, cutoff: datetime) -> set[tuple[uuid.UUID, datetime]]:
+    """Every (job, slot) with anchor + k*interval <= cutoff, anchors being the initial next_run_at."""
+    out = set()
+    for job in jobs:
+        step = timedelta(seconds=job.interval_seconds)
+        t = job.next_run_at
+        while t <= cutoff:
+            out.add((job.id, t))
+            t += step
+    return out
+
+
+def locks_by_pid(cursor) -> dict[int, set[int]]:
+    """Advisory partition locks in the scheduler namespace in this database, per backend pid."""
+    cursor.execute(
+        """
+        SELECT pid, objid::int FROM pg_locks
+        WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2 AND granted
+          AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        """,
+        [NAMESPACE],
+    )
+    out: dict[int, set[int]] = {}
+    for pid, objid in cursor.fetchall():
+        out.setdefault(pid, set()).add(objid)
+    return out
+
+
+def lease_pid_of(cursor, os_pid: int) -> int | None:
+    """Backend pid of the lease session of the scheduler process with this OS pid."""
+    cursor.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE %s",
+        [f"%:{os_pid}:%"],
+    )
+    row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def wait_until(
+    predicate: Callable[[], object], *, timeout: float, interval: float = 0.2, what: str = ""
+) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class Batch:
+    logged_at: datetime
+    node: str
+    session_pid: int
+    generation: int
+    db_now: datetime
+    inserted: int
+    conflicts: int
+    stale: int
+
+
+_BATCH = re.compile(
+    r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) DEBUG jobs\.scheduler batch node=(?P<node>\S+) "
+    r"session_pid=(?P<pid>\d+) generation=(?P<gen>\d+) db_now=(?P<db_now>\S+) .*?"
+    r"inserted=(?P<inserted>\d+) conflicts=(?P<conflicts>\d+) .*?stale=(?P<stale>\d+)",
+    re.M,
+)
+
+
+def parse_batches(log_text: str) -> list[Batch]:
+    out = []
+    for m in _BATCH.finditer(log_text):
+        out.append(
+            Batch(
+                logged_at=datetime.strptime(m["at"], "%Y-%m-%d %H:%M:%S,%f"),
+                node=m["node"],
+                session_pid=int(m["pid"]),
+                generation=int(m["gen"]),
+                db_now=datetime.fromisoformat(m["db_now"]).astimezone(UTC),
+                inserted=int(m["inserted"]),
+                conflicts=int(m["conflicts"]),
+                stale=int(m["stale"]),
+            )
+        )
+    return out
+
+
+def duplicates(pairs: Iterable[tuple]) -> list[tuple]:
+    return [key for key, n in Counter(pairs).items() if n > 1]

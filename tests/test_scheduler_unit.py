@@ -1,0 +1,273 @@
+"""Scheduler.step() in-process against the real test database, with a fixed clock."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from django.db import connection
+
+from jobs import leases
+from jobs.models import Job, SchedulerNode
+from jobs.scheduler import Scheduler
+from jobs.services import run_for
+from runs.models import JobRun
+from runs.queue import enqueue_runs
+from tests.conftest import database_url
+from tests.support.scheduler import locks_by_pid, make_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+T = datetime(2026, 5, 4, 10, 0, 5, tzinfo=UTC)  # 5 s after a minute boundary
+
+
+@pytest.fixture
+def make_scheduler():
+    made: list[Scheduler] = []
+
+    def make(**kwargs) -> Scheduler:
+        kwargs.setdefault("clock", lambda: T)
+        kwargs.setdefault("heartbeat_thread", False)
+        kwargs.setdefault("maintain_partitions", False)
+        kwargs.setdefault("lease_seconds", 30)
+        sched = Scheduler(conninfo=database_url(), **kwargs)
+        made.append(sched)
+        return sched
+
+    yield make
+    for sched in made:
+        sched.close()
+
+
+def runs_of(job: Job) -> list[JobRun]:
+    return list(JobRun.objects.filter(job_id=job.id).order_by("scheduled_at"))
+
+
+def test_due_cron_job_fires_once_and_advances(tenant, make_scheduler):
+    job = make_job(tenant, cron_expr="* * * * *", next_run_at=T - timedelta(seconds=5))
+    sched = make_scheduler(node_id="n1")
+    sched.step()
+    runs = runs_of(job)
+    assert [(r.scheduled_at, r.trigger, r.status) for r in runs] == [
+        (T - timedelta(seconds=5), "schedule", "queued")
+    ]
+    assert runs[0].partition_id == job.partition_id and runs[0].target == job.target
+    job.refresh_from_db()
+    assert job.next_run_at == datetime(2026, 5, 4, 10, 1, tzinfo=UTC)
+
+
+def test_second_step_at_same_time_adds_nothing(tenant, make_scheduler):
+    job = make_job(tenant, next_run_at=T - timedelta(seconds=5))
+    sched = make_scheduler(node_id="n1")
+    assert sched.step() is False  # batch not full, nothing still due
+    assert sched.step() is False
+    other = make_scheduler(node_id="n2")  # a second node sees no partitions free and no due job
+    other.step()
+    assert len(runs_of(job)) == 1
+
+
+def test_job_not_yet_due_and_paused_job_do_not_fire(tenant, make_scheduler):
+    later = make_job(tenant, next_run_at=T + timedelta(seconds=1))
+    paused = make_job(tenant, next_run_at=T - timedelta(seconds=5), paused=True)
+    make_scheduler(node_id="n1").step()
+    assert runs_of(later) == [] and runs_of(paused) == []
+    paused.refresh_from_db()
+    assert paused.next_run_at == T - timedelta(seconds=5)
+
+
+def test_run_at_job_fires_once_then_finishes(tenant, make_scheduler):
+    at = T - timedelta(seconds=2)
+    job = make_job(tenant, run_at=at, next_run_at=at)
+    sched = make_scheduler(node_id="n1")
+    sched.step()
+    sched.step()
+    assert [r.scheduled_at for r in runs_of(job)] == [at]
+    job.refresh_from_db()
+    assert job.next_run_at is None
+
+
+def test_end_at_finishes_the_job(tenant, make_scheduler):
+    job = make_job(
+        tenant, cron_expr="* * * * *", next_run_at=T - timedelta(seconds=5), end_at=T + timedelta(seconds=30)
+    )
+    make_scheduler(node_id="n1").step()
+    assert len(runs_of(job)) == 1
+    job.refresh_from_db()
+    assert job.next_run_at is None
+
+
+def test_pending_slot_after_end_at_does_not_fire(tenant, make_scheduler):
+    job = make_job(tenant, next_run_at=T - timedelta(seconds=5), end_at=T - timedelta(seconds=10))
+    make_scheduler(node_id="n1").step()
+    assert runs_of(job) == []
+    job.refresh_from_db()
+    assert job.next_run_at is None
+
+
+def test_overlap_skip_records_a_skipped_run(tenant, make_scheduler):
+    job = make_job(tenant, next_run_at=T - timedelta(seconds=5), overlap_policy="skip")
+    enqueue_runs([run_for(job, scheduled_at=T - timedelta(minutes=1), trigger="schedule")])  # still queued
+    make_scheduler(node_id="n1").step()
+    new = JobRun.objects.get(job_id=job.id, scheduled_at=T - timedelta(seconds=5))
+    assert new.status == "skipped" and new.finished_at is not None
+
+
+def test_overlap_buffer_one_keeps_one_waiting(tenant, make_scheduler):
+    job = make_job(
+        tenant, interval_seconds=10, next_run_at=T - timedelta(seconds=25), overlap_policy="buffer_one"
+    )
+    enqueue_runs([run_for(job, scheduled_at=T - timedelta(minutes=1), trigger="schedule")])
+    JobRun.objects.filter(job_id=job.id).update(status="running")
+    sched = make_scheduler(node_id="n1")
+    assert sched.step() is True  # two more slots are already due
+    sched.step()
+    sched.step()
+    statuses = [(r.scheduled_at - T, r.status) for r in runs_of(job)]
+    assert statuses == [
+        (timedelta(minutes=-1), "running"),
+        (timedelta(seconds=-25), "queued"),  # the one buffered behind the running run
+        (timedelta(seconds=-15), "skipped"),
+        (timedelta(seconds=-5), "skipped"),
+    ]
+
+
+def test_interval_anchors_on_the_slot_not_on_now(tenant, make_scheduler):
+    job = make_job(tenant, interval_seconds=7, next_run_at=T - timedelta(seconds=3))
+    make_scheduler(node_id="n1").step()
+    job.refresh_from_db()
+    assert job.next_run_at == T + timedelta(seconds=4)
+
+
+def test_late_but_under_threshold_fires_every_slot(tenant, make_scheduler):
+    job = make_job(tenant, interval_seconds=2, next_run_at=T - timedelta(seconds=10), overlap_policy="allow")
+    sched = make_scheduler(node_id="n1")
+    steps = 0
+    while sched.step():
+        steps += 1
+        assert steps < 20
+    assert [r.scheduled_at - T for r in runs_of(job)] == [timedelta(seconds=s) for s in range(-10, 1, 2)]
+    assert {r.trigger for r in runs_of(job)} == {"schedule"}
+
+
+def test_full_batches_loop_and_many_jobs_fire_once_each(tenant, make_scheduler):
+    jobs = [
+        make_job(tenant, interval_seconds=60, next_run_at=T - timedelta(seconds=i % 7)) for i in range(25)
+    ]
+    sched = make_scheduler(node_id="n1", batch_size=10)
+    assert sched.step() is True and sched.step() is True and sched.step() is False
+    assert JobRun.objects.count() == 25
+    assert set(JobRun.objects.values_list("job_id", flat=True)) == {j.id for j in jobs}
+
+
+def test_lost_lease_session_dispatches_nothing_until_a_new_session(tenant, make_scheduler, caplog):
+    job = make_job(tenant, next_run_at=T - timedelta(seconds=5))
+    sched = make_scheduler(node_id="n1")
+    sched.start()
+    old = sched.lease.snapshot
+    assert len(old.owned) == 256
+    with connection.cursor() as cursor:  # the server ends the lease session (as idle_session_timeout does)
+        cursor.execute("SELECT pg_terminate_backend(%s)", [old.session_pid])
+    # The node's own bookkeeping has not noticed yet (no heartbeat ran): the fence
+    # inside the dispatch transaction must still refuse, since pg_locks is empty.
+    assert sched.lease.snapshot.usable(now=old.ok_at, lease_seconds=30)
+    sched.step()
+    assert runs_of(job) == []
+    sched.lease.tick_now()  # heartbeat notices
+    assert "lease lost" in caplog.text and not sched.lease.snapshot.owned
+    sched.lease.tick_now()  # reconnects, re-registers, re-acquires
+    new = sched.lease.snapshot
+    assert (
+        new.session_pid != old.session_pid and new.generation == old.generation + 1 and len(new.owned) == 256
+    )
+    assert SchedulerNode.objects.get(node_id="n1").partitions == list(range(256))
+    sched.step()
+    assert len(runs_of(job)) == 1
+
+
+def test_stale_heartbeat_stops_dispatch(tenant, make_scheduler):
+    job = make_job(tenant, next_run_at=T - timedelta(seconds=5))
+    sched = make_scheduler(node_id="n1", lease_seconds=3)
+    sched.start()
+    snap = sched.lease.snapshot
+    assert not snap.usable(now=snap.ok_at + 2.1, lease_seconds=3)
+    sched.lease.snapshot = leases.LeaseSnapshot(
+        snap.session_pid, snap.owned, snap.ok_at - 2.1, snap.generation
+    )
+    sched.step()
+    assert runs_of(job) == []
+
+
+def test_cas_refuses_stale_and_backward_writes(tenant):
+    job = make_job(tenant, next_run_at=T)
+    with connection.cursor() as cursor:
+        assert (
+            leases.advance_next_run(cursor, [(job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))])
+            == set()
+        )
+        assert leases.advance_next_run(cursor, [(job.id, T - timedelta(minutes=1), T)]) == set()
+        assert leases.advance_next_run(cursor, [(job.id, T + timedelta(minutes=1), T)]) == {job.id}
+    job.refresh_from_db()
+    assert job.next_run_at == T + timedelta(minutes=1)
+
+
+def test_two_nodes_split_partitions_disjointly(make_scheduler):
+    a = make_scheduler(node_id="a")
+    b = make_scheduler(node_id="b")
+    a.start()
+    b.start()
+    assert len(a.lease.snapshot.owned) == 256 and not b.lease.snapshot.owned
+    a.lease.tick_now()  # sees b: releases down to its share
+    b.lease.tick_now()  # takes the released ones
+    owned_a, owned_b = a.lease.snapshot.owned, b.lease.snapshot.owned
+    assert len(owned_a) == 128 and len(owned_b) == 128 and owned_a | owned_b == set(range(256))
+    assert owned_a == set(range(0, 256, 2))  # home partitions of the first node id
+    with connection.cursor() as cursor:
+        assert locks_by_pid(cursor) == {
+            a.lease.snapshot.session_pid: owned_a,
+            b.lease.snapshot.session_pid: owned_b,
+        }
+    b.close()
+    a.lease.tick_now()
+    assert len(a.lease.snapshot.owned) == 256
+    assert list(SchedulerNode.objects.values_list("node_id", flat=True)) == ["a"]
+
+
+def test_dead_session_is_not_a_live_node(make_scheduler):
+    a = make_scheduler(node_id="a")
+    b = make_scheduler(node_id="b")
+    a.start()
+    b.start()
+    a.lease.tick_now()
+    b.lease.tick_now()
+    # b's session dies (SIGKILL): its row is still fresh but it is not live any more.
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", [b.lease.snapshot.session_pid])
+    a.lease.tick_now()
+    assert len(a.lease.snapshot.owned) == 256 and a.lease.live_nodes == ("a",)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 255, 256, 300])
+def test_fair_shares_cover_all_partitions(n):
+    ids = [f"node-{i:03}" for i in range(n)]
+    shares = [leases.fair_share(ids, me, 256) for me in ids]
+    assert sum(shares) == 256 and max(shares) - min(shares) <= 1
+
+
+def test_step_runs_partition_maintenance_once(make_scheduler):
+    from runs.partitions import existing_days
+
+    sched = make_scheduler(node_id="n1", maintain_partitions=True)
+    sched.step()
+    with connection.cursor() as cursor:
+        days = existing_days(cursor)
+    assert datetime.now(UTC).date() + timedelta(days=7) in days
+
+
+def test_a_job_whose_schedule_breaks_does_not_block_the_batch(tenant, make_scheduler):
+    broken = make_job(tenant, next_run_at=T - timedelta(seconds=6), time_zone="Mars/Olympus_Mons")
+    fine = make_job(tenant, next_run_at=T - timedelta(seconds=5))
+    make_scheduler(node_id="n1").step()
+    assert runs_of(broken) == [] and len(runs_of(fine)) == 1
+    broken.refresh_from_db()
+    assert broken.next_run_at is None
