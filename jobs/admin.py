@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import Count, Q
@@ -64,10 +66,20 @@ class JobAdmin(admin.ModelAdmin):
         "priority",
     )
     list_filter = ("paused", TriggerTypeFilter, "tenant", "misfire_policy", "overlap_policy")
-    search_fields = ("name", "id", "cron_expr")
+    search_fields = ("name", "cron_expr")
+    search_help_text = "Name or cron text; a whole job id finds that job."
     list_select_related = ("tenant",)
     ordering = ("-created_at",)
     actions = ("pause_jobs", "resume_jobs", "trigger_now")
+
+    def get_search_results(self, request, queryset, search_term):
+        # A pasted id is an exact primary-key lookup; `id LIKE '%..%'` over a cast
+        # UUID would scan the table and match random ids on short digit strings.
+        try:
+            job_id = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(pk=job_id), False
     readonly_fields = ("id", "partition_id", "next_run_at", "schedule_text", "next_fire_times", "created_at")
     fieldsets = (
         (None, {"fields": ("tenant", "name", "paused", "priority")}),

@@ -1,0 +1,153 @@
+"""The product in one test: schedulers and executors together, SIGKILLed and
+SIGSTOPped mid-batch, and afterwards every occurrence exists exactly once, every one
+succeeded, and no result was written by an attempt that had been fenced off.
+
+Real processes, real PostgreSQL, a real HTTP target on 127.0.0.1. The stalls are
+longer than both leases (3 s), so stalled schedulers lose their partitions and
+stalled executors lose the runs they were calling; after SIGCONT they must write
+nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db.models import Q
+
+from jobs.models import Job
+from runs.keys import run_key
+from runs.models import ACTIVE_STATUSES, JobRun
+from tests.support.http_target import Reply
+from tests.support.scheduler import bulk_interval_jobs, expected_interval_slots, wait_until
+
+pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
+
+LEASE = 3
+ENV = {"SCHEDULER_LEASE_SECONDS": str(LEASE)}
+# Outcomes only the worker holding an attempt writes; "lease expired" is written by
+# whoever reclaimed the run, "cancelled" by a canceller.
+WORKER_OUTCOMES = {"succeeded", "retry", "dead", "handed back"}
+
+
+def make_jobs(tenant, http_target) -> list[Job]:
+    rng = random.Random(7)
+    base = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
+    common = dict(
+        lease_seconds=LEASE,
+        max_attempts=20,
+        retry_backoff_seconds=1,
+        retry_backoff_cap_seconds=2,
+        overlap_policy="allow",
+    )
+    fast = bulk_interval_jobs(
+        tenant,
+        anchors_and_intervals=[(base + timedelta(milliseconds=rng.randrange(3000)), rng.randint(2, 4)) for _ in range(300)],
+        **common,
+    )
+    # Calls of two seconds: a stalled executor is always caught with some in flight.
+    slow = bulk_interval_jobs(
+        tenant,
+        anchors_and_intervals=[(base + timedelta(milliseconds=rng.randrange(3000)), 3) for _ in range(30)],
+        **common,
+    )
+    fast_target = {"type": "http", "url": http_target.url("/fast"), "method": "POST", "timeout_seconds": 10}
+    slow_target = {"type": "http", "url": http_target.url("/slow"), "method": "POST", "timeout_seconds": 10}
+    Job.objects.filter(id__in=[j.id for j in fast]).update(target=fast_target)
+    Job.objects.filter(id__in=[j.id for j in slow]).update(target=slow_target)
+    return fast + slow
+
+
+def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tenant, processes, http_target):
+    tenant.max_concurrency = 1000
+    tenant.save()
+    http_target.script("/slow", then=Reply(delay=2.0))
+    jobs = make_jobs(tenant, http_target)
+
+    schedulers = [processes.start("run_scheduler", env=ENV) for _ in range(2)]
+    executors = [processes.start("run_executor", "--concurrency", "16", env=ENV) for _ in range(2)]
+    stalled_executors = []
+
+    def stall(proc, seconds: float) -> None:
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(seconds)
+        os.kill(proc.pid, signal.SIGCONT)
+
+    time.sleep(5)
+    for _ in range(2):
+        schedulers[0].kill()  # SIGKILL mid-batch: its transaction dies with it
+        schedulers[0].wait()
+        schedulers[0] = processes.start("run_scheduler", env=ENV)
+        time.sleep(2)
+        stalled_executors.append(executors[0])
+        stall(executors[0], LEASE * 2 + 1)
+        time.sleep(1)
+        executors[1].kill()
+        executors[1].wait()
+        executors[1] = processes.start("run_executor", "--concurrency", "16", env=ENV)
+        time.sleep(2)
+        stall(schedulers[1], LEASE * 2 + 1)
+        time.sleep(1)
+    chaos_ended = datetime.now(UTC)
+    # Slots due well before the chaos ended must all have been dispatched by now.
+    cutoff = chaos_ended - timedelta(seconds=LEASE * 2)
+    for proc in schedulers:
+        proc.terminate()
+    for proc in schedulers:
+        assert proc.wait(timeout=20) == 0, processes.log_of(proc)[-3000:]
+
+    job_ids = [j.id for j in jobs]
+    wait_until(
+        lambda: not JobRun.objects.filter(job_id__in=job_ids, status__in=ACTIVE_STATUSES).exists(),
+        timeout=60,
+        what="every dispatched run to finish",
+    )
+    for proc in executors:
+        proc.terminate()
+    for proc in executors:
+        assert proc.wait(timeout=30) == 0, processes.log_of(proc)[-3000:]
+
+    runs = list(JobRun.objects.filter(job_id__in=job_ids).values_list(
+        "job_id", "scheduled_at", "status", "attempt", "trigger", "attempts"
+    ))
+    keys = Counter((job_id, at) for job_id, at, *_ in runs)
+
+    # Exactly once: nothing duplicated, nothing missing up to the cutoff, nothing off the grid.
+    assert not [k for k, n in keys.items() if n > 1]
+    expected = expected_interval_slots(jobs, cutoff=cutoff)
+    assert len(expected) > 3000
+    assert expected - set(keys) == set(), "missing occurrences"
+    grid_end = expected_interval_slots(jobs, cutoff=chaos_ended + timedelta(seconds=30))
+    assert set(keys) - grid_end == set(), "occurrences that are not slots of their job"
+    assert {r[4] for r in runs} == {"schedule"}
+
+    # Every run finished well, and its stored result is its final attempt's.
+    assert Counter(r[2] for r in runs) == {"succeeded": len(runs)}
+    reclaimed = 0
+    for job_id, at, _status, attempt, _trigger, history in runs:
+        numbers = [e["attempt"] for e in history]
+        assert numbers == sorted(set(numbers)), (job_id, at, history)
+        expired = {e["attempt"] for e in history if e["outcome"] == "lease expired"}
+        reclaimed += len(expired)
+        written_by_worker = {e["attempt"] for e in history if e["outcome"] in WORKER_OUTCOMES}
+        assert not expired & written_by_worker, f"a fenced-off attempt wrote a result: {history}"
+        successes = [e for e in history if e["outcome"] == "succeeded"]
+        assert [e["attempt"] for e in successes] == [attempt], (job_id, at, history)
+
+    # The chaos really fenced executors off: attempts were reclaimed, and the stalled
+    # executors noticed after SIGCONT instead of writing.
+    assert reclaimed > 0
+    assert any("fenced" in processes.log_of(p) for p in stalled_executors)
+
+    # The target saw every final attempt under the run's idempotency key.
+    seen = {(r.headers["idempotency-key"], int(r.headers["x-run-attempt"])) for r in http_target.received()}
+    missing = [
+        (job_id, at) for job_id, at, _s, attempt, *_ in runs if (run_key(job_id, at), attempt) not in seen
+    ]
+    assert missing == []
+    assert not JobRun.objects.filter(Q(job_id__in=job_ids) & ~Q(trigger="schedule")).exists()
