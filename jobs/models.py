@@ -103,13 +103,27 @@ class Job(models.Model):
             models.CheckConstraint(
                 name="jobs_exactly_one_trigger",
                 condition=(
-                    (models.Q(cron_expr__gt="") & models.Q(interval_seconds__isnull=True) & models.Q(run_at__isnull=True))
-                    | (models.Q(cron_expr="") & models.Q(interval_seconds__isnull=False) & models.Q(run_at__isnull=True))
-                    | (models.Q(cron_expr="") & models.Q(interval_seconds__isnull=True) & models.Q(run_at__isnull=False))
+                    (
+                        models.Q(cron_expr__gt="")
+                        & models.Q(interval_seconds__isnull=True)
+                        & models.Q(run_at__isnull=True)
+                    )
+                    | (
+                        models.Q(cron_expr="")
+                        & models.Q(interval_seconds__isnull=False)
+                        & models.Q(run_at__isnull=True)
+                    )
+                    | (
+                        models.Q(cron_expr="")
+                        & models.Q(interval_seconds__isnull=True)
+                        & models.Q(run_at__isnull=False)
+                    )
                 ),
             ),
             models.CheckConstraint(name="jobs_priority_range", condition=models.Q(priority__lte=9)),
-            models.CheckConstraint(name="jobs_interval_positive", condition=models.Q(interval_seconds__gte=1)),
+            models.CheckConstraint(
+                name="jobs_interval_positive", condition=models.Q(interval_seconds__gte=1)
+            ),
         ]
 
     def __str__(self) -> str:
@@ -138,6 +152,9 @@ class Misfire(models.Model):
     class Meta:
         db_table = "job_misfires"
         ordering = ["-detected_at"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.missed_count} missed ({self.policy})"
 
 
 class SchedulerNode(models.Model):

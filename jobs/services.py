@@ -238,9 +238,15 @@ def backfill_job(*, job: Job, start: datetime, end: datetime) -> list[datetime]:
     """One run per slot in [start, end], capped; existing occurrences are left alone."""
     if job.run_at is not None:
         raise ServiceError("start", "a one-time job has no slots to backfill")
-    slots = slots_between(job, after=start - timedelta(microseconds=1), until=end, limit=MAX_BACKFILL_RUNS + 1)
+    slots = slots_between(
+        job, after=start - timedelta(microseconds=1), until=end, limit=MAX_BACKFILL_RUNS + 1
+    )
     if len(slots) > MAX_BACKFILL_RUNS:
-        raise ServiceError("end", f"the range holds more than {MAX_BACKFILL_RUNS} slots; backfill a shorter range")
-    inserted = enqueue_runs([run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in slots])
+        raise ServiceError(
+            "end", f"the range holds more than {MAX_BACKFILL_RUNS} slots; backfill a shorter range"
+        )
+    inserted = enqueue_runs(
+        [run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in slots]
+    )
     notify_executors()
     return [run.scheduled_at for run in inserted]

@@ -43,13 +43,17 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
         literal = None
     if literal is not None:
         if not is_public_address(str(literal)):
-            raise UnsafeTarget(f"{host} is a loopback/private/link-local address; private targets are not allowed")
+            raise UnsafeTarget(
+                f"{host} is a loopback/private/link-local address; private targets are not allowed"
+            )
         return
     if not resolve:
         return
     for address in resolve_host(host, parts.port or (443 if parts.scheme == "https" else 80)):
         if not is_public_address(address):
-            raise UnsafeTarget(f"'{host}' resolves to {address}, a private address; private targets are not allowed")
+            raise UnsafeTarget(
+                f"'{host}' resolves to {address}, a private address; private targets are not allowed"
+            )
 
 
 def resolve_host(host: str, port: int) -> list[str]:

@@ -107,7 +107,9 @@ def _create_day(cursor, day: date) -> int:
     name = partition_name(day)
     lower = datetime(day.year, day.month, day.day, tzinfo=UTC)
     upper = lower + timedelta(days=1)
-    cursor.execute(f"SELECT 1 FROM {DEFAULT} WHERE scheduled_at >= %s AND scheduled_at < %s LIMIT 1", [lower, upper])
+    cursor.execute(
+        f"SELECT 1 FROM {DEFAULT} WHERE scheduled_at >= %s AND scheduled_at < %s LIMIT 1", [lower, upper]
+    )
     if cursor.fetchone() is None:
         cursor.execute(
             f"CREATE TABLE {name} PARTITION OF {PARENT} FOR VALUES FROM (%s) TO (%s)", [lower, upper]
@@ -124,7 +126,9 @@ def _create_day(cursor, day: date) -> int:
         [lower, upper],
     )
     moved = cursor.rowcount
-    cursor.execute(f"ALTER TABLE {PARENT} ATTACH PARTITION {name} FOR VALUES FROM (%s) TO (%s)", [lower, upper])
+    cursor.execute(
+        f"ALTER TABLE {PARENT} ATTACH PARTITION {name} FOR VALUES FROM (%s) TO (%s)", [lower, upper]
+    )
     return moved
 
 

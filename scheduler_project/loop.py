@@ -42,7 +42,7 @@ class Loop:
         self._wake.set()
 
     def install_signal_handlers(self) -> None:
-        def handle(signum: int, frame) -> None:  # noqa: ARG001
+        def handle(signum: int, frame) -> None:
             if self.stopping.is_set():
                 log.warning("second %s: exiting now", signal.Signals(signum).name)
                 os._exit(128 + signum)

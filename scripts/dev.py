@@ -28,8 +28,12 @@ def ensure_database() -> bool:
     if os.environ.get("DATABASE_URL"):
         log("using DATABASE_URL from the environment")
         return False
-    already = subprocess.run([sys.executable, "scripts/embedded_pg.py", "url"], cwd=ROOT, capture_output=True, text=True)
-    result = subprocess.run([sys.executable, "scripts/embedded_pg.py", "start"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    already = subprocess.run(
+        [sys.executable, "scripts/embedded_pg.py", "url"], cwd=ROOT, capture_output=True, text=True
+    )
+    result = subprocess.run(
+        [sys.executable, "scripts/embedded_pg.py", "start"], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
     if result.returncode != 0:
         sys.exit(result.returncode)
     os.environ["DATABASE_URL"] = result.stdout.strip().splitlines()[-1]
@@ -61,7 +65,7 @@ def run() -> int:
     children: list[subprocess.Popen] = []
     stopping = False
 
-    def stop(signum, frame):  # noqa: ARG001
+    def stop(signum, frame):
         nonlocal stopping
         stopping = True
 
@@ -76,9 +80,21 @@ def run() -> int:
         # Children get their own process group so a terminal Ctrl-C reaches only us;
         # we then stop them in order and wait, which is what makes shutdown clean.
         popen = {"cwd": ROOT, "start_new_session": True}
-        children.append(subprocess.Popen(
-            [str(Path(PY).parent / "gunicorn"), "scheduler_project.wsgi", "--bind", f"127.0.0.1:{port}",
-             "--workers", os.environ.get("WEB_WORKERS", "2"), "--access-logfile", "-"], **popen))
+        children.append(
+            subprocess.Popen(
+                [
+                    str(Path(PY).parent / "gunicorn"),
+                    "scheduler_project.wsgi",
+                    "--bind",
+                    f"127.0.0.1:{port}",
+                    "--workers",
+                    os.environ.get("WEB_WORKERS", "2"),
+                    "--access-logfile",
+                    "-",
+                ],
+                **popen,
+            )
+        )
         for _ in range(int(os.environ.get("SCHEDULERS", "2"))):
             children.append(subprocess.Popen([PY, "manage.py", "run_scheduler"], **popen))
         for _ in range(int(os.environ.get("EXECUTORS", "2"))):
@@ -91,7 +107,8 @@ def run() -> int:
         while not stopping:
             for child in children:
                 if child.poll() is not None:
-                    log(f"{child.args[1] if len(child.args) > 1 else child.args[0]} exited with {child.returncode}; stopping")
+                    name = " ".join(str(a) for a in child.args[1:3])
+                    log(f"{name} exited with {child.returncode}; stopping everything")
                     stopping = True
             time.sleep(0.5)
     finally:
@@ -111,10 +128,14 @@ def run() -> int:
 
 
 def test(args: list[str]) -> int:
-    ensure_database()
-    # Files are the unit of distribution: module-scoped fixtures stay in one worker.
-    workers = ["-n", os.environ.get("PYTEST_WORKERS", "auto"), "--dist", "loadfile"]
-    result = subprocess.run([PY, "-m", "pytest", *workers, *args], cwd=ROOT)
+    started_db = ensure_database()
+    try:
+        # Files are the unit of distribution: module-scoped fixtures stay in one worker.
+        workers = ["-n", os.environ.get("PYTEST_WORKERS", "auto"), "--dist", "loadfile"]
+        result = subprocess.run([PY, "-m", "pytest", *workers, *args], cwd=ROOT)
+    finally:
+        if started_db:
+            stop_database()
     if result.returncode == 5:
         log("pytest collected no tests; that is a failure here")
         return 1
@@ -122,9 +143,13 @@ def test(args: list[str]) -> int:
 
 
 def bench(args: list[str]) -> int:
-    ensure_database()
-    manage("migrate", "--noinput", stdout=subprocess.DEVNULL)
-    return subprocess.run([PY, "-m", "bench", *args], cwd=ROOT).returncode
+    started_db = ensure_database()
+    try:
+        manage("migrate", "--noinput", stdout=subprocess.DEVNULL)
+        return subprocess.run([PY, "-m", "bench", *args], cwd=ROOT).returncode
+    finally:
+        if started_db:
+            stop_database()
 
 
 if __name__ == "__main__":

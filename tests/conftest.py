@@ -70,7 +70,7 @@ class Processes:
 
     def start(self, *args: str, env: dict | None = None) -> subprocess.Popen:
         name = f"{args[0]}-{len(self.children)}"
-        log = open(self.log_dir / f"{name}.log", "wb")  # noqa: SIM115 - closed with the process
+        log = open(self.log_dir / f"{name}.log", "wb")
         proc = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), *args],
             cwd=ROOT,

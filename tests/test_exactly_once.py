@@ -47,7 +47,9 @@ def make_jobs(tenant, http_target) -> list[Job]:
     )
     fast = bulk_interval_jobs(
         tenant,
-        anchors_and_intervals=[(base + timedelta(milliseconds=rng.randrange(3000)), rng.randint(2, 4)) for _ in range(300)],
+        anchors_and_intervals=[
+            (base + timedelta(milliseconds=rng.randrange(3000)), rng.randint(2, 4)) for _ in range(300)
+        ],
         **common,
     )
     # Calls of two seconds: a stalled executor is always caught with some in flight.
@@ -112,9 +114,11 @@ def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tena
     for proc in executors:
         assert proc.wait(timeout=30) == 0, processes.log_of(proc)[-3000:]
 
-    runs = list(JobRun.objects.filter(job_id__in=job_ids).values_list(
-        "job_id", "scheduled_at", "status", "attempt", "trigger", "attempts"
-    ))
+    runs = list(
+        JobRun.objects.filter(job_id__in=job_ids).values_list(
+            "job_id", "scheduled_at", "status", "attempt", "trigger", "attempts"
+        )
+    )
     keys = Counter((job_id, at) for job_id, at, *_ in runs)
 
     # Exactly once: nothing duplicated, nothing missing up to the cutoff, nothing off the grid.

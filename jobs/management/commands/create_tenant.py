@@ -6,13 +6,17 @@ from jobs.services import create_tenant, issue_token
 
 
 class Command(BaseCommand):
-    help = "Create a tenant (or a new token for an existing one with --new-token). The token is the last line."
+    help = (
+        "Create a tenant (or a new token for an existing one with --new-token). The token is the last line."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("slug")
         parser.add_argument("--name", default="")
         parser.add_argument("--max-concurrency", type=int, default=10)
-        parser.add_argument("--new-token", action="store_true", help="issue another token for an existing tenant")
+        parser.add_argument(
+            "--new-token", action="store_true", help="issue another token for an existing tenant"
+        )
 
     def handle(self, slug, name, max_concurrency, new_token, **options):
         if max_concurrency < 1:
@@ -26,6 +30,8 @@ class Command(BaseCommand):
             try:
                 tenant, token = create_tenant(slug=slug, name=name, max_concurrency=max_concurrency)
             except IntegrityError as exc:
-                raise CommandError(f"tenant '{slug}' already exists (use --new-token for another token)") from exc
+                raise CommandError(
+                    f"tenant '{slug}' already exists (use --new-token for another token)"
+                ) from exc
         self.stdout.write(f"tenant {tenant.slug} (max_concurrency={tenant.max_concurrency}); API token:")
         self.stdout.write(token)
