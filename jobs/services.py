@@ -175,7 +175,7 @@ def update_job(*, job: Job, changes: dict, now: datetime | None = None) -> Job:
         setattr(job, name, value)
     if schedule_changed:
         job.next_run_at = None
-        job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now)
+        job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now.replace(microsecond=0))
     job.save()
     return job
 
@@ -218,6 +218,9 @@ def resume_job(*, job: Job, catch_up: str = "none", now: datetime | None = None)
 
 @transaction.atomic
 def delete_job(*, job: Job) -> None:
+    # Lock the job first: a scheduler batch holding it may be inserting a run right
+    # now, which a runs DELETE issued before that batch commits would not see.
+    Job.objects.select_for_update().filter(pk=job.pk).first()
     # Runs have no database FK (the table is partitioned); remove them in one statement.
     JobRun.objects.filter(job_id=job.pk)._raw_delete(JobRun.objects.db)
     job.misfires.all().delete()
@@ -226,11 +229,20 @@ def delete_job(*, job: Job) -> None:
 
 @transaction.atomic
 def trigger_job(*, job: Job, now: datetime | None = None) -> datetime:
-    """Queue a manual run now; its scheduled_at is the request time (microseconds keep it unique)."""
-    now = now or timezone.now()
-    enqueue_runs([run_for(job, scheduled_at=now, trigger="manual", overlap_check=False)])
+    """Queue a manual run now and return its scheduled_at (the request time).
+
+    If that instant is already an occurrence (a scheduled slot on a whole second, or
+    a second trigger in the same microsecond) the manual run moves a microsecond on,
+    so it neither replaces that run nor is silently dropped.
+    """
+    moment = now or timezone.now()
+    if moment.microsecond == 0:
+        # Cron and interval slots fall on whole seconds; a manual run never takes one.
+        moment += timedelta(microseconds=1)
+    while not enqueue_runs([run_for(job, scheduled_at=moment, trigger="manual", overlap_check=False)]):
+        moment += timedelta(microseconds=1)
     notify_executors()
-    return now
+    return moment
 
 
 @transaction.atomic
@@ -238,6 +250,16 @@ def backfill_job(*, job: Job, start: datetime, end: datetime) -> list[datetime]:
     """One run per slot in [start, end], capped; existing occurrences are left alone."""
     if job.run_at is not None:
         raise ServiceError("start", "a one-time job has no slots to backfill")
+    now = timezone.now()
+    if end > now:
+        # A future slot queued now would run early and take the key of the real run.
+        raise ServiceError("end", "backfill covers past slots only; end is in the future")
+    oldest = now - timedelta(days=settings.RUN_RETENTION_DAYS)
+    if start < oldest:
+        raise ServiceError(
+            "start",
+            f"runs older than RUN_RETENTION_DAYS ({settings.RUN_RETENTION_DAYS}) would be dropped at once",
+        )
     slots = slots_between(
         job, after=start - timedelta(microseconds=1), until=end, limit=MAX_BACKFILL_RUNS + 1
     )

@@ -130,6 +130,11 @@ def check_target(target: Any, *, allow_private: bool) -> dict:
     """Return the target with defaults filled in, or raise ValueError with all problems."""
     if not isinstance(target, dict):
         raise ValueError('Target must be an object with a "type" of "http" or "task".')
+    bad = _unstorable_text(target)
+    if bad:
+        # PostgreSQL jsonb cannot hold NUL, and a lone surrogate cannot even be encoded
+        # to UTF-8 for the error message; refuse both before anything echoes them.
+        raise ValueError(f"{bad}: contains a NUL character or invalid Unicode (a lone surrogate).")
     kind = target.get("type")
     if kind not in TARGET_TYPES:
         raise ValueError(f'Unknown target type {kind!r}; use "http" or "task".')
@@ -150,6 +155,29 @@ def check_target(target: Any, *, allow_private: bool) -> dict:
     return clean
 
 
+def _unstorable_text(value: Any, path: str = "target") -> str | None:
+    """Path of the first string (key or value) that jsonb cannot store, if any."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return path
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _unstorable_text(key, path) or _unstorable_text(item, f"{path}.{key}")
+            if found:
+                return found.encode(errors="replace").decode()
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _unstorable_text(item, f"{path}[{index}]")
+            if found:
+                return found
+    return None
+
+
 def _http_target(target: dict, allow_private: bool, problems: list[str]) -> dict:
     url = target.get("url")
     if not isinstance(url, str) or not url.strip():
@@ -161,6 +189,8 @@ def _http_target(target: dict, allow_private: bool, problems: list[str]) -> dict
             # the executor re-checks the resolved address at connect time.
             check_url(url, allow_private=allow_private, resolve=False)
         except UnsafeTarget as exc:
+            problems.append(f"url: {exc}.")
+        except ValueError as exc:  # urlsplit: a port out of range, a malformed IPv6 host
             problems.append(f"url: {exc}.")
     method = target.get("method", "POST")
     if not isinstance(method, str) or method.upper() not in HTTP_METHODS:

@@ -29,9 +29,15 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
     With resolve=False only literal addresses and obviously-local names are judged
     (used at save time so an unresolvable name does not fail a create).
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # a port out of range, a malformed IPv6 literal
+        raise UnsafeTarget(f"is not a valid URL ({exc})") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UnsafeTarget("must be an http:// or https:// URL with a host")
+    if port == 0:
+        raise UnsafeTarget("port 0 is not a valid target port")
     if allow_private:
         return
     host = parts.hostname.rstrip(".").lower()
@@ -49,7 +55,7 @@ def check_url(url: str, *, allow_private: bool, resolve: bool = True) -> None:
         return
     if not resolve:
         return
-    for address in resolve_host(host, parts.port or (443 if parts.scheme == "https" else 80)):
+    for address in resolve_host(host, port or (443 if parts.scheme == "https" else 80)):
         if not is_public_address(address):
             raise UnsafeTarget(
                 f"'{host}' resolves to {address}, a private address; private targets are not allowed"

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 PARENT = "job_runs"
 DEFAULT = "job_runs_default"
+ACTIVE_SQL = "('queued', 'running', 'retrying')"
 _NAME = re.compile(r"^job_runs_p(\d{8})$")
 
 CREATE_PARENT_SQL = """
@@ -150,10 +151,16 @@ def maintain(*, days_ahead: int = 7, retention_days: int, today: date | None = N
         oldest_kept = today - timedelta(days=retention_days)
         for day in sorted(have):
             if day < oldest_kept:
-                cursor.execute(f"DROP TABLE {partition_name(day)}")
-                dropped.append(partition_name(day))
+                # A day still holding a queued, running or retrying run (a long retry
+                # chain, a replay) is kept until that run is final; dropping it would
+                # lose the run and fence its executor for no reason.
+                name = partition_name(day)
+                cursor.execute(f"SELECT 1 FROM {name} WHERE status IN {ACTIVE_SQL} LIMIT 1")
+                if cursor.fetchone() is None:
+                    cursor.execute(f"DROP TABLE {name}")
+                    dropped.append(name)
         cursor.execute(
-            f"DELETE FROM {DEFAULT} WHERE scheduled_at < %s",
+            f"DELETE FROM {DEFAULT} WHERE scheduled_at < %s AND status NOT IN {ACTIVE_SQL}",
             [datetime(oldest_kept.year, oldest_kept.month, oldest_kept.day, tzinfo=UTC)],
         )
     if created or dropped:

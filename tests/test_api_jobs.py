@@ -271,12 +271,14 @@ def test_trigger_creates_a_manual_run(api):
 def test_backfill_inserts_one_run_per_slot_once(api):
     job = create(api, cron="0 * * * *")
     window = {"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T05:00:00Z"}
-    first = api.post(f"{JOBS}{job['id']}/backfill", window, format="json")
+    with travel("2026-01-02T00:00:00Z"):
+        first = api.post(f"{JOBS}{job['id']}/backfill", window, format="json")
     assert first.status_code == 200, first.content
     assert first.json()["created"] == 6
     assert first.json()["scheduled_at"][0] == "2026-01-01T00:00:00Z"
     assert first.json()["scheduled_at"][-1] == "2026-01-01T05:00:00Z"
-    second = api.post(f"{JOBS}{job['id']}/backfill/", window, format="json")
+    with travel("2026-01-02T00:00:00Z"):
+        second = api.post(f"{JOBS}{job['id']}/backfill/", window, format="json")
     assert second.status_code == 200 and second.json()["created"] == 0
     runs = JobRun.objects.filter(job_id=job["id"])
     assert runs.count() == 6 and {r.trigger for r in runs} == {"backfill"}
@@ -292,11 +294,17 @@ def test_backfill_inserts_one_run_per_slot_once(api):
         # 1,441 minutely slots: over the backfill cap.
         ({"start": "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00Z"}, "end"),
         ({"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T01:00:00Z", "extra": 1}, "extra"),
+        # Future slots would run early and take the keys of the real runs.
+        ({"start": "2026-01-09T00:00:00Z", "end": "2026-01-10T00:10:00Z"}, "end"),
+        # Older than RUN_RETENTION_DAYS: the runs would be dropped with their partition.
+        ({"start": "2025-11-01T00:00:00Z", "end": "2025-11-01T00:10:00Z"}, "start"),
+        ({"start": "0001-01-01T00:00:00Z", "end": "0001-01-01T00:10:00Z"}, "start"),
     ],
 )
 def test_backfill_bad_input_is_400_and_inserts_nothing(api, payload, field):
     job = create(api, cron="* * * * *")
-    response = api.post(f"{JOBS}{job['id']}/backfill", payload, format="json")
+    with travel("2026-01-10T00:00:00Z"):
+        response = api.post(f"{JOBS}{job['id']}/backfill", payload, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()
     assert JobRun.objects.filter(job_id=job["id"]).count() == 0

@@ -121,6 +121,11 @@ BAD_BODIES = [
         body(retry_backoff_seconds=100, retry_backoff_cap_seconds=50),
         "retry_backoff_cap_seconds",
     ),
+    # jsonb cannot store NUL; the port must be a real one.
+    ("target-nul-in-body", body(target=http(body="a\x00b")), "target"),
+    ("target-nul-in-header", body(target=http(headers={"X-A": "a\x00"})), "target"),
+    ("target-port-too-big", body(target=http(url="https://example.com:99999/hook")), "target"),
+    ("target-port-zero", body(target=http(url="https://example.com:0/hook")), "target"),
 ]
 
 
@@ -284,3 +289,18 @@ def test_two_triggers_message_uses_api_names(api):
     assert response.json()["schedule"] == [
         "Set exactly one of cron, interval_seconds or run_at (got cron, interval_seconds)."
     ]
+
+
+@pytest.mark.parametrize("where", ["body", "url", "kwargs"])
+def test_lone_surrogate_in_target_is_400_not_500(api, where):
+    # Raw JSON: a \ud800 escape decodes to a string that cannot be encoded as UTF-8.
+    target = {
+        "body": '{"type": "http", "url": "https://example.com/h", "body": "\\ud800"}',
+        "url": '{"type": "http", "url": "https://example.com/\\ud800"}',
+        "kwargs": '{"type": "task", "name": "noop", "kwargs": {"k": "\\ud800"}}',
+    }[where]
+    raw = '{"name": "s", "interval_seconds": 60, "target": ' + target + "}"
+    response = api.generic("POST", JOBS, raw.encode(), content_type="application/json")
+    assert response.status_code == 400, response.content
+    assert "target" in response.json()
+    assert Job.objects.count() == 0
