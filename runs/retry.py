@@ -97,6 +97,10 @@ def decide(
 
 
 def truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """Storable error text: jsonb and text columns reject NUL, and a lone surrogate
+    cannot be encoded; one such byte in a response body must not fail the whole
+    outcome batch of an executor."""
+    text = text.replace("\x00", "\ufffd").encode("utf-8", errors="replace").decode("utf-8")
     if len(text) <= limit:
         return text
     return text[: limit - 1] + "…"
