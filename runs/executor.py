@@ -45,6 +45,9 @@ WRITE_BATCH = 500
 REAP_EVERY_SECONDS = 1.0
 HEARTBEAT_TICK_SECONDS = 0.25
 RECONNECT_DELAY_SECONDS = 1.0
+# Generic plans are kept per connection (see queue.connect_async); re-plan this often
+# so a plan made when the queue was small does not outlive the backlog's arrival.
+REPLAN_SECONDS = 5.0
 
 
 @dataclass
@@ -97,6 +100,7 @@ class Executor:
     def __post_init__(self) -> None:
         self._signals = False
         self._inflight: dict[RunKey, InFlight] = {}
+        self._calls = 0  # runs of _inflight whose call has not returned yet
         self._results: list[tuple[InFlight, queue.Completion]] = []
         self._alerter = Alerter(webhook_url=self.webhook_url)
 
@@ -190,13 +194,16 @@ class Executor:
 
     async def _claim_loop(self, *, once: bool) -> None:
         next_reap = 0.0
+        next_replan = time.monotonic() + REPLAN_SECONDS
         while not self._stopping.is_set():
             self._wake.clear()
-            free = self.concurrency - len(self._inflight)
-            limit = min(free, self.claim_batch)
+            limit = min(self._free_slots(), self.claim_batch)
             claimed: list[queue.ClaimedRun] = []
             if limit > 0:
                 try:
+                    if time.monotonic() >= next_replan:
+                        await queue.replan(self._claim_conn)
+                        next_replan = time.monotonic() + REPLAN_SECONDS
                     if time.monotonic() >= next_reap:
                         self._reaped(await queue.reap_expired_leases(self._claim_conn))
                         next_reap = time.monotonic() + REAP_EVERY_SECONDS
@@ -205,6 +212,9 @@ class Executor:
                     log.warning("claim failed (%s); reconnecting", exc)
                     self._claim_conn = await self._reconnect(self._claim_conn)
                     continue
+                if not claimed:
+                    # Plans made now see an empty queue; make them again when work comes.
+                    next_replan = 0.0
                 for run in claimed:
                     self._start(run)
             if once:
@@ -215,6 +225,16 @@ class Executor:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
             except TimeoutError:
                 pass
+
+    def _free_slots(self) -> int:
+        """Runs we may claim now.
+
+        `concurrency` bounds calls, not rows awaiting their outcome write: a slot frees
+        when the call returns, so the next claim overlaps the previous outcomes' write
+        instead of waiting for it. Outcomes not yet written are bounded separately so
+        a stuck writer stops the claiming too.
+        """
+        return min(self.concurrency - self._calls, self.concurrency + self.claim_batch - len(self._inflight))
 
     def _reaped(self, reaped: list[queue.ReapedRun]) -> None:
         for run in reaped:
@@ -245,7 +265,13 @@ class Executor:
         entry = InFlight(run=run, started_monotonic=time.monotonic(), started_wall=datetime.now(UTC))
         self._inflight[entry.key] = entry
         self._next_beat = min(self._next_beat, time.monotonic() + run.lease_seconds / 3)
+        self._calls += 1
         entry.task = asyncio.create_task(self._execute(entry))
+        entry.task.add_done_callback(self._call_done)
+
+    def _call_done(self, _task: asyncio.Task) -> None:
+        self._calls -= 1
+        self._wake.set()  # a slot is free: claim again without waiting for the write
 
     # --- executing -----------------------------------------------------------------
 
@@ -304,10 +330,17 @@ class Executor:
     # --- writing outcomes ----------------------------------------------------------
 
     async def _writer(self) -> None:
+        next_replan = time.monotonic() + REPLAN_SECONDS
         while True:
             await self._results_ready.wait()
             self._results_ready.clear()
             while self._results:
+                if time.monotonic() >= next_replan:
+                    try:
+                        await queue.replan(self._write_conn)
+                    except psycopg.Error:
+                        pass  # the write below finds out and reconnects
+                    next_replan = time.monotonic() + REPLAN_SECONDS
                 batch = self._results[:WRITE_BATCH]
                 del self._results[:WRITE_BATCH]
                 for entry, _ in batch:

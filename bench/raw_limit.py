@@ -1,0 +1,123 @@
+"""The "limit" for executor throughput: a minimal raw-psycopg claim/complete loop.
+
+    DATABASE_URL=... .venv/bin/python bench/raw_limit.py [--runs 10000] [--batch 100]
+        [--workers 1 2]
+
+Each worker is one process with one connection doing, until the queue is empty:
+claim `batch` runs (`FOR UPDATE SKIP LOCKED` on the claim index, mark them running
+with attempt+1 and a lease, one statement, one commit), then mark them succeeded
+(fenced on attempt and status, one statement, one commit). No tenant limits, no
+overlap policies, no calls, no history entries: what PostgreSQL alone allows on this
+machine, to read next to bench/execute.py's numbers. The runs are the same rows
+bench/execute.py makes (same tenant, same INSERT), so table and indexes match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings")
+
+CLAIM_SQL = """
+WITH picked AS (
+    SELECT id, scheduled_at FROM job_runs
+    WHERE tenant_id = %(tenant)s AND status IN ('queued', 'retrying') AND not_before <= now()
+    ORDER BY priority DESC, scheduled_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE job_runs r SET status = 'running', attempt = r.attempt + 1, owner = %(owner)s,
+    started_at = now(), lease_until = now() + r.lease_seconds * interval '1 second'
+FROM picked p WHERE r.id = p.id AND r.scheduled_at = p.scheduled_at
+RETURNING r.id, r.scheduled_at, r.attempt
+"""
+
+DONE_SQL = """
+UPDATE job_runs r SET status = 'succeeded', finished_at = now(), lease_until = NULL, result_code = 200
+FROM unnest(%s::bigint[], %s::timestamptz[], %s::integer[]) AS d(id, scheduled_at, attempt)
+WHERE r.id = d.id AND r.scheduled_at = d.scheduled_at AND r.attempt = d.attempt AND r.status = 'running'
+"""
+
+
+def worker(conninfo: str, tenant: int, batch: int, start, done) -> None:
+    import psycopg
+
+    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=0) as conn:
+        start.wait()
+        claimed = 0
+        params = {"tenant": tenant, "batch": batch, "owner": f"raw:{os.getpid()}"}
+        while True:
+            rows = conn.execute(CLAIM_SQL, params).fetchall()
+            if not rows:
+                break
+            claimed += len(rows)
+            conn.execute(DONE_SQL, [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]])
+        done.put(claimed)
+
+
+def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
+    from bench.execute import clear, enqueue, finished
+    from runs.queue import database_conninfo
+
+    clear(tenant)
+    enqueue(tenant, runs, {"type": "task", "name": "noop", "kwargs": {}})
+    ctx = multiprocessing.get_context("spawn")
+    start, done = ctx.Event(), ctx.Queue()
+    procs = [
+        ctx.Process(target=worker, args=(database_conninfo(), tenant, batch, start, done))
+        for _ in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    time.sleep(1.0)  # connections up; the clock measures the drain only
+    began = time.monotonic()
+    start.set()
+    total = sum(done.get(timeout=600) for _ in procs)
+    elapsed = time.monotonic() - began
+    for p in procs:
+        p.join()
+    ok, _ = finished(tenant)
+    clear(tenant)
+    if total != runs or ok != runs:
+        raise RuntimeError(f"claimed {total}, finished {ok}, expected {runs}")
+    return {
+        "workers": workers,
+        "batch": batch,
+        "runs": runs,
+        "seconds": round(elapsed, 2),
+        "runs_per_s": round(runs / elapsed),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args()
+
+    import django
+
+    django.setup()
+    from bench.execute import tenant_id
+
+    tenant = tenant_id()
+    results = [measure(tenant, args.runs, args.batch, w) for w in args.workers]
+    print("| raw limit (claim+complete, no calls) | workers | batch | runs | runs/s | seconds |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        cells = ["raw psycopg loop", r["workers"], r["batch"], r["runs"], r["runs_per_s"], r["seconds"]]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
