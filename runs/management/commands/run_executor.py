@@ -1,4 +1,4 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from runs.executor import Executor
 
@@ -8,7 +8,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--once", action="store_true", help="Claim one batch, run it to the end, exit.")
-        parser.add_argument("--concurrency", type=int, default=32, help="Most runs in flight (default 32).")
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=32,
+            help="Most target calls in flight at once (default 32).",
+        )
         parser.add_argument(
             "--grace-seconds",
             type=float,
@@ -17,8 +22,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, once: bool, concurrency: int, grace_seconds: float, **options) -> None:
-        executor = Executor.from_settings(
-            concurrency=max(1, concurrency), grace_seconds=max(0.0, grace_seconds)
-        )
+        if concurrency < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if grace_seconds < 0:
+            raise CommandError("--grace-seconds cannot be negative")
+        executor = Executor.from_settings(concurrency=concurrency, grace_seconds=grace_seconds)
         executor.install_signal_handlers()
         executor.run(once=once)
