@@ -14,7 +14,9 @@ $(VENV)/.installed: requirements.txt
 run: $(VENV)/.installed
 	@$(BIN)/python scripts/dev.py run
 
+# The console tests drive Debian's headless Chromium; as root it is installed if missing.
 test: $(VENV)/.installed
+	@bash scripts/ensure_chromium.sh
 	@$(BIN)/python scripts/dev.py test $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed

@@ -80,6 +80,7 @@ class JobAdmin(admin.ModelAdmin):
         except ValueError:
             return super().get_search_results(request, queryset, search_term)
         return queryset.filter(pk=job_id), False
+
     readonly_fields = ("id", "partition_id", "next_run_at", "schedule_text", "next_fire_times", "created_at")
     fieldsets = (
         (None, {"fields": ("tenant", "name", "paused", "priority")}),
@@ -211,7 +212,7 @@ class JobAdmin(admin.ModelAdmin):
                 return JsonResponse({"error": "Set exactly one of cron or interval."}, status=400)
         except ValueError as exc:
             return JsonResponse({"error": str(exc)}, status=400)
-        now = timezone.now()
+        now = timezone.now().replace(microsecond=0)  # whole seconds, as create_job anchors an interval
         times = fire_times(
             cron=cron,
             timezone=zone,

@@ -18,6 +18,7 @@ even a write racing that discovery is a no-op.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -347,6 +348,10 @@ class Executor:
                     entry.writing = True
                 try:
                     written = await queue.complete_runs(self._write_conn, [c for _, c in batch])
+                except psycopg.DataError as exc:
+                    # The database refuses the data itself: retrying the same batch would
+                    # fail forever and stop this executor recording anything.
+                    written = await self._write_one_by_one(batch, exc)
                 except psycopg.Error as exc:
                     log.warning("writing %d outcome(s) failed (%s); retrying", len(batch), exc)
                     self._results[:0] = batch
@@ -354,6 +359,24 @@ class Executor:
                     continue
                 self._written(batch, written)
             self._flushed.set()
+
+    async def _write_one_by_one(
+        self, batch: list[tuple[InFlight, queue.Completion]], error: psycopg.DataError
+    ) -> set[RunKey]:
+        """Write each outcome alone; one the database still refuses is stored without
+        its error text and response details, which are what it could not take."""
+        log.warning("writing %d outcome(s) was refused (%s); writing them one by one", len(batch), error)
+        written: set[RunKey] = set()
+        await self._write_conn.rollback()
+        for _, completion in batch:
+            for attempt in (completion, _scrubbed(completion, error)):
+                try:
+                    written |= await queue.complete_runs(self._write_conn, [attempt])
+                    break
+                except psycopg.DataError as exc:
+                    await self._write_conn.rollback()
+                    log.error("outcome of %s refused by the database: %s", completion.job_id, exc)
+        return written
 
     def _written(self, batch: list[tuple[InFlight, queue.Completion]], written: set[RunKey]) -> None:
         loop = asyncio.get_running_loop()
@@ -406,7 +429,10 @@ class Executor:
                 continue
             leases = [e.run.lease_seconds for e in self._inflight.values()]
             self._next_beat = now + max(min(leases) / 3, HEARTBEAT_TICK_SECONDS)
-            keys = [key for key, e in self._inflight.items() if not e.writing]
+            # Runs whose outcome is waiting to be written keep their lease too: a slow
+            # write (a failover, a reconnect) must not let the run be reclaimed and
+            # executed again after the call already happened. The write decides them.
+            keys = list(self._inflight)
             try:
                 held = await queue.heartbeat_runs(self._beat_conn, keys)
             except psycopg.Error as exc:
@@ -497,3 +523,9 @@ class Executor:
             return
         self._written(batch, written)
         log.info("handed back %d unfinished run(s)", len(written))
+
+
+def _scrubbed(completion: queue.Completion, error: Exception) -> queue.Completion:
+    note = f"outcome details could not be stored ({type(error).__name__})"
+    entry = {**completion.entry, "error": note}
+    return dataclasses.replace(completion, error=note, entry=entry)

@@ -1,0 +1,306 @@
+"""The admin console in a real browser (Debian's headless Chromium via Playwright) against
+pytest-django's live server: login form, changelist search/filters/actions, the change
+form's live cron preview (the only JavaScript of ours), the dead-letter queue and the
+operations dashboard. The Django test client sees none of the JS, CSS or real form posts.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from jobs import services
+from jobs.models import Job, SchedulerNode
+from runs.models import JobRun
+from runs.queue import enqueue_runs
+from tests.support import browser as b
+
+HOOK = {"type": "http", "url": "https://example.com/hook"}
+SCREENSHOTS = {"dashboard": "/tmp/cronyard_dashboard.png", "job_change": "/tmp/cronyard_job_change.png"}
+
+
+@pytest.fixture(scope="module")
+def chromium():
+    with b.chromium() as browser:
+        yield browser
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    # The live server thread reads the same settings object.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def page(chromium, live_server):
+    """A fresh context (no cookies) per test; fails the test on a JS error or a missing asset."""
+    context = chromium.new_context(viewport={"width": 1280, "height": 900}, base_url=live_server.url)
+    context.set_default_timeout(b.TIMEOUT_MS)
+    page = context.new_page()
+    problems = b.PageProblems()
+    problems.watch(page)
+    yield page
+    context.close()
+    assert problems.js_errors == [], problems.js_errors
+    assert problems.failed_assets == [], problems.failed_assets
+
+
+@pytest.fixture
+def signed_in(page, live_server, admin_user):
+    b.log_in(page, live_server.url, "admin", "password")
+    expect(page.locator("#site-name")).to_be_visible()
+    return page
+
+
+@pytest.fixture
+def acme(transactional_db):
+    tenant, _ = services.create_tenant(slug="acme", name="Acme", max_concurrency=2)
+    return tenant
+
+
+def enqueue(job: Job, *slots: datetime) -> list[JobRun]:
+    with transaction.atomic():
+        enqueue_runs(
+            [services.run_for(job, scheduled_at=s, trigger="schedule", overlap_check=False) for s in slots]
+        )
+    return list(JobRun.objects.filter(job_id=job.id, scheduled_at__in=slots).order_by("scheduled_at"))
+
+
+def minutes_ago(*minutes: int) -> list[datetime]:
+    top = datetime.now(UTC).replace(second=0, microsecond=0)
+    return [top - timedelta(minutes=m) for m in minutes]
+
+
+def next_daily(now: datetime, hour: int, minute: int, weekday: int | None = None) -> datetime:
+    """First hour:minute UTC strictly after `now` (on `weekday`, Monday=0, if given)."""
+    at = now.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    while at <= now or (weekday is not None and at.weekday() != weekday):
+        at += timedelta(days=1)
+    return at
+
+
+def z(dt: datetime) -> str:
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_login_search_filter_and_pause_resume_actions(page, live_server, admin_user, acme):
+    services.create_job(tenant=acme, name="nightly export", cron_expr="30 2 * * *", target=HOOK)
+    poller = services.create_job(tenant=acme, name="poller", interval_seconds=60, target=HOOK)
+    services.create_job(
+        tenant=acme, name="one shot", run_at=timezone.now() + timedelta(days=30), target=HOOK, paused=True
+    )
+
+    # A wrong password stays on the form with Django's error; the right one lands on `next`.
+    page.goto("/admin/login/?next=/admin/jobs/job/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", "wrong")
+    page.click("input[type=submit]")
+    expect(page.locator(".errornote")).to_contain_text("correct username and password")
+    b.log_in(page, live_server.url, "admin", "password", next_path="/admin/jobs/job/")
+    assert page.url.endswith("/admin/jobs/job/")
+    assert sorted(b.listed_names(page)) == ["nightly export", "one shot", "poller"]
+    expect(b.row(page, "nightly export")).to_contain_text("30 2 * * *")
+
+    page.fill("#searchbar", "nightly")
+    page.press("#searchbar", "Enter")
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    assert b.listed_names(page) == ["nightly export"]
+
+    page.goto("/admin/jobs/job/")
+    page.locator("#changelist-filter details[data-filter-title='trigger type']").get_by_role(
+        "link", name="Interval"
+    ).click()
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    assert b.listed_names(page) == ["poller"]
+    assert "trigger=interval" in page.url
+    page.locator("#changelist-filter details[data-filter-title='paused']").get_by_role(
+        "link", name="Yes"
+    ).click()
+    expect(page.locator("#changelist-filter")).to_be_visible()
+    assert b.listed_names(page) == []  # the filters combine: no paused interval job
+
+    page.goto("/admin/jobs/job/?paused__exact=1")
+    assert b.listed_names(page) == ["one shot"]
+
+    page.goto("/admin/jobs/job/")
+    assert b.run_action(page, "pause_jobs", "poller") == [("success", "Paused 1 job(s).")]
+    poller.refresh_from_db()
+    assert poller.paused is True
+    expect(b.row(page, "poller").locator("td.field-paused img")).to_have_attribute("alt", "True")
+
+    assert b.run_action(page, "resume_jobs", "poller") == [("success", "Resumed 1 job(s).")]
+    poller.refresh_from_db()
+    assert poller.paused is False
+    assert poller.next_run_at > timezone.now() - timedelta(seconds=5)
+
+
+def test_change_page_preview_live_preview_and_validation(signed_in, acme):
+    page = signed_in
+    job = services.create_job(tenant=acme, name="nightly export", cron_expr="30 2 * * *", target=HOOK)
+    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+
+    # Server side: the saved schedule's next 5 fire times, computed here independently.
+    saved = page.locator(".field-next_fire_times ol.cronyard-preview li")
+    expect(saved).to_have_count(5)
+    first = next_daily(timezone.now(), 2, 30)
+    expected = [z(first + timedelta(days=i)) for i in range(5)]
+    assert [t.split()[0] for t in saved.all_inner_texts()] == expected
+
+    # Client side: typing a new expression refreshes the live box from the JSON endpoint.
+    # The script moves the box into the Schedule fieldset, next to the fields typed into.
+    live = page.locator("#cronyard-live-preview")
+    expect(page.locator("fieldset:has(#id_cron_expr) #cronyard-live-preview")).to_have_count(1)
+    expect(live).to_contain_text("Edit cron")
+    page.fill("#id_cron_expr", "15 4 * * 1")
+    expect(live.locator("li")).to_have_count(5)
+    monday = next_daily(timezone.now(), 4, 15, weekday=0)
+    expect(live.locator("li").first).to_contain_text(z(monday))
+    expect(live.locator("li").nth(1)).to_contain_text(z(monday + timedelta(days=7)))
+    expect(live.locator("p")).to_contain_text(re.compile("Monday", re.IGNORECASE))
+    page.screenshot(path=SCREENSHOTS["job_change"], full_page=True)
+    # The zone is part of the preview request: New York's 04:15 is 08:15 or 09:15 UTC.
+    page.fill("#id_time_zone", "America/New_York")
+    expect(live.locator("li").first).to_contain_text(re.compile(r"T(08|09):15:00Z"))
+    page.fill("#id_time_zone", "UTC")
+    expect(live.locator("li").first).to_contain_text(z(monday))
+    # An interval instead: its slots are whole seconds, as create_job anchors them.
+    page.fill("#id_cron_expr", "")
+    page.fill("#id_interval_seconds", "90")
+    expect(live.locator("p")).to_contain_text("90 seconds")
+    interval_slots = live.locator("li").all_inner_texts()
+    assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ", t) for t in interval_slots), interval_slots
+    page.fill("#id_interval_seconds", "")
+
+    # A bad expression: the live box says why, and saving is refused with nothing written.
+    page.fill("#id_cron_expr", "61 * * * *")
+    expect(live.locator("li")).to_have_count(0)
+    expect(live).not_to_be_empty()
+    live_error = live.inner_text()
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+    expect(page.locator(".errornote")).to_be_visible()
+    field_error = page.locator(".field-cron_expr .errorlist")
+    expect(field_error).not_to_be_empty()
+    assert page.input_value("#id_cron_expr") == "61 * * * *"
+    job.refresh_from_db()
+    assert (job.cron_expr, job.next_run_at) == ("30 2 * * *", first)
+    print(f"live preview error: {live_error!r}; form error: {field_error.inner_text()!r}")
+
+    # A good expression saves through the service: the new slot is the Monday one.
+    page.fill("#id_cron_expr", "15 4 * * 1")
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+    assert b.messages(page)[0][0] == "success"
+    job.refresh_from_db()
+    assert (job.cron_expr, job.next_run_at) == ("15 4 * * 1", monday)
+
+
+def test_dead_letter_queue_bulk_replay(signed_in, acme):
+    page = signed_in
+    job = services.create_job(tenant=acme, name="flaky export", interval_seconds=3600, target=HOOK)
+    dead, waiting = enqueue(job, *minutes_ago(5, 4))
+    JobRun.objects.filter(pk=dead.pk).update(
+        status="dead",
+        attempt=3,
+        result_code=500,
+        last_error="HTTP 500 from target",
+        finished_at=timezone.now(),
+    )
+
+    page.goto("/admin/runs/deadrun/")
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    expect(b.row(page, "flaky export")).to_contain_text("HTTP 500 from target")
+    expect(b.row(page, "flaky export")).to_contain_text(z(dead.scheduled_at))
+
+    messages = b.run_action(page, "replay_selected", "flaky export")
+    assert messages == [("success", "Replayed 1 run(s); ignored 0 that were not dead or cancelled.")]
+    dead.refresh_from_db()
+    waiting.refresh_from_db()
+    assert (dead.status, waiting.status) == ("queued", "queued")
+    expect(page.locator("#result_list")).to_have_count(0)  # the queue is empty now
+    expect(page.locator("#changelist .paginator")).to_contain_text("0 dead-letter queue")
+
+
+def test_dashboard_numbers_for_a_known_state(signed_in, acme):
+    page = signed_in
+    globex, _ = services.create_tenant(slug="globex", name="Globex", max_concurrency=5)
+    late = services.create_job(tenant=acme, name="late", interval_seconds=3600, target=HOOK)
+    paused = services.create_job(
+        tenant=acme, name="paused late", interval_seconds=3600, target=HOOK, paused=True
+    )
+    urgent = services.create_job(tenant=globex, name="urgent", interval_seconds=3600, target=HOOK, priority=5)
+    now = timezone.now()
+    Job.objects.filter(pk=late.pk).update(next_run_at=now - timedelta(seconds=120))
+    # Paused jobs are not late however old their slot: the lateness must stay ~120 s.
+    Job.objects.filter(pk=paused.pk).update(next_run_at=now - timedelta(seconds=900))
+
+    _queued, _queued_too, running = enqueue(late, *minutes_ago(3, 2, 1))
+    JobRun.objects.filter(pk=running.pk).update(
+        status="running", attempt=1, owner="exec-1", started_at=now, lease_until=now + timedelta(seconds=30)
+    )
+    _queued_urgent, dead, done = enqueue(urgent, *minutes_ago(6, 5, 4))
+    JobRun.objects.filter(pk=dead.pk).update(status="dead", attempt=5, finished_at=now)
+    JobRun.objects.filter(pk=done.pk).update(status="succeeded", attempt=1, finished_at=now)
+    SchedulerNode.objects.create(
+        node_id="node-a",
+        hostname="box1",
+        pid=4242,
+        started_at=now,
+        heartbeat_at=now,
+        partitions=list(range(200)),
+    )
+
+    page.goto("/admin/runs/jobrun/dashboard/")
+    expect(page.locator("h1")).to_have_text("Operations dashboard")
+
+    def metric(name: str) -> str:
+        return page.locator(f"[data-metric='{name}']").inner_text().strip()
+
+    assert 119 <= float(metric("oldest_due_seconds")) < 180
+    assert metric("due_jobs") == "1"
+    assert metric("dead_last_day") == "1"
+    assert metric("last_hour_total") == "6"
+    assert {s: metric(f"last_hour_{s}") for s in ("queued", "running", "dead", "succeeded", "retrying")} == {
+        "queued": "3",
+        "running": "1",
+        "dead": "1",
+        "succeeded": "1",
+        "retrying": "0",
+    }
+    assert (metric("live_nodes"), metric("unowned_partitions")) == ("1", "56")
+
+    depth = page.locator("#queue-depth table")
+    header = [t.strip() for t in depth.locator("thead th").all_text_contents()]
+    rows = {
+        r.get_attribute("data-priority"): dict(
+            zip(header[1:], r.locator("td").all_inner_texts()[1:], strict=True)
+        )
+        for r in depth.locator("tbody tr").all()
+    }
+    assert rows == {
+        "5": {"queued": "1", "running": "0", "retrying": "0", "total": "1"},
+        "0": {"queued": "2", "running": "1", "retrying": "0", "total": "3"},
+    }
+    assert list(rows) == ["5", "0"]  # highest priority first
+    totals = dict(zip(header[1:-1], depth.locator("tfoot th").all_inner_texts()[1:-1], strict=True))
+    assert totals == {"queued": "3", "running": "1", "retrying": "0"}
+
+    tenants = page.locator("#tenants tbody tr")
+    expect(tenants.and_(page.locator("[data-tenant='acme']"))).to_contain_text("1 / 2")
+    assert page.locator("#tenants [data-tenant='acme'] td").all_inner_texts() == ["acme", "1 / 2", "2"]
+    assert page.locator("#tenants [data-tenant='globex'] td").all_inner_texts() == ["globex", "0 / 5", "1"]
+    expect(page.locator("#nodes [data-node='node-a']")).to_contain_text("alive")
+
+    # The dead count links to the dead-letter queue, which lists exactly that run.
+    page.locator("[data-metric='dead_last_day']").click()
+    page.wait_for_url("**/admin/runs/deadrun/")
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    expect(b.row(page, "urgent")).to_contain_text(z(dead.scheduled_at))
+
+    page.goto("/admin/runs/jobrun/dashboard/")
+    page.screenshot(path=SCREENSHOTS["dashboard"], full_page=True)
