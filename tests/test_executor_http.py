@@ -10,6 +10,7 @@ import pytest
 
 from runs.keys import format_utc, run_key
 from runs.netguard import is_public_address
+from runs.services import replay_run
 from tests.support.executor import http_spec, queue_runs, row, wait_for, wait_status
 from tests.support.http_target import Reply
 
@@ -102,6 +103,15 @@ def test_always_500_is_dead_after_exactly_max_attempts_and_alert_is_posted(proce
     assert alerts[0]["job_name"] == "nightly-report" and alerts[0]["attempt"] == 5
     assert http_target.received("/alerts")[0].method == "POST"
     assert '"event": "run.dead"' in processes.log_of(proc)
+
+    # Replay (the operator's fix is in): the same run goes again as attempt 6, same key.
+    http_target.script("/down", then=Reply(200))
+    replay_run(job_id=key[0], scheduled_at=key[1], actor="test")
+    run = wait_status(key, "succeeded", timeout=30)
+    assert run.attempt == 6
+    last = http_target.received("/down")[-1]
+    assert last.headers["x-run-attempt"] == "6"
+    assert {r.headers["idempotency-key"] for r in http_target.received("/down")} == {run_key(*key)}
 
 
 def test_private_target_is_refused_at_connect_time_when_not_allowed(processes, http_target, tenant):
