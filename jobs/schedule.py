@@ -47,7 +47,6 @@ __all__ = [
     "validate_cron",
 ]
 
-UTC = UTC
 
 # Leap-day-only expressions can legitimately wait 8 years (2096 -> 2104), so the
 # horizon must exceed that; anything further out is treated as "never".

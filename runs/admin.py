@@ -120,32 +120,8 @@ class JobRunAdmin(admin.ModelAdmin):
             },
         ),
     )
-    readonly_fields = (
-        "run_key",
-        "job_link",
-        "tenant",
-        "job_name",
-        "scheduled",
-        "status_badge",
-        "trigger",
-        "attempt",
-        "max_attempts",
-        "priority",
-        "not_before",
-        "lease_until",
-        "owner",
-        "started_at",
-        "finished_at",
-        "result_code",
-        "last_error",
-        "attempts_table",
-        "target_snapshot",
-        "overlap_policy",
-        "retry_backoff_seconds",
-        "retry_backoff_cap_seconds",
-        "lease_seconds",
-        "created_at",
-    )
+    # Every field shown is read-only: a run is changed only by replay/cancel.
+    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
     # --- permissions: view and act, never edit through a form --------------------------
 

@@ -72,7 +72,6 @@ class JobRun(models.Model):
     class Meta:
         db_table = "job_runs"
         ordering = ["-scheduled_at"]
-        managed = True
         constraints = [
             models.UniqueConstraint(fields=["job", "scheduled_at"], name="job_runs_job_scheduled_uniq"),
         ]

@@ -116,7 +116,6 @@ class Migration(migrations.Migration):
                     options={
                         "db_table": "job_runs",
                         "ordering": ["-scheduled_at"],
-                        "managed": True,
                         "constraints": [
                             models.UniqueConstraint(
                                 fields=("job", "scheduled_at"),
