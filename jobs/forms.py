@@ -48,8 +48,14 @@ class JobAdminForm(forms.ModelForm):
             "interval_seconds": "Elapsed seconds between runs (DST-free).",
             "run_at": "One-time run (UTC).",
             "target": f"JSON, e.g. {_TARGET_EXAMPLE} or "
-            '{"type": "task", "name": "runs.builtin_tasks.noop", "kwargs": {}}',
+            '{"type": "task", "name": "noop", "kwargs": {}}',
         }
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance._state.adding and "target" in self.fields:
+            # Django renders an empty JSONField as `null`; an empty object reads as "fill me in".
+            self.fields["target"].initial = {}
 
     def clean(self):
         cleaned = super().clean()
