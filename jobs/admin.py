@@ -13,10 +13,9 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from jobs import services
-from jobs.describe import describe_job, describe_schedule, fire_time_json, job_fire_times
+from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.forms import VALIDATED_FIELDS, JobAdminForm
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
-from jobs.schedule import fire_times
 from jobs.validation import check_cron, check_interval, check_zone
 
 PREVIEW_COUNT = 5
@@ -213,22 +212,8 @@ class JobAdmin(admin.ModelAdmin):
         except ValueError as exc:
             return JsonResponse({"error": str(exc)}, status=400)
         now = timezone.now().replace(microsecond=0)  # whole seconds, as create_job anchors an interval
-        times = fire_times(
-            cron=cron,
-            timezone=zone,
-            interval_seconds=interval,
-            run_at=None,
-            anchor=now,
-            after=now,
-            count=PREVIEW_COUNT,
-        )
         return JsonResponse(
-            {
-                "fire_times": [fire_time_json(t) for t in times],
-                "description": describe_schedule(
-                    cron=cron, timezone=zone, interval_seconds=interval, run_at=None
-                ),
-            }
+            preview(cron=cron, timezone=zone, interval_seconds=interval, after=now, count=PREVIEW_COUNT)
         )
 
 

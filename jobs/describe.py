@@ -81,3 +81,27 @@ def job_fire_times(job: Job, *, now: datetime, count: int) -> list[schedule.Fire
         count=count,
         until=job.end_at,
     )
+
+
+def preview(
+    *, cron: str | None, timezone: str, interval_seconds: int | None, after: datetime, count: int
+) -> dict:
+    """Fire times and text of a schedule that is not saved (API preview, admin live preview).
+
+    An interval is anchored at `after`, as a job created at that moment would be.
+    """
+    times = schedule.fire_times(
+        cron=cron,
+        timezone=timezone,
+        interval_seconds=interval_seconds,
+        run_at=None,
+        anchor=after,
+        after=after,
+        count=count,
+    )
+    return {
+        "fire_times": [fire_time_json(t) for t in times],
+        "description": describe_schedule(
+            cron=cron, timezone=timezone, interval_seconds=interval_seconds, run_at=None
+        ),
+    }

@@ -20,9 +20,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from jobs import services
-from jobs.describe import describe_job, describe_schedule, fire_time_json, job_fire_times
+from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.models import Job
-from jobs.schedule import ScheduleError, fire_times
+from jobs.schedule import ScheduleError
 from jobs.validation import SCHEDULE_KEY, check_cron, check_interval, check_zone
 from runs.keys import format_utc
 
@@ -255,21 +255,12 @@ class SchedulePreviewView(APIView):
             raise serializers.ValidationError(errors)
         after = params.get("after") or timezone.now()
         try:
-            times = fire_times(
-                cron=cron,
-                timezone=zone,
-                interval_seconds=interval,
-                run_at=None,
-                anchor=after,
-                after=after,
-                count=params["count"],
+            data = preview(
+                cron=cron, timezone=zone, interval_seconds=interval, after=after, count=params["count"]
             )
         except ScheduleError as exc:
             raise serializers.ValidationError({SCHEDULE_KEY: [str(exc)]}) from None
-        description = describe_schedule(cron=cron, timezone=zone, interval_seconds=interval, run_at=None)
-        return Response(
-            {"fire_times": [fire_time_json(t) for t in times], "description": description, "timezone": zone}
-        )
+        return Response({**data, "timezone": zone})
 
 
 class HealthView(APIView):
