@@ -69,6 +69,8 @@ from uuid import UUID
 
 import psycopg
 
+from scheduler_project import db
+
 log = logging.getLogger(__name__)
 
 # Key 1 of every two-int advisory lock the scheduler takes ("CRON" in ASCII).
@@ -387,29 +389,4 @@ def maintenance_unlock(cursor, *, namespace: int = NAMESPACE) -> None:
 
 def conninfo_from_settings(settings_dict: dict) -> str:
     """libpq conninfo for the database Django uses (the test database under pytest)."""
-    parts = {
-        "dbname": settings_dict["NAME"],
-        "user": settings_dict.get("USER") or "",
-        "password": settings_dict.get("PASSWORD") or "",
-        "host": settings_dict.get("HOST") or "",
-        "port": str(settings_dict.get("PORT") or ""),
-    }
-    # libpq connection parameters from OPTIONS (TLS etc.); Django-only keys are left out.
-    options = settings_dict.get("OPTIONS") or {}
-    parts.update({k: str(v) for k, v in options.items() if k in _LIBPQ_OPTIONS})
-    return psycopg.conninfo.make_conninfo(**{k: v for k, v in parts.items() if v})
-
-
-_LIBPQ_OPTIONS = {
-    "sslmode",
-    "sslrootcert",
-    "sslcert",
-    "sslkey",
-    "sslpassword",
-    "options",
-    "target_session_attrs",
-    "passfile",
-    "service",
-    "gssencmode",
-    "channel_binding",
-}
+    return db.conninfo(settings_dict)

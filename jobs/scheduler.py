@@ -38,9 +38,6 @@ log = logging.getLogger(__name__)
 MISFIRE_ENUMERATION_CAP = 10_000
 MAINTENANCE_EVERY_SECONDS = 3600
 SUMMARY_EVERY_SECONDS = 30
-# Windows searched backwards from now for the latest missed slot when the
-# enumeration from the oldest one hit the cap.
-_TAIL_WINDOWS = (timedelta(hours=1), timedelta(days=1), timedelta(days=32), timedelta(days=366))
 
 
 def make_node_id() -> str:
@@ -93,7 +90,7 @@ def _plan_misfire(job: Job, *, now: datetime) -> Plan:
     count = len(missed)
     last = missed[-1]
     if capped:
-        last = _latest_slot(job, due=due, now=now) or last
+        last = services.latest_slot(job, since=due, until=now)
         if job.interval_seconds:
             count = int((last - due) / timedelta(seconds=job.interval_seconds)) + 1
     policy = job.misfire_policy
@@ -120,15 +117,6 @@ def _plan_misfire(job: Job, *, now: datetime) -> Plan:
     if capped and not job.interval_seconds:
         log.warning("misfire job=%s: at least %d slots missed (enumeration capped)", job.id, count)
     return Plan(job=job, new_next=services.next_slot(job, after=now, anchor=due), runs=runs, misfire=misfire)
-
-
-def _latest_slot(job: Job, *, due: datetime, now: datetime) -> datetime | None:
-    for window in _TAIL_WINDOWS:
-        start = max(due, now - window)
-        tail = services.slots_between(job, after=start, until=now, limit=MISFIRE_ENUMERATION_CAP)
-        if tail:
-            return tail[-1]
-    return None
 
 
 class Scheduler(Loop):

@@ -335,7 +335,7 @@ class JobRunAdmin(admin.ModelAdmin):
             ),
             "tenant_loads": selectors.tenant_load(limit=50),
             "recent_changes": selectors.recent_admin_changes(limit=20),
-            "dead_last_day": selectors.status_counts(since=now - timedelta(hours=24)).get(RunStatus.DEAD, 0),
+            "dead_last_day": selectors.dead_count(since=now - timedelta(hours=24)),
         }
         return TemplateResponse(request, "admin/runs/dashboard.html", context)
 

@@ -15,11 +15,13 @@ from datetime import UTC, date, datetime, timedelta
 
 from django.db import connection, transaction
 
+from runs.models import ACTIVE_STATUSES
+
 log = logging.getLogger(__name__)
 
 PARENT = "job_runs"
 DEFAULT = "job_runs_default"
-ACTIVE_SQL = "('queued', 'running', 'retrying')"
+ACTIVE_SQL = "(" + ", ".join(f"'{status}'" for status in ACTIVE_STATUSES) + ")"
 _NAME = re.compile(r"^job_runs_p(\d{8})$")
 
 CREATE_PARENT_SQL = """

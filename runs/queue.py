@@ -134,17 +134,10 @@ _WINDOWS = (100, 400, 1000)
 def database_conninfo() -> str:
     """libpq conninfo of Django's default database, for connections outside the ORM."""
     from django.conf import settings
-    from psycopg.conninfo import make_conninfo
 
-    db = settings.DATABASES["default"]
-    params = {
-        "dbname": db.get("NAME") or "",
-        "user": db.get("USER") or "",
-        "password": db.get("PASSWORD") or "",
-        "host": db.get("HOST") or "",
-        "port": str(db.get("PORT") or ""),
-    }
-    return make_conninfo(**{k: v for k, v in params.items() if v}, application_name="cronyard-executor")
+    from scheduler_project.db import conninfo
+
+    return conninfo(settings.DATABASES["default"], application_name="cronyard-executor")
 
 
 async def connect_async(conninfo: str | None = None):

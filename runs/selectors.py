@@ -54,10 +54,6 @@ def runs_for_tenant(
     return qs.order_by("-scheduled_at", "-id")
 
 
-def dead_runs_for_tenant(*, tenant_id: int, job_id: UUID | None = None) -> QuerySet[JobRun]:
-    return runs_for_tenant(tenant_id=tenant_id, job_id=job_id, status=RunStatus.DEAD)
-
-
 def get_run(*, job_id: UUID, scheduled_at: datetime, tenant_id: int | None = None) -> JobRun | None:
     """One run by its key; None when absent or (with tenant_id) another tenant's."""
     qs = JobRun.objects.filter(job_id=job_id, scheduled_at=scheduled_at)

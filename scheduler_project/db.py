@@ -1,0 +1,36 @@
+"""libpq connection strings for the connections kept outside the ORM (scheduler
+leases, executor loops, benchmarks): the same database, TLS and options as Django's."""
+
+from __future__ import annotations
+
+from psycopg.conninfo import make_conninfo
+
+# libpq parameters Django's OPTIONS may carry; Django-only keys are left out.
+_LIBPQ_OPTIONS = {
+    "sslmode",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "sslpassword",
+    "options",
+    "target_session_attrs",
+    "passfile",
+    "service",
+    "gssencmode",
+    "channel_binding",
+}
+
+
+def conninfo(settings_dict: dict, *, application_name: str = "") -> str:
+    """libpq conninfo for a Django database settings dict (the test database under pytest)."""
+    parts = {
+        "dbname": settings_dict.get("NAME") or "",
+        "user": settings_dict.get("USER") or "",
+        "password": settings_dict.get("PASSWORD") or "",
+        "host": settings_dict.get("HOST") or "",
+        "port": str(settings_dict.get("PORT") or ""),
+        "application_name": application_name,
+    }
+    options = settings_dict.get("OPTIONS") or {}
+    parts.update({k: str(v) for k, v in options.items() if k in _LIBPQ_OPTIONS})
+    return make_conninfo(**{k: v for k, v in parts.items() if v})
