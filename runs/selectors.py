@@ -129,6 +129,7 @@ class NodeHealth:
     heartbeat_age_seconds: float
     partitions: int
     alive: bool
+    owned: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,7 @@ def scheduler_nodes(*, now: datetime, stale_after_seconds: float) -> list[NodeHe
                 heartbeat_age_seconds=age,
                 partitions=len(node.partitions or []),
                 alive=age <= stale_after_seconds,
+                owned=frozenset(int(p) for p in node.partitions or []),
             )
         )
     return out
@@ -238,12 +240,10 @@ def scheduler_nodes(*, now: datetime, stale_after_seconds: float) -> list[NodeHe
 
 def unowned_partitions(*, nodes: list[NodeHealth], total: int) -> int:
     """Partitions no live node claims (a node's list is what it last heartbeated)."""
-    from jobs.models import SchedulerNode
-
-    live = {n.node_id for n in nodes if n.alive}
     owned: set[int] = set()
-    for partitions in SchedulerNode.objects.filter(node_id__in=live).values_list("partitions", flat=True):
-        owned.update(int(p) for p in partitions or [])
+    for node in nodes:
+        if node.alive:
+            owned |= node.owned
     return max(0, total - len(owned))
 
 
