@@ -7,11 +7,9 @@ hides client bugs, so JSON bodies get these.
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from rest_framework import serializers
 
-from runs.keys import format_utc
+from runs.api.fields import UtcDateTimeField  # noqa: F401 - one UTC field for both APIs
 
 
 class StrictIntegerField(serializers.IntegerField):
@@ -41,27 +39,3 @@ class StrictCharField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
-
-
-class UtcDateTimeField(serializers.DateTimeField):
-    """Accepts RFC 3339 with any offset (a zone is required); renders UTC with a Z."""
-
-    default_error_messages = {
-        "naive": "Include a UTC offset or Z, e.g. 2026-03-08T07:00:00Z.",
-        "invalid": "Not an RFC 3339 timestamp; use e.g. 2026-03-08T07:00:00Z.",
-    }
-
-    def to_internal_value(self, value):
-        if isinstance(value, str):
-            try:
-                parsed = datetime.fromisoformat(value.strip().replace("z", "Z").replace("Z", "+00:00"))
-            except ValueError:
-                self.fail("invalid")
-            if parsed.tzinfo is None:
-                self.fail("naive")
-        elif not isinstance(value, datetime):
-            self.fail("invalid")
-        return super().to_internal_value(value)
-
-    def to_representation(self, value):
-        return None if value is None else format_utc(value)

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from django.urls import reverse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from runs.api.fields import UtcDateTimeField
 from runs.keys import format_utc
 from runs.models import JobRun, RunStatus
 from runs.selectors import redact_target
-
-
-class UTCDateTimeField(serializers.DateTimeField):
-    """Output as RFC 3339 UTC with Z (runs.keys.format_utc), the same text as in run keys."""
-
-    def to_representation(self, value: datetime | None) -> str | None:
-        return format_utc(value) if value else None
 
 
 def run_path_kwargs(run: JobRun) -> dict:
@@ -46,11 +38,11 @@ class RunFilterSerializer(serializers.Serializer):
 
 class RunSerializer(serializers.ModelSerializer):
     job_id = serializers.UUIDField(read_only=True)
-    scheduled_at = UTCDateTimeField(read_only=True)
-    not_before = UTCDateTimeField(read_only=True)
-    lease_until = UTCDateTimeField(read_only=True)
-    started_at = UTCDateTimeField(read_only=True)
-    finished_at = UTCDateTimeField(read_only=True)
+    scheduled_at = UtcDateTimeField(read_only=True)
+    not_before = UtcDateTimeField(read_only=True)
+    lease_until = UtcDateTimeField(read_only=True)
+    started_at = UtcDateTimeField(read_only=True)
+    finished_at = UtcDateTimeField(read_only=True)
     key = serializers.CharField(source="run_key", read_only=True)
     url = serializers.SerializerMethodField()
 
@@ -117,7 +109,7 @@ class SnapshotMethods:
 class RunDetailSerializer(SnapshotMethods, RunSerializer):
     target = serializers.SerializerMethodField()
     attempts = serializers.SerializerMethodField()
-    created_at = UTCDateTimeField(read_only=True)
+    created_at = UtcDateTimeField(read_only=True)
     replay_url = serializers.SerializerMethodField()
     cancel_url = serializers.SerializerMethodField()
 
