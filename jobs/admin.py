@@ -6,7 +6,8 @@ import uuid
 
 from django.conf import settings
 from django.contrib import admin, messages
-from django.db.models import Count, Q
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from django.utils import timezone
@@ -228,6 +229,12 @@ class ApiTokenInline(admin.TabularInline):
         return False
 
 
+def _count_of(rows) -> Coalesce:
+    """COUNT(*) of `rows` belonging to the outer tenant, as a scalar subquery."""
+    counted = rows.filter(tenant=OuterRef("pk")).order_by().values("tenant").annotate(n=Count("*"))
+    return Coalesce(Subquery(counted.values("n")), 0)
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
     list_display = ("slug", "name", "max_concurrency", "token_count", "job_count", "created_at")
@@ -239,9 +246,10 @@ class TenantAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
+            # Correlated counts: two Counts over one join would multiply jobs by tokens.
             .annotate(
-                _tokens=Count("tokens", filter=Q(tokens__revoked=False), distinct=True),
-                _jobs=Count("jobs", distinct=True),
+                _tokens=_count_of(ApiToken.objects.filter(revoked=False)),
+                _jobs=_count_of(Job.objects.all()),
             )
         )
 
