@@ -303,7 +303,7 @@ class MisfireAdmin(ReadOnlyAdmin):
         "job",
         "detected_at",
         "policy",
-        "missed_count",
+        "missed",
         "first_missed_at",
         "last_missed_at",
         "runs_created",
@@ -311,6 +311,10 @@ class MisfireAdmin(ReadOnlyAdmin):
     list_filter = ("policy",)
     search_fields = ("job__name", "job__id")
     list_select_related = ("job",)
+
+    @admin.display(description="missed", ordering="missed_count")
+    def missed(self, obj: Misfire) -> str:
+        return f"at least {obj.missed_count}" if obj.count_is_lower_bound else str(obj.missed_count)
 
 
 @admin.register(SchedulerNode)

@@ -30,12 +30,15 @@ lease, be SIGSTOPped, lose the lease, and resume to commit a dispatch transactio
 while another node owns the partition. No lease scheme closes that window on its
 own. Exactly-once therefore rests on the dispatch transaction itself:
 
-1. The job rows are locked (``SELECT ... FOR UPDATE SKIP LOCKED``) and their
-   ``next_run_at`` is read in that same transaction. In READ COMMITTED a row
-   locked FOR UPDATE is re-checked against the newest committed version, so the
-   slot we read is the current one and nobody can advance it until we commit: two
-   transactions can never both act on the same (job, slot). The other node simply
-   skips the rows a stalled transaction holds.
+1. A batch is planned from a plain read, then the job rows are locked
+   (``SELECT ... FOR UPDATE SKIP LOCKED``) only where ``next_run_at`` and
+   ``updated_at`` still hold the values the plan was made from (``lock_unchanged``).
+   In READ COMMITTED a row locked FOR UPDATE is re-checked against the newest
+   committed version, so the slot we lock is the current one and nobody can advance
+   it until we commit: two transactions can never both act on the same (job, slot).
+   The other node simply skips the rows a stalled transaction holds. Planning
+   happens before the lock because it can be slow (a long backlog); a lock held
+   through it once outlived idle_in_transaction_session_timeout on every batch.
 2. ``next_run_at`` is advanced with a compare-and-set (``WHERE next_run_at = old
    AND new > old``) BEFORE the runs are inserted, and runs are inserted only for
    the jobs whose CAS succeeded: a stale write can neither insert a run for a slot
@@ -356,6 +359,30 @@ def fence(
     )
     now, _, held = cursor.fetchone()
     return now, set(held or ())
+
+
+def lock_unchanged(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]]) -> set[UUID]:
+    """Lock the planned jobs that nobody changed since they were read: (id, next_run_at, updated_at).
+
+    The plan was made outside any transaction; this is where it is re-checked. In
+    READ COMMITTED a row locked FOR UPDATE is re-evaluated against its newest committed
+    version, so a job another node dispatched meanwhile (next_run_at moved), or that
+    was edited or paused (updated_at moved), is left out: its plan is stale and the
+    next batch plans it again. SKIP LOCKED leaves rows a stalled transaction holds.
+    """
+    if not rows:
+        return set()
+    cursor.execute(
+        """
+        SELECT j.id FROM jobs AS j
+        JOIN unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[]) AS v(id, next_run_at, updated_at)
+          ON j.id = v.id
+        WHERE j.next_run_at = v.next_run_at AND j.updated_at = v.updated_at AND NOT j.paused
+        FOR UPDATE OF j SKIP LOCKED
+        """,
+        [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+    )
+    return {row[0] for row in cursor.fetchall()}
 
 
 def advance_next_run(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]]) -> set[UUID]:

@@ -145,6 +145,9 @@ class Misfire(models.Model):
     detected_at = models.DateTimeField(auto_now_add=True)
     policy = models.CharField(max_length=16, choices=MisfirePolicy.choices)
     missed_count = models.PositiveIntegerField()
+    count_is_lower_bound = models.BooleanField(
+        default=False, help_text="The backlog was too long to count slot by slot: at least missed_count."
+    )
     first_missed_at = models.DateTimeField()
     last_missed_at = models.DateTimeField()
     runs_created = models.PositiveIntegerField()

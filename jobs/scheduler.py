@@ -1,14 +1,21 @@
 """The dispatch loop: turns due jobs of owned partitions into run rows, exactly once.
 
-One step = one batch, one transaction (see jobs/leases.py for why this transaction,
-not the partition lease, is what keeps firing exactly-once):
+One step = one batch in two phases (see jobs/leases.py for why the locking
+transaction, not the partition lease, is what keeps firing exactly-once):
 
+    read (autocommit, no locks): due jobs of owned partitions, on-time ones first
+    plan each job in Python (normal slot or bounded misfire arithmetic), within a
+        time budget: whatever is not planned in time waits for the next batch
+    --- one short transaction ---
     fence (txn time + partitions our lease session holds right now)
-    SELECT due jobs FOR UPDATE SKIP LOCKED ... LIMIT batch
-    plan each job (normal slot or misfire policy) in Python
-    CAS-advance next_run_at for all of them in one UPDATE
+    lock the planned rows FOR UPDATE SKIP LOCKED, only if unchanged since the read
+    CAS-advance next_run_at for them in one UPDATE
     INSERT the runs of the jobs whose CAS succeeded (ON CONFLICT DO NOTHING)
     record misfires, NOTIFY executors, COMMIT
+
+Planning is never done while rows are locked: a week-long backlog once made the
+planning of one batch outlast idle_in_transaction_session_timeout, every batch was
+killed and dispatch wedged for good. A batch that fails anyway halves the next one.
 """
 
 from __future__ import annotations
@@ -29,14 +36,16 @@ from jobs import leases, services
 from jobs.models import Job, Misfire, MisfirePolicy
 from runs import partitions
 from runs.queue import NewRun, enqueue_runs, notify_executors
+from scheduler_project import db
 from scheduler_project.loop import Loop
 
 log = logging.getLogger(__name__)
 
-# Missed slots are enumerated at most this far: a `* * * * *` job down for a year
-# must not build 500k datetimes. Beyond it the misfire count is a lower bound.
-MISFIRE_ENUMERATION_CAP = 10_000
 MAINTENANCE_EVERY_SECONDS = 3600
+# Planning (outside any transaction) stops after this long and the batch goes with
+# the jobs planned so far: on-time jobs of other partitions must not wait minutes
+# behind a backlog of misfired ones. The first job of a batch is always planned.
+PLAN_BUDGET_SECONDS = 1.0
 SUMMARY_EVERY_SECONDS = 30
 
 
@@ -59,7 +68,8 @@ class BatchResult:
     inserted: int = 0
     skipped: int = 0
     misfires: int = 0
-    stale: int = 0  # CAS refused (should stay 0: the rows were locked)
+    stale: int = 0  # changed or locked by someone else between the read and the lock
+    refused: int = 0  # CAS refused on a locked, unchanged row (must stay 0)
     still_due: bool = False
     full: bool = False
 
@@ -84,22 +94,16 @@ def plan_job(job: Job, *, now: datetime, threshold: timedelta) -> Plan:
 
 def _plan_misfire(job: Job, *, now: datetime) -> Plan:
     due = job.next_run_at
-    cap = max(job.max_catch_up, MISFIRE_ENUMERATION_CAP)
-    missed = [due, *services.slots_between(job, after=due, until=now, limit=cap - 1)]
-    capped = len(missed) >= cap
-    count = len(missed)
-    last = missed[-1]
-    if capped:
-        last = services.latest_slot(job, since=due, until=now)
-        if job.interval_seconds:
-            count = int((last - due) / timedelta(seconds=job.interval_seconds)) + 1
+    assert due is not None
     policy = job.misfire_policy
+    want = job.max_catch_up if policy == MisfirePolicy.CATCH_UP else 0
+    missed = services.missed_slots(job, first=due, now=now, want=want)
     if policy == MisfirePolicy.SKIP:
         slots: list[datetime] = []
     elif policy == MisfirePolicy.CATCH_UP:
-        slots = missed[: job.max_catch_up]
+        slots = missed.oldest
     else:  # run_once
-        slots = [last]
+        slots = [missed.last]
     # run_once's single run stands for the current occurrence, so the job's overlap
     # policy applies to it; a catch-up backlog was asked for run by run.
     overlap_check = policy == MisfirePolicy.RUN_ONCE
@@ -109,13 +113,12 @@ def _plan_misfire(job: Job, *, now: datetime) -> Plan:
     misfire = Misfire(
         job=job,
         policy=policy,
-        missed_count=count,
+        missed_count=missed.count,
+        count_is_lower_bound=not missed.count_exact,
         first_missed_at=due,
-        last_missed_at=last,
+        last_missed_at=missed.last,
         runs_created=len(runs),
     )
-    if capped and not job.interval_seconds:
-        log.warning("misfire job=%s: at least %d slots missed (enumeration capped)", job.id, count)
     return Plan(job=job, new_next=services.next_slot(job, after=now, anchor=due), runs=runs, misfire=misfire)
 
 
@@ -161,6 +164,8 @@ class Scheduler(Loop):
         self._next_summary = time.monotonic() + SUMMARY_EVERY_SECONDS
         self._dispatched_since_summary = 0
         self._unusable_logged_generation = -1
+        # Jobs the next batch reads: halves after a failed batch, doubles back after a full one.
+        self.batch_limit = self.batch_size
 
     # -- Loop API ------------------------------------------------------------------
 
@@ -183,10 +188,20 @@ class Scheduler(Loop):
         try:
             result = self.dispatch(snap)
         except DatabaseError as exc:
-            # E.g. the server killed a stalled transaction: nothing was committed.
-            log.warning("dispatch failed node=%s: %s", self.node_id, exc)
+            # E.g. the server killed a stalled transaction: nothing was committed. If
+            # the batch itself was the problem, a smaller one gets through; down to one
+            # job, so a single poisonous job never blocks the rest of its partition.
+            self.batch_limit = max(1, self.batch_limit // 2)
+            log.warning(
+                "dispatch failed node=%s: %s; the next batch takes at most %d jobs",
+                self.node_id,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                self.batch_limit,
+            )
             connection.close()
             return False
+        if result.full and self.batch_limit < self.batch_size:
+            self.batch_limit = min(self.batch_size, self.batch_limit * 2)
         self._dispatched_since_summary += result.inserted
         return result.full or result.still_due
 
@@ -209,28 +224,25 @@ class Scheduler(Loop):
 
     def dispatch(self, snap: leases.LeaseSnapshot) -> BatchResult:
         started = time.monotonic()
+        now = self.clock() if self.clock else db.now()
+        jobs = self._read_due(sorted(snap.owned), now)
+        if not jobs:
+            return BatchResult()
+        plans = self._plan_batch(jobs, now)
         with transaction.atomic():
             with connection.cursor() as cursor:
                 db_now, held = leases.fence(
                     cursor, session_pid=snap.session_pid, lease_seconds=self.lease_seconds
                 )
-            owned = sorted(held & snap.owned)
-            if not owned:
-                return BatchResult()
-            now = self.clock() if self.clock else db_now
-            jobs = list(
-                Job.objects.select_for_update(skip_locked=True)
-                .filter(partition_id__in=owned, paused=False, next_run_at__lte=now)
-                .order_by("next_run_at")[: self.batch_size]
-            )
-            if not jobs:
-                return BatchResult()
-            plans = [self._plan(job, now) for job in jobs]
-            with connection.cursor() as cursor:
-                advanced = leases.advance_next_run(
-                    cursor, [(p.job.id, p.new_next, p.job.next_run_at) for p in plans]
+                in_lease = [p for p in plans if p.job.partition_id in held]
+                locked = leases.lock_unchanged(
+                    cursor, [(p.job.id, p.job.next_run_at, p.job.updated_at) for p in in_lease]
                 )
-            plans_ok = [p for p in plans if p.job.id in advanced]
+                plans_locked = [p for p in in_lease if p.job.id in locked]
+                advanced = leases.advance_next_run(
+                    cursor, [(p.job.id, p.new_next, p.job.next_run_at) for p in plans_locked]
+                )
+            plans_ok = [p for p in plans_locked if p.job.id in advanced]
             runs = [run for p in plans_ok for run in p.runs]
             inserted = enqueue_runs(runs)
             misfires = [p.misfire for p in plans_ok if p.misfire is not None]
@@ -240,18 +252,20 @@ class Scheduler(Loop):
                 notify_executors()
         skipped = sum(1 for r in inserted if r.status == "skipped")
         result = BatchResult(
-            jobs=len(jobs),
+            jobs=len(plans),
             runs=len(runs),
             inserted=len(inserted),
             skipped=skipped,
             misfires=len(misfires),
-            stale=len(plans) - len(plans_ok),
+            stale=len(in_lease) - len(plans_locked),
+            refused=len(plans_locked) - len(plans_ok),
             still_due=any(p.new_next is not None and p.new_next <= now for p in plans_ok),
-            full=len(jobs) >= self.batch_size,
+            # A batch cut short by the planning budget has more work waiting too.
+            full=len(jobs) >= self.batch_limit or len(plans) < len(jobs),
         )
-        if result.stale:
+        if result.refused:
             log.warning(
-                "node=%s: %d jobs changed under a locked read (CAS refused)", self.node_id, result.stale
+                "node=%s: %d jobs changed under a locked read (CAS refused)", self.node_id, result.refused
             )
         scheduled = [r.scheduled_at for r in runs]
         # One parseable line per batch; the process tests read these (session_pid
@@ -263,19 +277,52 @@ class Scheduler(Loop):
             snap.session_pid,
             snap.generation,
             db_now.isoformat(),
-            len(owned),
+            len(held & snap.owned),
             result.jobs,
             result.runs,
             result.inserted,
             result.runs - result.inserted,
             skipped,
             result.misfires,
-            result.stale,
+            result.stale + result.refused,
             min(scheduled).isoformat() if scheduled else "-",
             max(scheduled).isoformat() if scheduled else "-",
             (time.monotonic() - started) * 1000,
         )
         return result
+
+    def _read_due(self, owned: list[int], now: datetime) -> list[Job]:
+        """Due jobs of `owned`, on-time ones first, then the oldest misfired ones.
+
+        A plain read, no lock and no open transaction: what it returns is only a
+        proposal that the dispatch transaction re-checks row by row. On-time jobs go
+        first so that a backlog of misfired jobs (cheap to defer: their slots are
+        already late) never makes on-time jobs late too.
+        """
+        if not owned:
+            return []
+        due = Job.objects.filter(partition_id__in=owned, paused=False)
+        cutoff = now - self.threshold
+        limit = self.batch_limit
+        jobs = list(due.filter(next_run_at__gt=cutoff, next_run_at__lte=now).order_by("next_run_at")[:limit])
+        if len(jobs) < limit:
+            jobs += due.filter(next_run_at__lte=cutoff).order_by("next_run_at")[: limit - len(jobs)]
+        return jobs
+
+    def _plan_batch(self, jobs: list[Job], now: datetime) -> list[Plan]:
+        deadline = time.monotonic() + PLAN_BUDGET_SECONDS
+        plans = []
+        for job in jobs:
+            if plans and time.monotonic() > deadline:
+                log.info(
+                    "node=%s: planning budget spent after %d of %d jobs; the rest go in the next batch",
+                    self.node_id,
+                    len(plans),
+                    len(jobs),
+                )
+                break
+            plans.append(self._plan(job, now))
+        return plans
 
     def _plan(self, job: Job, now: datetime) -> Plan:
         try:

@@ -9,20 +9,26 @@ from __future__ import annotations
 import hashlib
 import secrets
 import zlib
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from jobs import schedule
-from jobs.models import ApiToken, Job, Tenant
+from jobs.models import ApiToken, Job, Misfire, MisfirePolicy, Tenant
 from runs.models import JobRun
 from runs.queue import NewRun, enqueue_runs, notify_executors
+from scheduler_project import db
 
 TOKEN_PREFIX = "cy_"
 MAX_BACKFILL_RUNS = 1000
+# A misfire's missed slots are counted one by one up to this many (about 20 ms of
+# cron arithmetic); past it the count is recorded as a lower bound. Interval jobs
+# are counted exactly by arithmetic. This is what keeps a week-old backlog from
+# turning one dispatch batch into minutes of enumeration.
+MISFIRE_COUNT_CAP = 1_000
 
 SCHEDULE_FIELDS = ("cron_expr", "time_zone", "interval_seconds", "run_at", "start_at", "end_at")
 
@@ -115,6 +121,10 @@ _LOOKBACK = (timedelta(hours=1), timedelta(days=1), timedelta(days=32), timedelt
 
 def latest_slot(job: Job, *, since: datetime, until: datetime) -> datetime:
     """The last fire time in [since, until]; `since` is itself a slot (the job's next_run_at)."""
+    if job.interval_seconds:
+        step = timedelta(seconds=job.interval_seconds)
+        until = min(until, job.end_at) if job.end_at else until
+        return since + max(0, (until - since) // step) * step
     for window in _LOOKBACK:
         after = max(since - timedelta(microseconds=1), until - window)
         slots = slots_between(job, after=after, until=until, limit=1_000_000)
@@ -124,6 +134,35 @@ def latest_slot(job: Job, *, since: datetime, until: datetime) -> datetime:
             return since
     slots = slots_between(job, after=since - timedelta(microseconds=1), until=until, limit=1_000_000)
     return slots[-1] if slots else since
+
+
+@dataclass(frozen=True)
+class MissedSlots:
+    """The slots in [first, now] a scheduler found unfired, in bounded arithmetic."""
+
+    first: datetime
+    last: datetime
+    count: int
+    count_exact: bool  # False: `count` is a lower bound (MISFIRE_COUNT_CAP reached)
+    oldest: list[datetime]  # the oldest `want` slots, for catch_up
+
+
+def missed_slots(job: Job, *, first: datetime, now: datetime, want: int = 0) -> MissedSlots:
+    """Describe the slots from `first` (itself a slot) to `now` without enumerating them all.
+
+    Cost is bounded by max(want, MISFIRE_COUNT_CAP) slot computations for cron jobs and
+    O(want) for interval jobs, however long the backlog.
+    """
+    if job.interval_seconds:
+        step = timedelta(seconds=job.interval_seconds)
+        last = latest_slot(job, since=first, until=now)
+        count = (last - first) // step + 1
+        return MissedSlots(first, last, count, True, [first + k * step for k in range(min(want, count))])
+    cap = max(want, MISFIRE_COUNT_CAP)
+    found = [first, *slots_between(job, after=first, until=now, limit=cap - 1)]
+    if len(found) < cap:
+        return MissedSlots(first, found[-1], len(found), True, found[:want])
+    return MissedSlots(first, latest_slot(job, since=first, until=now), len(found), False, found[:want])
 
 
 def run_for(job: Job, *, scheduled_at: datetime, trigger: str, overlap_check: bool = True) -> NewRun:
@@ -148,7 +187,7 @@ def run_for(job: Job, *, scheduled_at: datetime, trigger: str, overlap_check: bo
 
 @transaction.atomic
 def create_job(*, tenant: Tenant, now: datetime | None = None, **fields) -> Job:
-    now = now or timezone.now()
+    now = now or db.now()
     job = Job(tenant=tenant, **fields)
     job.partition_id = partition_for(job.id)
     job.next_run_at = None
@@ -166,7 +205,7 @@ def update_job(*, job: Job, changes: dict, now: datetime | None = None) -> Job:
     Edits never fire a slot that is already past (DESIGN section 3): the slots that
     fell before the edit took effect are not misfires.
     """
-    now = now or timezone.now()
+    now = now or db.now()
     job = Job.objects.select_for_update().get(pk=job.pk)
     schedule_changed = False
     for name, value in changes.items():
@@ -181,9 +220,35 @@ def update_job(*, job: Job, changes: dict, now: datetime | None = None) -> Job:
 
 
 @transaction.atomic
-def pause_job(*, job: Job) -> Job:
-    Job.objects.filter(pk=job.pk).update(paused=True, updated_at=timezone.now())
-    job.refresh_from_db()
+def pause_job(*, job: Job, now: datetime | None = None) -> Job:
+    """Pause; slots that were already due and never dispatched are recorded, not lost.
+
+    Such slots fell while the job was active (a scheduler outage or backlog), so they
+    are misfires; a resume's catch_up covers only the slots that fall while paused.
+    They are recorded with runs_created 0 and the job moves past them, so a resume
+    without catch_up cannot drop them silently and one with catch_up cannot fire
+    them twice.
+    """
+    now = now or db.now()
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.paused:
+        return job
+    fields = ["paused", "updated_at"]
+    if job.next_run_at is not None and job.next_run_at <= now:
+        missed = missed_slots(job, first=job.next_run_at, now=now)
+        Misfire.objects.create(
+            job=job,
+            policy=MisfirePolicy.SKIP,
+            missed_count=missed.count,
+            count_is_lower_bound=not missed.count_exact,
+            first_missed_at=missed.first,
+            last_missed_at=missed.last,
+            runs_created=0,
+        )
+        job.next_run_at = next_slot(job, after=now, anchor=job.next_run_at)
+        fields.append("next_run_at")
+    job.paused = True
+    job.save(update_fields=fields)
     return job
 
 
@@ -194,7 +259,7 @@ def resume_job(*, job: Job, catch_up: str = "none", now: datetime | None = None)
     catch_up="latest" queues one run for the latest slot that fell while paused,
     "all" one per slot (at most max_catch_up), both marked trigger=catch_up.
     """
-    now = now or timezone.now()
+    now = now or db.now()
     job = Job.objects.select_for_update().get(pk=job.pk)
     if not job.paused:
         return job
@@ -235,7 +300,7 @@ def trigger_job(*, job: Job, now: datetime | None = None) -> datetime:
     a second trigger in the same microsecond) the manual run moves a microsecond on,
     so it neither replaces that run nor is silently dropped.
     """
-    moment = now or timezone.now()
+    moment = now or db.now()
     if moment.microsecond == 0:
         # Cron and interval slots fall on whole seconds; a manual run never takes one.
         moment += timedelta(microseconds=1)
@@ -250,7 +315,7 @@ def backfill_job(*, job: Job, start: datetime, end: datetime) -> list[datetime]:
     """One run per slot in [start, end], capped; existing occurrences are left alone."""
     if job.run_at is not None:
         raise ServiceError("start", "a one-time job has no slots to backfill")
-    now = timezone.now()
+    now = db.now()
     if end > now:
         # A future slot queued now would run early and take the key of the real run.
         raise ServiceError("end", "backfill covers past slots only; end is in the future")

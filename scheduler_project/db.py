@@ -1,7 +1,13 @@
-"""libpq connection strings for the connections kept outside the ORM (scheduler
-leases, executor loops, benchmarks): the same database, TLS and options as Django's."""
+"""The database as the one clock and the one conninfo builder.
+
+libpq connection strings for the connections kept outside the ORM (scheduler
+leases, executor loops, benchmarks) use the same database, TLS and options as
+Django's; `now()` is the database's clock, which every decision about slots uses so
+that web hosts, schedulers and executors agree on what is past."""
 
 from __future__ import annotations
+
+from datetime import datetime
 
 from psycopg.conninfo import make_conninfo
 
@@ -34,3 +40,16 @@ def conninfo(settings_dict: dict, *, application_name: str = "") -> str:
     options = settings_dict.get("OPTIONS") or {}
     parts.update({k: str(v) for k, v in options.items() if k in _LIBPQ_OPTIONS})
     return make_conninfo(**{k: v for k, v in parts.items() if v})
+
+
+def now() -> datetime:
+    """The database's clock (transaction start inside a transaction), aware UTC.
+
+    Schedulers dispatch on this clock; a web host whose clock drifts must not decide
+    which slots are past (resume, edit, pause, backfill) on a different one.
+    """
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]

@@ -9,7 +9,8 @@ import pytest
 from django.db import connection
 
 from jobs.models import Job, Misfire
-from jobs.scheduler import MISFIRE_ENUMERATION_CAP, Scheduler
+from jobs.scheduler import Scheduler
+from jobs.services import MISFIRE_COUNT_CAP
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.scheduler import make_job
@@ -122,8 +123,8 @@ def test_a_year_of_missed_minutes_is_bounded(tenant, step):
     assert runs_of(once) == [(datetime(2026, 5, 4, 10, 0, tzinfo=UTC), "catch_up", "queued")]
     assert [r[0] for r in runs_of(catch)] == [year_ago + k * MINUTE for k in range(100)]
     m = the_misfire(once)
-    # At least the enumeration cap ("at least N"), true latest slot found from the tail.
-    assert m.missed_count == MISFIRE_ENUMERATION_CAP
+    # At least the count cap, marked as a lower bound; true latest slot found from the tail.
+    assert (m.missed_count, m.count_is_lower_bound) == (MISFIRE_COUNT_CAP, True)
     assert m.last_missed_at == datetime(2026, 5, 4, 10, 0, tzinfo=UTC)
 
 
@@ -132,7 +133,7 @@ def test_interval_job_misfire_count_is_exact_even_past_the_cap(tenant, step):
     job = make_job(tenant, interval_seconds=1, next_run_at=day_ago, misfire_policy="run_once")
     step()
     m = the_misfire(job)
-    assert m.missed_count == 86_401 and m.last_missed_at == T
+    assert m.missed_count == 86_401 and m.last_missed_at == T and not m.count_is_lower_bound
     assert runs_of(job) == [(T, "catch_up", "queued")]
     job.refresh_from_db()
     assert job.next_run_at == T + timedelta(seconds=1)

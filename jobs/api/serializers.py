@@ -182,6 +182,7 @@ class MisfireSerializer(serializers.ModelSerializer):
             "detected_at",
             "policy",
             "missed_count",
+            "count_is_lower_bound",
             "first_missed_at",
             "last_missed_at",
             "runs_created",
