@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import time_machine
 from django.contrib.messages import get_messages
 from rest_framework.test import APIClient
 
@@ -11,6 +10,7 @@ from jobs import services
 from jobs.models import ApiToken, Job, SchedulerNode
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
+from tests.support.clock import travel
 
 CHANGELIST = "/admin/jobs/job/"
 HOOK = {"type": "http", "url": "https://example.com/hook"}
@@ -113,7 +113,7 @@ def test_trigger_now_action_queues_manual_runs(admin_client, jobs):
 
 
 def test_change_page_shows_the_next_fire_times(admin_client, tenant):
-    with time_machine.travel(parse_utc("2026-03-07T12:00:00Z"), tick=False):
+    with travel("2026-03-07T12:00:00Z"):
         job = services.create_job(
             tenant=tenant, name="ny", cron_expr="30 2 * * *", time_zone="America/New_York", target=HOOK
         )
@@ -167,7 +167,7 @@ def test_add_form_applies_the_api_rules(admin_client, tenant, overrides, field):
 
 
 def test_add_form_creates_through_the_services(admin_client, tenant):
-    with time_machine.travel(parse_utc("2026-03-07T12:00:00Z"), tick=False):
+    with travel("2026-03-07T12:00:00Z"):
         response = admin_client.post(
             f"{CHANGELIST}add/",
             form_data(
@@ -185,7 +185,7 @@ def test_add_form_creates_through_the_services(admin_client, tenant):
 
 
 def test_change_form_edit_recomputes_next_run(admin_client, tenant):
-    with time_machine.travel(parse_utc("2026-01-10T12:00:00Z"), tick=False):
+    with travel("2026-01-10T12:00:00Z"):
         job = services.create_job(tenant=tenant, name="edit me", cron_expr="0 9 * * *", target=HOOK)
         response = admin_client.post(
             f"{CHANGELIST}{job.pk}/change/",

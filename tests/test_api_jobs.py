@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import requests
-import time_machine
 from rest_framework.test import APIClient
 
 from jobs.models import Job
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
+from tests.support import clock
 
 JOBS = "/api/v1/jobs/"
 HOOK = {"type": "http", "url": "https://example.com/hook"}
@@ -32,7 +32,7 @@ def create(api, **fields) -> dict:
 
 
 def travel(moment: str):
-    return time_machine.travel(parse_utc(moment), tick=False)
+    return clock.travel(moment)
 
 
 def test_cron_job_in_new_york_before_spring_forward_fires_at_0700z(api):

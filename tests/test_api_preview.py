@@ -5,10 +5,9 @@ from __future__ import annotations
 from urllib.parse import urlencode
 
 import pytest
-import time_machine
 from rest_framework.test import APIClient
 
-from runs.keys import parse_utc
+from tests.support.clock import travel
 
 PREVIEW = "/api/v1/schedules/preview"
 
@@ -61,7 +60,7 @@ def test_interval_is_anchored_at_after(api):
 
 
 def test_defaults_count_ten_and_after_now(api):
-    with time_machine.travel(parse_utc("2026-04-01T10:07:00Z"), tick=False):
+    with travel("2026-04-01T10:07:00Z"):
         response = preview(api, cron="*/15 * * * *")
     times = utcs(response)
     assert len(times) == 10
@@ -123,7 +122,7 @@ def create(api, **fields) -> dict:
 
 
 def test_job_preview_shows_the_dst_note_and_starts_at_next_run(api):
-    with time_machine.travel(parse_utc("2026-03-07T12:00:00Z"), tick=False):
+    with travel("2026-03-07T12:00:00Z"):
         job = create(api, cron="30 2 * * *", timezone="America/New_York")
         response = api.get(f"/api/v1/jobs/{job['id']}/preview?count=2")
     assert utcs(response) == ["2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z"]
@@ -138,7 +137,7 @@ def test_job_preview_of_a_hashed_cron_matches_next_run_at(api):
 
 
 def test_job_preview_respects_end_at_and_one_time_jobs(api):
-    with time_machine.travel(parse_utc("2026-01-01T00:00:00Z"), tick=False):
+    with travel("2026-01-01T00:00:00Z"):
         job = create(api, cron="0 * * * *", end_at="2026-01-01T03:00:00Z")
         assert utcs(api.get(f"/api/v1/jobs/{job['id']}/preview?count=50")) == [
             "2026-01-01T01:00:00Z",
