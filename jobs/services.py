@@ -24,6 +24,9 @@ from scheduler_project import db
 
 TOKEN_PREFIX = "cy_"
 MAX_BACKFILL_RUNS = 1000
+# Slots one backfill request may examine (a retention window of a minutely job is
+# 43,200): bounds the enumeration, which runs before any transaction opens.
+MAX_BACKFILL_SCAN = 50_000
 # A misfire's missed slots are counted one by one up to this many (about 20 ms of
 # cron arithmetic); past it the count is recorded as a lower bound. Interval jobs
 # are counted exactly by arithmetic. This is what keeps a week-old backlog from
@@ -310,9 +313,21 @@ def trigger_job(*, job: Job, now: datetime | None = None) -> datetime:
     return moment
 
 
-@transaction.atomic
-def backfill_job(*, job: Job, start: datetime, end: datetime) -> list[datetime]:
-    """One run per slot in [start, end], capped; existing occurrences are left alone."""
+@dataclass(frozen=True)
+class BackfillPlan:
+    """What a backfill of [start, end] would do: the slots with no run row, and the rest."""
+
+    missing: list[datetime]  # oldest first, at most MAX_BACKFILL_RUNS
+    already_present: int  # slots in the range that already have a run (any status)
+    capped: bool  # more slots are missing than one request may create
+
+
+def plan_backfill(*, job: Job, start: datetime, end: datetime) -> BackfillPlan:
+    """The gaps of [start, end]: read-only, and done before any transaction opens.
+
+    Only slots with no run row are planned, so a backfill never touches what ran,
+    failed or was skipped, and a second identical request plans nothing.
+    """
     if job.run_at is not None:
         raise ServiceError("start", "a one-time job has no slots to backfill")
     now = db.now()
@@ -326,14 +341,45 @@ def backfill_job(*, job: Job, start: datetime, end: datetime) -> list[datetime]:
             f"runs older than RUN_RETENTION_DAYS ({settings.RUN_RETENTION_DAYS}) would be dropped at once",
         )
     slots = slots_between(
-        job, after=start - timedelta(microseconds=1), until=end, limit=MAX_BACKFILL_RUNS + 1
+        job, after=start - timedelta(microseconds=1), until=end, limit=MAX_BACKFILL_SCAN + 1
     )
-    if len(slots) > MAX_BACKFILL_RUNS:
+    if len(slots) > MAX_BACKFILL_SCAN:
         raise ServiceError(
-            "end", f"the range holds more than {MAX_BACKFILL_RUNS} slots; backfill a shorter range"
+            "end", f"the range holds more than {MAX_BACKFILL_SCAN} slots; backfill a shorter range"
         )
-    inserted = enqueue_runs(
-        [run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in slots]
+    present = set(
+        JobRun.objects.filter(job_id=job.id, scheduled_at__gte=start, scheduled_at__lte=end).values_list(
+            "scheduled_at", flat=True
+        )
     )
-    notify_executors()
-    return [run.scheduled_at for run in inserted]
+    missing = [t for t in slots if t not in present]
+    return BackfillPlan(
+        missing=missing[:MAX_BACKFILL_RUNS],
+        already_present=len(slots) - len(missing),
+        capped=len(missing) > MAX_BACKFILL_RUNS,
+    )
+
+
+def backfill_job(*, job: Job, start: datetime, end: datetime) -> tuple[BackfillPlan, list[datetime]]:
+    """Create a run for each gap in [start, end]; returns the plan and the slots created.
+
+    One insert statement (ON CONFLICT DO NOTHING on the run key): a slot that got a
+    run between the plan and the insert is left alone, so concurrent backfills and
+    the scheduler never double a slot. The runs are queued at once; the executor's
+    claim starts at most one run of a job at a time unless its overlap_policy is
+    `allow`, so a backfill of a `skip` job runs its slots one after another.
+    """
+    plan = plan_backfill(job=job, start=start, end=end)
+    if plan.capped:
+        raise ServiceError(
+            "end",
+            f"more than {MAX_BACKFILL_RUNS} slots in the range have no run; backfill a shorter range "
+            "(a dry run lists the first ones)",
+        )
+    with transaction.atomic():
+        inserted = enqueue_runs(
+            [run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in plan.missing]
+        )
+        if inserted:
+            notify_executors()
+    return plan, [run.scheduled_at for run in inserted]

@@ -15,8 +15,10 @@ import requests
 from rest_framework.test import APIClient
 
 from jobs.models import Job
+from jobs.services import run_for
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
+from runs.queue import enqueue_runs
 from tests.support import clock
 
 JOBS = "/api/v1/jobs/"
@@ -284,6 +286,54 @@ def test_backfill_inserts_one_run_per_slot_once(api):
     assert runs.count() == 6 and {r.trigger for r in runs} == {"backfill"}
 
 
+def test_backfill_fills_only_the_gap_and_a_dry_run_writes_nothing(api):
+    """A minutely job ran, was paused 10:05..10:14, ran again: the backfill is exactly the gap."""
+    with travel("2026-01-01T09:00:00Z"):
+        job = create(api, cron="* * * * *", overlap_policy="skip")
+    ran = [parse_utc("2026-01-01T10:00:00Z") + timedelta(minutes=k) for k in range(20) if not 5 <= k < 15]
+    enqueue_runs([run_for(Job.objects.get(pk=job["id"]), scheduled_at=t, trigger="schedule") for t in ran])
+    JobRun.objects.filter(job_id=job["id"]).update(status="succeeded")
+    window = {"start": "2026-01-01T10:00:00Z", "end": "2026-01-01T10:19:00Z"}
+    gap = [f"2026-01-01T10:{m:02d}:00Z" for m in range(5, 15)]
+    with travel("2026-01-02T00:00:00Z"):
+        dry = api.post(f"{JOBS}{job['id']}/backfill", {**window, "dry_run": True}, format="json")
+        assert dry.status_code == 200, dry.content
+        assert dry.json() == {
+            "job_id": job["id"],
+            "dry_run": True,
+            "created": 0,
+            "scheduled_at": gap,
+            "already_present": 10,
+            "capped": False,
+        }
+        assert JobRun.objects.filter(job_id=job["id"]).count() == 10
+        real = api.post(f"{JOBS}{job['id']}/backfill", window, format="json").json()
+        assert (real["dry_run"], real["created"], real["scheduled_at"], real["already_present"]) == (
+            False,
+            10,
+            gap,
+            10,
+        )
+        again = api.post(f"{JOBS}{job['id']}/backfill", window, format="json").json()
+        assert (again["created"], again["already_present"]) == (0, 20)
+    keys = list(JobRun.objects.filter(job_id=job["id"]).values_list("scheduled_at", flat=True))
+    assert len(keys) == len(set(keys)) == 20
+    assert JobRun.objects.filter(job_id=job["id"], trigger="backfill").count() == 10
+
+
+def test_backfill_dry_run_over_the_cap_lists_the_first_slots(api):
+    job = create(api, cron="* * * * *")
+    window = {"start": "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00Z", "dry_run": True}
+    with travel("2026-01-10T00:00:00Z"):
+        data = api.post(f"{JOBS}{job['id']}/backfill", window, format="json").json()
+    assert (data["capped"], len(data["scheduled_at"]), data["scheduled_at"][0]) == (
+        True,
+        1000,
+        "2026-01-01T00:00:00Z",
+    )
+    assert not JobRun.objects.filter(job_id=job["id"]).exists()
+
+
 @pytest.mark.parametrize(
     ("payload", "field"),
     [
@@ -294,6 +344,7 @@ def test_backfill_inserts_one_run_per_slot_once(api):
         # 1,441 minutely slots: over the backfill cap.
         ({"start": "2026-01-01T00:00:00Z", "end": "2026-01-02T00:00:00Z"}, "end"),
         ({"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T01:00:00Z", "extra": 1}, "extra"),
+        ({"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T01:00:00Z", "dry_run": "yes"}, "dry_run"),
         # Future slots would run early and take the keys of the real runs.
         ({"start": "2026-01-09T00:00:00Z", "end": "2026-01-10T00:10:00Z"}, "end"),
         # Older than RUN_RETENTION_DAYS: the runs would be dropped with their partition.

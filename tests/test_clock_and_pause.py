@@ -55,7 +55,7 @@ def test_backfill_judges_the_future_on_the_database_clock(tenant, web_clock_two_
     now = db_now()
     job = make_job(tenant, next_run_at=now + MINUTE, cron_expr="0 * * * *")
     end = now.replace(minute=0, second=0, microsecond=0)
-    slots = services.backfill_job(job=job, start=end - timedelta(hours=2), end=end)
+    _, slots = services.backfill_job(job=job, start=end - timedelta(hours=2), end=end)
     assert slots == [end - timedelta(hours=2), end - timedelta(hours=1), end]
 
 

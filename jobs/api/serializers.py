@@ -147,6 +147,7 @@ class ResumeSerializer(RejectUnknownMixin, serializers.Serializer):
 class BackfillSerializer(RejectUnknownMixin, serializers.Serializer):
     start = UtcDateTimeField()
     end = UtcDateTimeField()
+    dry_run = StrictBooleanField(required=False, default=False)
 
     def validate(self, attrs: dict) -> dict:
         if attrs["end"] < attrs["start"]:
@@ -156,10 +157,17 @@ class BackfillSerializer(RejectUnknownMixin, serializers.Serializer):
 
 class BackfillResultSerializer(serializers.Serializer):
     job_id = serializers.UUIDField()
+    dry_run = serializers.BooleanField()
     created = serializers.IntegerField(
-        help_text="Runs inserted; slots that already had a run are left alone."
+        help_text="Runs inserted (0 on a dry run); slots that already had a run are left alone."
     )
-    scheduled_at = serializers.ListField(child=serializers.CharField())
+    scheduled_at = serializers.ListField(
+        child=serializers.CharField(), help_text="Slots created, or on a dry run the slots that would be."
+    )
+    already_present = serializers.IntegerField(help_text="Slots in the range that already have a run.")
+    capped = serializers.BooleanField(
+        help_text="More slots are missing than one request may create (a dry run lists the first ones)."
+    )
 
 
 class TriggerResultSerializer(serializers.Serializer):

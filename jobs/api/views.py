@@ -163,8 +163,12 @@ class JobViewSet(
         return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
-        summary="One run per slot in [start, end]",
-        description=f"Capped at {services.MAX_BACKFILL_RUNS} slots; existing runs are left alone.",
+        summary="Fill the gaps of [start, end]: one run per slot that has none",
+        description=(
+            f"Slots that already have a run are left alone, so a second call creates nothing. "
+            f"At most {services.MAX_BACKFILL_RUNS} runs per request. With dry_run the answer lists the "
+            "slots that would be created and nothing is written."
+        ),
         request=BackfillSerializer,
         responses=BackfillResultSerializer,
     )
@@ -173,11 +177,21 @@ class JobViewSet(
         job = self._job()
         body = BackfillSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        created = services.backfill_job(job=job, **body.validated_data)
+        window = {"start": body.validated_data["start"], "end": body.validated_data["end"]}
+        if body.validated_data["dry_run"]:
+            plan = services.plan_backfill(job=job, **window)
+            slots, created = plan.missing, 0
+        else:
+            plan, slots = services.backfill_job(job=job, **window)
+            created = len(slots)
         data = {
             "job_id": str(job.id),
-            "created": len(created),
-            "scheduled_at": [format_utc(t) for t in created],
+            "dry_run": body.validated_data["dry_run"],
+            "created": created,
+            "scheduled_at": [format_utc(t) for t in slots],
+            # Slots that got a run between the plan and the insert count as present.
+            "already_present": plan.already_present + len(plan.missing) - len(slots),
+            "capped": plan.capped,
         }
         return Response(data)
 
