@@ -185,9 +185,9 @@ def _http_target(target: dict, allow_private: bool, problems: list[str]) -> dict
     else:
         url = url.strip()
         try:
-            # resolve=False: a name that does not resolve yet must not fail creation;
-            # the executor re-checks the resolved address at connect time.
-            check_url(url, allow_private=allow_private, resolve=False)
+            # Judged as the HTTP client will read it (IDNA-mapped by yarl); a name is not
+            # resolved here: the executor checks every address it dials at connect time.
+            check_url(url, allow_private=allow_private)
         except UnsafeTarget as exc:
             problems.append(f"url: {exc}.")
         except ValueError as exc:  # urlsplit: a port out of range, a malformed IPv6 host

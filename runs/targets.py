@@ -10,20 +10,18 @@ import hashlib
 import inspect
 import json
 import secrets
-import socket
 from collections.abc import Callable
 from concurrent.futures import Executor
 from datetime import UTC, datetime
-from functools import lru_cache, partial
+from functools import partial
 
 import aiohttp
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
+from aiohttp.abc import ResolveResult
 
 from runs import retry, tasks
 from runs.errors import PermanentError
 from runs.keys import format_utc, run_key
-from runs.netguard import UnsafeTarget, check_url, is_public_address
+from runs.netguard import address_refusal, parse_ip_host, refusal_message
 from runs.queue import ClaimedRun
 
 DEFAULT_TIMEOUT_SECONDS = 30
@@ -31,59 +29,61 @@ USER_AGENT = "Cronyard/1.0"
 
 
 class RefusedAddress(OSError):
-    """The target's host resolved only to addresses the SSRF guard refuses."""
+    """The connector was about to dial an address the SSRF guard refuses."""
 
 
-class GuardedResolver(AbstractResolver):
-    """Resolves like aiohttp's default resolver, then drops non-public addresses.
+class GuardedConnector(aiohttp.TCPConnector):
+    """A TCPConnector that refuses non-public addresses unless private targets are allowed.
 
-    Filtering the addresses the connector will actually dial (not a separate lookup
-    beforehand) is what defeats DNS rebinding: there is no second resolution to race.
+    The check sits in the connector, not in a resolver: aiohttp never asks the resolver
+    about IP-literal hosts, but every host, literal or name, passes `_resolve_host`,
+    whose answer is what gets dialled (no second lookup to race, so no DNS rebinding).
+    `_wrap_create_connection` re-checks the exact addresses handed to the socket
+    layer, so a cached or future code path that skips `_resolve_host` still cannot
+    connect. Both are aiohttp internals (pinned in requirements.txt);
+    tests/test_ssrf.py fails if an upgrade renames them.
     """
 
-    def __init__(self, *, allow_private: bool) -> None:
-        self._inner = DefaultResolver()
+    def __init__(self, *, allow_private: bool, **kwargs) -> None:
+        super().__init__(**kwargs)
         self._allow_private = allow_private
 
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
+    async def _resolve_host(self, host: str, port: int, traces=None) -> list[ResolveResult]:
+        results = await super()._resolve_host(host, port, traces=traces)
         if self._allow_private:
             return results
-        public = [r for r in results if is_public_address(r["host"])]
-        if not public:
-            addresses = ", ".join(sorted({r["host"] for r in results}))
-            raise RefusedAddress(
-                f"'{host}' resolves to {addresses}: loopback/private/link-local targets are not allowed"
-            )
-        return public
+        refused = {r["host"]: address_refusal(r["host"]) for r in results}
+        allowed = [r for r in results if refused[r["host"]] is None]
+        if not allowed:
+            reason = next(iter(refused.values()), None) or f"'{host}' resolves to no address"
+            if parse_ip_host(host) is None:
+                reason = f"'{host}' resolves to {', '.join(sorted(refused))}: {reason}"
+            raise RefusedAddress(refusal_message(reason))
+        return allowed
 
-    async def close(self) -> None:
-        await self._inner.close()
+    async def _wrap_create_connection(self, *args, addr_infos, req, timeout, **kwargs):
+        if not self._allow_private:
+            for info in addr_infos:
+                reason = address_refusal(info[4][0])
+                if reason is not None:
+                    error = kwargs.get("client_error", aiohttp.ClientConnectorError)
+                    raise error(req.connection_key, RefusedAddress(refusal_message(reason)))
+        return await super()._wrap_create_connection(
+            *args, addr_infos=addr_infos, req=req, timeout=timeout, **kwargs
+        )
 
 
 def make_session(*, concurrency: int, allow_private: bool) -> aiohttp.ClientSession:
     """One session (one connection pool) per executor, shared by all its calls."""
-    connector = aiohttp.TCPConnector(
+    connector = GuardedConnector(
+        allow_private=allow_private,
         limit=max(concurrency, 1),
         limit_per_host=0,
-        resolver=GuardedResolver(allow_private=allow_private),
         ttl_dns_cache=10,
     )
     # trust_env=False: a proxy from the environment would dial the target for us,
-    # out of reach of the resolver's address check.
+    # out of reach of the connector's address check.
     return aiohttp.ClientSession(connector=connector, trust_env=False, headers={"User-Agent": USER_AGENT})
-
-
-@lru_cache(maxsize=4096)
-def _refusal(url: str, allow_private: bool) -> str | None:
-    """check_url without DNS is a pure function of the URL: judge each URL once."""
-    try:
-        check_url(url, allow_private=allow_private, resolve=False)
-    except UnsafeTarget as exc:
-        return f"refused target: {exc}"
-    return None
 
 
 def trace_id(key: str) -> str:
@@ -122,10 +122,10 @@ async def call_http(
 ) -> retry.CallResult:
     target = run.target
     url = target.get("url", "")
-    # Literal addresses and local names never reach the resolver; judge them here.
-    refusal = _refusal(url, allow_private)
-    if refusal is not None:
-        return retry.CallResult(retry.PERMANENT, error=refusal)
+    # No address check here: GuardedConnector judges every address it dials, with the
+    # host as aiohttp parsed it (a pre-check on the raw string is what Unicode hosts,
+    # fullwidth or circled digits that yarl maps to 127.0.0.1, slipped past).
+    # `allow_private` is enforced by the session's GuardedConnector (make_session).
     headers = {str(k): str(v) for k, v in (target.get("headers") or {}).items()}
     data = _body(target, headers)
     headers.update(run_headers(run))
@@ -137,7 +137,7 @@ async def call_http(
             headers=headers,
             data=data,
             timeout=timeout,
-            # A redirect could point at a private literal address that skips the resolver.
+            # Never follow: the tenant gets the 3xx, and a Location cannot steer us anywhere.
             allow_redirects=False,
         ) as response:
             text = await response.content.read(retry.MAX_ERROR_CHARS)
@@ -154,9 +154,13 @@ async def call_http(
                 error=retry.truncate(error),
                 retry_after=retry.parse_retry_after(response.headers.get("Retry-After"), now()),
             )
-    except aiohttp.ClientConnectorDNSError as exc:
+    except aiohttp.ClientConnectorError as exc:
         if isinstance(exc.os_error, RefusedAddress):
-            return retry.CallResult(retry.PERMANENT, error=f"refused target: {exc.os_error}")
+            # Permanent: the URL will not change by waiting, and nothing was sent or
+            # read, so the error carries no response data, only why we refused.
+            return retry.CallResult(retry.PERMANENT, error=retry.truncate(f"refused target: {exc.os_error}"))
+        if not isinstance(exc, aiohttp.ClientConnectorDNSError):
+            return retry.CallResult(retry.RETRY, error=retry.truncate(f"{type(exc).__name__}: {exc}"))
         return retry.CallResult(retry.RETRY, error=retry.truncate(f"DNS error: {exc}"))
     except TimeoutError:
         return retry.CallResult(retry.RETRY, error=f"timed out after {timeout.total:g}s")
