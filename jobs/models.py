@@ -82,6 +82,9 @@ class Job(models.Model):
     partition_id = models.PositiveSmallIntegerField(editable=False)
     next_run_at = models.DateTimeField(null=True, blank=True)
     paused = models.BooleanField(default=False)
+    # When the current schedule took effect (creation or the last schedule edit): the
+    # occurrence ledger lists this schedule's slots from here on. NULL = created_at.
+    schedule_since = models.DateTimeField(null=True, blank=True, editable=False)
     start_at = models.DateTimeField(null=True, blank=True)
     end_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -158,6 +161,48 @@ class Misfire(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.missed_count} missed ({self.policy})"
+
+
+class SlotOutcome(models.TextChoices):
+    SKIPPED = "skipped"
+    MISSED = "missed"
+
+
+class SlotReason(models.TextChoices):
+    PAUSED = "paused"
+    MISFIRE_SKIP = "misfire_skip"
+    MISFIRE_COALESCED = "misfire_coalesced"
+    CATCH_UP_LIMIT = "catch_up_limit"
+    SCHEDULE_CHANGED = "schedule_changed"
+
+
+class SlotRange(models.Model):
+    """Slots of a job in [first_at, last_at] that got no run, and why: one row per range.
+
+    The occurrence ledger expands a range into its slots on read, with the schedule
+    the job had when the range was recorded (copied here), so a later edit cannot
+    reinterpret it. Run rows are the fired slots; they take precedence over a range.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="slot_ranges")
+    first_at = models.DateTimeField()
+    last_at = models.DateTimeField()
+    outcome = models.CharField(max_length=8, choices=SlotOutcome.choices)
+    reason = models.CharField(max_length=20, choices=SlotReason.choices)
+    cron_expr = models.CharField(max_length=200, blank=True, default="")
+    time_zone = models.CharField(max_length=64, default="UTC")
+    interval_seconds = models.PositiveIntegerField(null=True, blank=True)
+    run_at = models.DateTimeField(null=True, blank=True)
+    anchor = models.DateTimeField(help_text="A slot of the schedule (the interval grid's anchor).")
+    recorded_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "job_slot_ranges"
+        ordering = ["job", "first_at"]
+        indexes = [models.Index(fields=["job", "last_at"], name="slot_ranges_job_last_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.outcome}/{self.reason} {self.first_at}..{self.last_at}"
 
 
 class SchedulerNode(models.Model):

@@ -26,16 +26,17 @@ import secrets
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from jobs import leases, services
-from jobs.models import Job, Misfire, MisfirePolicy
+from jobs import leases
+from jobs.models import Job, Misfire, SlotRange
+from jobs.planning import Plan, plan_job
 from runs import partitions
-from runs.queue import NewRun, enqueue_runs, notify_executors
+from runs.queue import enqueue_runs, notify_executors
 from scheduler_project import db
 from scheduler_project.loop import Loop
 
@@ -53,14 +54,6 @@ def make_node_id() -> str:
     return f"{socket.gethostname()[:60]}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-@dataclass
-class Plan:
-    job: Job
-    new_next: datetime | None
-    runs: list[NewRun] = field(default_factory=list)
-    misfire: Misfire | None = None
-
-
 @dataclass(frozen=True)
 class BatchResult:
     jobs: int = 0
@@ -72,54 +65,6 @@ class BatchResult:
     refused: int = 0  # CAS refused on a locked, unchanged row (must stay 0)
     still_due: bool = False
     full: bool = False
-
-
-def plan_job(job: Job, *, now: datetime, threshold: timedelta) -> Plan:
-    """Runs to create for a due job and its new next_run_at (pure: no writes)."""
-    due = job.next_run_at
-    assert due is not None
-    if job.end_at is not None and due > job.end_at:
-        return Plan(job=job, new_next=None)  # end_at moved before the pending slot
-    if now - due <= threshold:
-        # On time (or a little late): fire exactly this slot. If more slots are
-        # already due the job comes back in the next batch, one slot per batch, so
-        # the overlap policy sees each earlier run when deciding the next.
-        return Plan(
-            job=job,
-            new_next=services.next_slot(job, after=due, anchor=due),
-            runs=[services.run_for(job, scheduled_at=due, trigger="schedule")],
-        )
-    return _plan_misfire(job, now=now)
-
-
-def _plan_misfire(job: Job, *, now: datetime) -> Plan:
-    due = job.next_run_at
-    assert due is not None
-    policy = job.misfire_policy
-    want = job.max_catch_up if policy == MisfirePolicy.CATCH_UP else 0
-    missed = services.missed_slots(job, first=due, now=now, want=want)
-    if policy == MisfirePolicy.SKIP:
-        slots: list[datetime] = []
-    elif policy == MisfirePolicy.CATCH_UP:
-        slots = missed.oldest
-    else:  # run_once
-        slots = [missed.last]
-    # run_once's single run stands for the current occurrence, so the job's overlap
-    # policy applies to it; a catch-up backlog was asked for run by run.
-    overlap_check = policy == MisfirePolicy.RUN_ONCE
-    runs = [
-        services.run_for(job, scheduled_at=t, trigger="catch_up", overlap_check=overlap_check) for t in slots
-    ]
-    misfire = Misfire(
-        job=job,
-        policy=policy,
-        missed_count=missed.count,
-        count_is_lower_bound=not missed.count_exact,
-        first_missed_at=due,
-        last_missed_at=missed.last,
-        runs_created=len(runs),
-    )
-    return Plan(job=job, new_next=services.next_slot(job, after=now, anchor=due), runs=runs, misfire=misfire)
 
 
 class Scheduler(Loop):
@@ -248,6 +193,9 @@ class Scheduler(Loop):
             misfires = [p.misfire for p in plans_ok if p.misfire is not None]
             if misfires:
                 Misfire.objects.bulk_create(misfires)
+            ranges = [r for p in plans_ok for r in p.ranges]
+            if ranges:
+                SlotRange.objects.bulk_create(ranges)
             if inserted:
                 notify_executors()
         skipped = sum(1 for r in inserted if r.status == "skipped")

@@ -1,5 +1,8 @@
 """Writes to jobs and tenants. Each function is one transaction; arguments are keyword-only.
 
+Slot arithmetic lives in jobs/planning.py; what these functions decide about slots
+that will never run is recorded as ledger ranges (jobs/ledger.py reads them).
+
 Validation of user input happens in the API serializers (field-level messages);
 these functions assume valid values but keep the database consistent on their own.
 """
@@ -16,10 +19,11 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 
-from jobs import schedule
-from jobs.models import ApiToken, Job, Misfire, MisfirePolicy, Tenant
+from jobs import planning
+from jobs.models import ApiToken, Job, Misfire, MisfirePolicy, SlotOutcome, SlotReason, Tenant
+from jobs.planning import latest_slot, missed_slots, next_slot, run_for, slots_between
 from runs.models import JobRun
-from runs.queue import NewRun, enqueue_runs, notify_executors
+from runs.queue import enqueue_runs, notify_executors
 from scheduler_project import db
 
 TOKEN_PREFIX = "cy_"
@@ -27,11 +31,6 @@ MAX_BACKFILL_RUNS = 1000
 # Slots one backfill request may examine (a retention window of a minutely job is
 # 43,200): bounds the enumeration, which runs before any transaction opens.
 MAX_BACKFILL_SCAN = 50_000
-# A misfire's missed slots are counted one by one up to this many (about 20 ms of
-# cron arithmetic); past it the count is recorded as a lower bound. Interval jobs
-# are counted exactly by arithmetic. This is what keeps a week-old backlog from
-# turning one dispatch batch into minutes of enumeration.
-MISFIRE_COUNT_CAP = 1_000
 
 SCHEDULE_FIELDS = ("cron_expr", "time_zone", "interval_seconds", "run_at", "start_at", "end_at")
 
@@ -71,123 +70,6 @@ def _issue_token(*, tenant: Tenant, label: str) -> str:
     return token
 
 
-def next_slot(job: Job, *, after: datetime, anchor: datetime | None = None) -> datetime | None:
-    """The job's first fire time strictly after `after`, inside [start_at, end_at]."""
-    if job.start_at and job.start_at > after:
-        after = job.start_at - timedelta(microseconds=1)
-        anchor = anchor or job.start_at
-    moment = schedule.next_fire_time(
-        cron=job.cron_expr or None,
-        timezone=job.time_zone,
-        interval_seconds=job.interval_seconds,
-        run_at=job.run_at,
-        anchor=anchor or job.next_run_at or after,
-        after=after,
-        job_id=job.id,
-    )
-    if moment is not None and job.end_at and moment > job.end_at:
-        return None
-    return moment
-
-
-def slots_between(job: Job, *, after: datetime, until: datetime, limit: int) -> list[datetime]:
-    """Fire times in (after, until], oldest first, at most `limit` (misfires, backfill)."""
-    anchor = job.next_run_at or job.start_at or after
-    if job.interval_seconds and anchor > after:
-        # An interval grid extends backwards too (backfill before the anchor): move the
-        # anchor back by whole steps to at or before `after`, so the slots stay on it.
-        step = timedelta(seconds=job.interval_seconds)
-        anchor -= -((after - anchor) // step) * step
-    times = schedule.fire_times(
-        cron=job.cron_expr or None,
-        timezone=job.time_zone,
-        interval_seconds=job.interval_seconds,
-        run_at=job.run_at,
-        anchor=anchor,
-        after=after,
-        job_id=job.id,
-        until=until,
-        limit=limit,
-    )
-    out = [t.utc for t in times]
-    if job.start_at:
-        out = [t for t in out if t >= job.start_at]
-    if job.end_at:
-        out = [t for t in out if t <= job.end_at]
-    return out
-
-
-# Growing look-back windows for latest_slot: dense schedules are found in the first,
-# sparse ones (yearly) in the last, and no window holds an unbounded number of slots.
-_LOOKBACK = (timedelta(hours=1), timedelta(days=1), timedelta(days=32), timedelta(days=366))
-
-
-def latest_slot(job: Job, *, since: datetime, until: datetime) -> datetime:
-    """The last fire time in [since, until]; `since` is itself a slot (the job's next_run_at)."""
-    if job.interval_seconds:
-        step = timedelta(seconds=job.interval_seconds)
-        until = min(until, job.end_at) if job.end_at else until
-        return since + max(0, (until - since) // step) * step
-    for window in _LOOKBACK:
-        after = max(since - timedelta(microseconds=1), until - window)
-        slots = slots_between(job, after=after, until=until, limit=1_000_000)
-        if slots:
-            return slots[-1]
-        if after < since:
-            return since
-    slots = slots_between(job, after=since - timedelta(microseconds=1), until=until, limit=1_000_000)
-    return slots[-1] if slots else since
-
-
-@dataclass(frozen=True)
-class MissedSlots:
-    """The slots in [first, now] a scheduler found unfired, in bounded arithmetic."""
-
-    first: datetime
-    last: datetime
-    count: int
-    count_exact: bool  # False: `count` is a lower bound (MISFIRE_COUNT_CAP reached)
-    oldest: list[datetime]  # the oldest `want` slots, for catch_up
-
-
-def missed_slots(job: Job, *, first: datetime, now: datetime, want: int = 0) -> MissedSlots:
-    """Describe the slots from `first` (itself a slot) to `now` without enumerating them all.
-
-    Cost is bounded by max(want, MISFIRE_COUNT_CAP) slot computations for cron jobs and
-    O(want) for interval jobs, however long the backlog.
-    """
-    if job.interval_seconds:
-        step = timedelta(seconds=job.interval_seconds)
-        last = latest_slot(job, since=first, until=now)
-        count = (last - first) // step + 1
-        return MissedSlots(first, last, count, True, [first + k * step for k in range(min(want, count))])
-    cap = max(want, MISFIRE_COUNT_CAP)
-    found = [first, *slots_between(job, after=first, until=now, limit=cap - 1)]
-    if len(found) < cap:
-        return MissedSlots(first, found[-1], len(found), True, found[:want])
-    return MissedSlots(first, latest_slot(job, since=first, until=now), len(found), False, found[:want])
-
-
-def run_for(job: Job, *, scheduled_at: datetime, trigger: str, overlap_check: bool = True) -> NewRun:
-    """The run row for one occurrence, carrying the snapshot the executor needs."""
-    return NewRun(
-        job_id=job.id,
-        scheduled_at=scheduled_at,
-        tenant_id=job.tenant_id,
-        partition_id=job.partition_id,
-        target=job.target,
-        trigger=trigger,
-        priority=job.priority,
-        job_name=job.name,
-        overlap_policy=job.overlap_policy,
-        max_attempts=job.max_attempts,
-        retry_backoff_seconds=job.retry_backoff_seconds,
-        retry_backoff_cap_seconds=job.retry_backoff_cap_seconds,
-        lease_seconds=job.lease_seconds,
-        overlap_check=overlap_check,
-    )
-
-
 @transaction.atomic
 def create_job(*, tenant: Tenant, now: datetime | None = None, **fields) -> Job:
     now = now or db.now()
@@ -197,6 +79,7 @@ def create_job(*, tenant: Tenant, now: datetime | None = None, **fields) -> Job:
     # Whole seconds: an interval job's slots are anchor + k*interval, and an anchor
     # with microseconds would put every run key at an odd instant.
     job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now.replace(microsecond=0))
+    job.schedule_since = now
     job.save(force_insert=True)
     return job
 
@@ -206,19 +89,32 @@ def update_job(*, job: Job, changes: dict, now: datetime | None = None) -> Job:
     """Apply field changes; a schedule change restarts from the next future slot.
 
     Edits never fire a slot that is already past (DESIGN section 3): the slots that
-    fell before the edit took effect are not misfires.
+    fell before the edit took effect are not misfires. They are recorded in the
+    ledger as missed (`schedule_changed`, or `paused` for a paused job), with the
+    schedule they belonged to.
     """
     now = now or db.now()
     job = Job.objects.select_for_update().get(pk=job.pk)
-    schedule_changed = False
+    schedule_changed = any(
+        name in SCHEDULE_FIELDS and getattr(job, name) != value for name, value in changes.items()
+    )
+    unfired = None
+    if schedule_changed and job.next_run_at is not None and job.next_run_at <= now:
+        outcome, reason = (
+            (SlotOutcome.SKIPPED, SlotReason.PAUSED)
+            if job.paused
+            else (SlotOutcome.MISSED, SlotReason.SCHEDULE_CHANGED)
+        )
+        unfired = planning.slot_range(job, first=job.next_run_at, last=now, outcome=outcome, reason=reason)
     for name, value in changes.items():
-        if name in SCHEDULE_FIELDS and getattr(job, name) != value:
-            schedule_changed = True
         setattr(job, name, value)
     if schedule_changed:
         job.next_run_at = None
         job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now.replace(microsecond=0))
+        job.schedule_since = now
     job.save()
+    if unfired is not None:
+        unfired.save()
     return job
 
 
@@ -248,6 +144,7 @@ def pause_job(*, job: Job, now: datetime | None = None) -> Job:
             last_missed_at=missed.last,
             runs_created=0,
         )
+        planning.skipped_range(job, first=missed.first, last=now, reason=SlotReason.PAUSED).save()
         job.next_run_at = next_slot(job, after=now, anchor=job.next_run_at)
         fields.append("next_run_at")
     job.paused = True
@@ -278,6 +175,9 @@ def resume_job(*, job: Job, catch_up: str = "none", now: datetime | None = None)
         enqueue_runs([run_for(job, scheduled_at=t, trigger="catch_up", overlap_check=False) for t in missed])
         notify_executors()
     if job.next_run_at is not None and job.next_run_at <= now:
+        # The ledger: every slot that fell while paused is skipped, except those the
+        # catch-up just queued (run rows take precedence over a range).
+        planning.skipped_range(job, first=job.next_run_at, last=now, reason=SlotReason.PAUSED).save()
         job.next_run_at = next_slot(job, after=now, anchor=job.next_run_at)
     job.paused = False
     job.save(update_fields=["paused", "next_run_at", "updated_at"])

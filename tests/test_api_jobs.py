@@ -15,7 +15,7 @@ import requests
 from rest_framework.test import APIClient
 
 from jobs.models import Job
-from jobs.services import run_for
+from jobs.planning import run_for
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
 from runs.queue import enqueue_runs

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from jobs import services
+from jobs import planning, services
 from jobs.models import Job, SchedulerNode
 from runs.models import JobRun
 from runs.queue import enqueue_runs
@@ -66,7 +66,7 @@ def acme(transactional_db):
 def enqueue(job: Job, *slots: datetime) -> list[JobRun]:
     with transaction.atomic():
         enqueue_runs(
-            [services.run_for(job, scheduled_at=s, trigger="schedule", overlap_check=False) for s in slots]
+            [planning.run_for(job, scheduled_at=s, trigger="schedule", overlap_check=False) for s in slots]
         )
     return list(JobRun.objects.filter(job_id=job.id, scheduled_at__in=slots).order_by("scheduled_at"))
 

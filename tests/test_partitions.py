@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from jobs.services import create_job, run_for
+from jobs.planning import run_for
+from jobs.services import create_job
 from runs.models import JobRun
 from runs.partitions import maintain, partition_name
 from runs.queue import enqueue_runs

@@ -17,8 +17,9 @@ from django.db import connection
 
 from jobs import scheduler as scheduler_module
 from jobs.models import Job, Misfire
+from jobs.planning import MISFIRE_COUNT_CAP
 from jobs.scheduler import Scheduler
-from jobs.services import MISFIRE_COUNT_CAP, partition_for
+from jobs.services import partition_for
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.scheduler import TARGET

@@ -9,8 +9,8 @@ import pytest
 from django.db import connection
 
 from jobs.models import Job, Misfire
+from jobs.planning import MISFIRE_COUNT_CAP
 from jobs.scheduler import Scheduler
-from jobs.services import MISFIRE_COUNT_CAP
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.scheduler import make_job

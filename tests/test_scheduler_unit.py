@@ -10,8 +10,8 @@ from django.db import connection
 
 from jobs import leases
 from jobs.models import Job, SchedulerNode
+from jobs.planning import run_for
 from jobs.scheduler import Scheduler
-from jobs.services import run_for
 from runs.models import JobRun
 from runs.queue import enqueue_runs
 from tests.conftest import database_url

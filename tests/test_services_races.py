@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from jobs import services
+from jobs import planning, services
 from jobs.leases import conninfo_from_settings
 from jobs.models import Job
 from runs import partitions
@@ -79,7 +79,7 @@ def test_a_manual_trigger_never_takes_a_scheduled_slot(tenant):
     manual = services.trigger_job(job=job, now=slot)
     assert manual != slot
     # The scheduler's insert of the real occurrence still goes in.
-    assert enqueue_runs([services.run_for(job, scheduled_at=slot, trigger="schedule")])
+    assert enqueue_runs([planning.run_for(job, scheduled_at=slot, trigger="schedule")])
 
 
 @pytest.mark.django_db
@@ -98,12 +98,12 @@ def test_retention_keeps_days_and_rows_that_still_have_active_runs(tenant):
     today = datetime.now(UTC).date()
     midnight = datetime(today.year, today.month, today.day, tzinfo=UTC)
     queued_today = midnight + timedelta(hours=1)
-    enqueue_runs([services.run_for(job, scheduled_at=queued_today, trigger="backfill", overlap_check=False)])
+    enqueue_runs([planning.run_for(job, scheduled_at=queued_today, trigger="backfill", overlap_check=False)])
     old = midnight - timedelta(days=45)
     enqueue_runs(
         [
-            services.run_for(job, scheduled_at=old, trigger="backfill", overlap_check=False),
-            services.run_for(
+            planning.run_for(job, scheduled_at=old, trigger="backfill", overlap_check=False),
+            planning.run_for(
                 job, scheduled_at=old + timedelta(hours=1), trigger="backfill", overlap_check=False
             ),
         ]

@@ -197,6 +197,45 @@ class MisfireSerializer(serializers.ModelSerializer):
         ]
 
 
+class OccurrenceQuerySerializer(serializers.Serializer):
+    """Query string of /jobs/{id}/occurrences: [from, to), a cursor and a page size."""
+
+    # `from` is a Python keyword: the field is declared under another name below.
+    to = UtcDateTimeField(required=False, help_text="Exclusive; default now.")
+    cursor = serializers.CharField(required=False)
+    page_size = serializers.IntegerField(required=False, default=100, min_value=1, max_value=1000)
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = UtcDateTimeField(
+            required=False, help_text="Inclusive; default 24 hours before `to`."
+        )
+        return fields
+
+    def validate(self, attrs: dict) -> dict:
+        if attrs.get("from") and attrs.get("to") and attrs["to"] <= attrs["from"]:
+            raise serializers.ValidationError({"to": ["to must be later than from."]})
+        return attrs
+
+
+class OccurrenceRunSerializer(serializers.Serializer):
+    status = serializers.CharField()
+    attempt = serializers.IntegerField()
+    trigger = serializers.CharField()
+    url = serializers.CharField()
+
+
+class OccurrenceSerializer(serializers.Serializer):
+    scheduled_at = serializers.CharField()
+    outcome = serializers.ChoiceField(choices=["fired", "skipped", "missed", "pending"])
+    reason = serializers.CharField(
+        allow_null=True,
+        help_text="paused, overlap_skip, buffer_full, misfire_skip, misfire_coalesced, catch_up_limit, "
+        "schedule_changed or overdue; null for a fired slot.",
+    )
+    run = OccurrenceRunSerializer(allow_null=True)
+
+
 class FireTimeSerializer(serializers.Serializer):
     utc = serializers.CharField()
     local = serializers.CharField()

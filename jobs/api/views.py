@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -17,14 +20,16 @@ from rest_framework.decorators import action
 from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from jobs import services
+from jobs import ledger, services
 from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.models import Job
 from jobs.schedule import ScheduleError
 from jobs.validation import SCHEDULE_KEY, check_cron, check_interval, check_zone
-from runs.keys import format_utc
+from runs.keys import format_utc, parse_utc
+from scheduler_project import db
 
 from .serializers import (
     BackfillResultSerializer,
@@ -32,6 +37,8 @@ from .serializers import (
     HealthSerializer,
     JobSerializer,
     MisfireSerializer,
+    OccurrenceQuerySerializer,
+    OccurrenceSerializer,
     PreviewCountSerializer,
     PreviewQuerySerializer,
     PreviewSerializer,
@@ -233,6 +240,69 @@ class JobViewSet(
         paginator = Pagination()
         page = paginator.paginate_queryset(job.misfires.order_by("-detected_at", "-id"), request, view=self)
         return paginator.get_paginated_response(MisfireSerializer(page, many=True).data)
+
+    @extend_schema(
+        summary="Every due slot of the job in [from, to), each with one outcome",
+        description=(
+            "Oldest first, cursor-paginated. outcome: fired (a run exists), skipped (with a reason), "
+            "missed (past and nothing will fire it), pending (due, not dispatched yet; reason overdue "
+            "once late by SCHEDULER_OVERDUE_ALERT_SECONDS). Answers 'why didn't job X run at T?'."
+        ),
+        parameters=[
+            OpenApiParameter(
+                "from", OpenApiTypes.DATETIME, description="Inclusive; default 24 h before `to`."
+            ),
+            OpenApiParameter("to", OpenApiTypes.DATETIME, description="Exclusive; default now."),
+            OpenApiParameter("cursor", str, description="From the `next` link."),
+            OpenApiParameter("page_size", int, description="Default 100, at most 1000."),
+        ],
+        responses=inline_serializer(
+            "OccurrencePage",
+            {
+                "next": serializers.URLField(allow_null=True),
+                "results": OccurrenceSerializer(many=True),
+            },
+        ),
+    )
+    @action(detail=True, methods=["get"])
+    def occurrences(self, request: Request, pk=None) -> Response:
+        job = self._job()
+        query = OccurrenceQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        params = query.validated_data
+        now = db.now()
+        end = params.get("to") or now + timedelta(microseconds=1)
+        start = params.get("from") or end - timedelta(days=1)
+        after = None
+        if "cursor" in params:
+            try:
+                after = parse_utc(params["cursor"])
+            except (ValueError, OverflowError):
+                raise serializers.ValidationError({"cursor": ["invalid cursor; use the next link"]}) from None
+        limit = params["page_size"]
+        items, more = ledger.occurrences(job=job, start=start, end=end, now=now, after=after, limit=limit)
+        url = request.build_absolute_uri()
+        next_url = None
+        if more:
+            next_url = replace_query_param(url, "cursor", format_utc(items[-1].scheduled_at))
+        return Response({"next": next_url, "results": [occurrence_json(o) for o in items]})
+
+
+def occurrence_json(item: ledger.Occurrence) -> dict:
+    run = item.run
+    return {
+        "scheduled_at": format_utc(item.scheduled_at),
+        "outcome": item.outcome,
+        "reason": item.reason,
+        "run": None
+        if run is None
+        else {
+            "status": run.status,
+            "attempt": run.attempt,
+            "trigger": run.trigger,
+            "url": run_url(run.job_id, run.scheduled_at),
+        },
+    }
 
 
 class SchedulePreviewView(APIView):

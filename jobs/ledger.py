@@ -1,0 +1,118 @@
+"""The occurrence ledger: every due slot of a job, each with exactly one outcome.
+
+"Why didn't job X run at T?" is answered from three sources, none of which stores a
+row per slot that did not run:
+
+* run rows are the `fired` slots (any status; a run the overlap policy skipped is
+  `skipped` with `overlap_skip` or `buffer_full`);
+* `SlotRange` rows are the slots that got no run and why (`paused`, `misfire_skip`,
+  ...), one row per range, expanded on read with the schedule copied into the row;
+* the job's current schedule, from the moment it took effect (`schedule_since`),
+  supplies the slots nothing was recorded for: `pending` from `next_run_at` on (and
+  `overdue` once late by SCHEDULER_OVERDUE_ALERT_SECONDS), `skipped`/`paused` while
+  the job is paused.
+
+A page merges the first `limit + 1` keys after the cursor from each source, so its
+cost is bounded by the page size, not by the length of the job's history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from jobs.models import Job, SlotRange, SlotReason
+from jobs.planning import slots_between
+from runs.models import JobRun
+
+_TICK = timedelta(microseconds=1)
+# Overlap skips are run rows with status skipped; the job's policy at dispatch says which.
+_OVERLAP_REASON = {"skip": "overlap_skip", "buffer_one": "buffer_full"}
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    scheduled_at: datetime
+    outcome: str  # fired | skipped | missed | pending
+    reason: str | None
+    run: JobRun | None = None
+
+
+def life_start(job: Job, *, now: datetime) -> datetime:
+    """Oldest instant the ledger speaks for: creation or start_at, and no older than retention."""
+    oldest = now - timedelta(days=settings.RUN_RETENTION_DAYS)
+    return max(t for t in (job.created_at, job.start_at, oldest) if t is not None)
+
+
+def occurrences(
+    *, job: Job, start: datetime, end: datetime, now: datetime, after: datetime | None, limit: int
+) -> tuple[list[Occurrence], bool]:
+    """Up to `limit` occurrences in [start, end) after the cursor `after`, and whether more follow."""
+    lo = max(start - _TICK, life_start(job, now=now) - _TICK, after or start - _TICK)  # exclusive
+    hi = min(end - _TICK, now)  # inclusive: due slots only
+    if job.end_at is not None:
+        hi = min(hi, job.end_at)
+    if hi <= lo:
+        return [], False
+    want = limit + 1
+
+    runs = {
+        r.scheduled_at: r
+        for r in JobRun.objects.filter(job_id=job.id, scheduled_at__gt=lo, scheduled_at__lte=hi)
+        .order_by("scheduled_at")
+        .only("job_id", "scheduled_at", "status", "attempt", "trigger", "overlap_policy")[:want]
+    }
+    era_start = max(lo, (job.schedule_since or job.created_at) - _TICK)
+    current = slots_between(job, after=era_start, until=hi, limit=want) if era_start < hi else []
+
+    # Ranges can only contribute keys up to the furthest key the page can still need.
+    keys = sorted({*runs, *current})
+    horizon = keys[want - 1] if len(keys) >= want else hi
+    ranged: dict[datetime, SlotRange] = {}
+    for rng in SlotRange.objects.filter(job=job, last_at__gt=lo, first_at__lte=horizon).order_by("first_at")[
+        :want
+    ]:
+        for t in slots_between(
+            _schedule_of(job, rng),
+            after=max(lo, rng.first_at - _TICK),
+            until=min(horizon, rng.last_at),
+            limit=want,
+        ):
+            ranged.setdefault(t, rng)
+
+    page = sorted({*runs, *current, *ranged})[:want]
+    out = [_classify(job, t, runs.get(t), ranged.get(t), now=now) for t in page[:limit]]
+    return out, len(page) > limit
+
+
+def _classify(
+    job: Job, at: datetime, run: JobRun | None, rng: SlotRange | None, *, now: datetime
+) -> Occurrence:
+    if run is not None:
+        if run.status == "skipped":
+            return Occurrence(at, "skipped", _OVERLAP_REASON.get(run.overlap_policy, "overlap_skip"), run)
+        return Occurrence(at, "fired", None, run)
+    if rng is not None:
+        return Occurrence(at, rng.outcome, rng.reason)
+    if job.next_run_at is not None and at >= job.next_run_at:
+        if job.paused:
+            return Occurrence(at, "skipped", SlotReason.PAUSED)
+        late = (now - at).total_seconds() > settings.SCHEDULER_OVERDUE_ALERT_SECONDS
+        return Occurrence(at, "pending", "overdue" if late else None)
+    # Behind next_run_at with nothing recorded: the ledger cannot say why (it does not
+    # guess); every path that moves next_run_at past a slot records a run or a range.
+    return Occurrence(at, "missed", None)
+
+
+def _schedule_of(job: Job, rng: SlotRange) -> Job:
+    """A transient job carrying the schedule a range was recorded with (for slot arithmetic)."""
+    return Job(
+        id=job.id,
+        cron_expr=rng.cron_expr,
+        time_zone=rng.time_zone,
+        interval_seconds=rng.interval_seconds,
+        run_at=rng.run_at,
+        next_run_at=rng.anchor,
+    )
