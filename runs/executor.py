@@ -200,14 +200,22 @@ class Executor:
             self._wake.clear()
             limit = min(self._free_slots(), self.claim_batch)
             claimed: list[queue.ClaimedRun] = []
+            # Reaping does not wait for a free slot: an orphaned run counts against its
+            # tenant's max_concurrency until someone reclaims it, and a fully busy
+            # executor may stay busy for as long as its longest call.
+            if time.monotonic() >= next_reap:
+                try:
+                    self._reaped(await queue.reap_expired_leases(self._claim_conn))
+                except psycopg.Error as exc:
+                    log.warning("reaping expired leases failed (%s); reconnecting", exc)
+                    self._claim_conn = await self._reconnect(self._claim_conn)
+                    continue
+                next_reap = time.monotonic() + REAP_EVERY_SECONDS
             if limit > 0:
                 try:
                     if time.monotonic() >= next_replan:
                         await queue.replan(self._claim_conn)
                         next_replan = time.monotonic() + REPLAN_SECONDS
-                    if time.monotonic() >= next_reap:
-                        self._reaped(await queue.reap_expired_leases(self._claim_conn))
-                        next_reap = time.monotonic() + REAP_EVERY_SECONDS
                     claimed = await queue.claim_runs(self._claim_conn, owner=self.owner, limit=limit)
                 except psycopg.Error as exc:
                     log.warning("claim failed (%s); reconnecting", exc)
