@@ -393,11 +393,12 @@ class Executor:
             if entry.key not in written:
                 self._fenced(entry)
                 continue
-            if completion.entry["outcome"] == "handed back":
+            handed_back = completion.entry["outcome"] == "handed back"
+            if handed_back:
                 self.counters.handed_back += 1
-            elif completion.status == "succeeded":
+            if completion.status == "succeeded":
                 self.counters.succeeded += 1
-            elif completion.status == "retrying":
+            elif completion.status == "retrying" and not handed_back:
                 self.counters.retried += 1
                 # Retry our own backoff promptly instead of at the next poll.
                 loop.call_later((completion.retry_in_s or 0) + 0.01, self._wake.set)
@@ -520,17 +521,33 @@ class Executor:
             if entry.task is not None:
                 entry.task.cancel()
         await asyncio.gather(*(e.task for e in entries if e.task is not None), return_exceptions=True)
-        result = retry.CallResult(
-            retry.RETRY, error="handed back: the executor shut down before the call finished"
-        )
-        batch = [(e, self._completion(e, "retrying", "handed back", result, 0.0)) for e in entries]
+        batch = [(e, self._hand_back_completion(e)) for e in entries]
         try:
             written = await queue.complete_runs(self._write_conn, [c for _, c in batch])
         except psycopg.Error as exc:
             log.error("could not hand back %d run(s) (%s); their leases will expire", len(batch), exc)
             return
         self._written(batch, written)
-        log.info("handed back %d unfinished run(s)", len(written))
+        dead = sum(1 for e, c in batch if e.key in written and c.status == "dead")
+        log.info("handed back %d unfinished run(s), %d of them dead (no attempts left)", len(written), dead)
+
+    def _hand_back_completion(self, entry: InFlight) -> queue.Completion:
+        """An unfinished attempt consumed its number (it is the fence): with none left
+        the run is dead like any other that ran out of attempts, not queued again."""
+        run = entry.run
+        if run.attempt >= run.max_attempts:
+            result = retry.CallResult(
+                retry.RETRY,
+                error=(
+                    f"handed back with no attempts left: attempt {run.attempt} of {run.max_attempts}"
+                    " did not finish before the executor shut down"
+                ),
+            )
+            return self._completion(entry, "dead", "handed back", result, None)
+        result = retry.CallResult(
+            retry.RETRY, error="handed back: the executor shut down before the call finished"
+        )
+        return self._completion(entry, "retrying", "handed back", result, 0.0)
 
 
 def _scrubbed(completion: queue.Completion, error: Exception) -> queue.Completion:
