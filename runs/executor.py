@@ -1,8 +1,8 @@
 """The executor: claims runs, calls their targets, writes outcomes under the attempt's fence.
 
 One asyncio event loop (uvloop) per process. HTTP calls share one aiohttp session;
-sync tasks run in a thread pool. The database is reached through psycopg
-AsyncConnections with the raw SQL of runs/queue.py, never the ORM:
+sync tasks run on threads of their own (an overrunning one is abandoned). The
+database is reached through psycopg AsyncConnections with the raw SQL of runs/queue.py, never the ORM:
 
 - claim connection: short claim transactions (never open during a call);
 - write connection: outcomes of finished attempts, batched into one UPDATE;
@@ -27,7 +27,6 @@ import signal
 import socket
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID
@@ -163,7 +162,6 @@ class Executor:
         self._write_conn = await queue.connect_async(self.conninfo)
         self._beat_conn = await queue.connect_async(self.conninfo)
         self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
-        self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronyard-task")
         writer = asyncio.create_task(self._writer(), name="writer")
         background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
         if not once:
@@ -186,7 +184,6 @@ class Executor:
             await asyncio.gather(writer, return_exceptions=True)
             await self._alerter.close(timeout=min(self.grace_seconds, 5.0))
             await self._session.close()
-            self._pool.shutdown(wait=False, cancel_futures=True)
             for conn in (self._claim_conn, self._write_conn, self._beat_conn):
                 await conn.close()
             log.info("executor %s stopped: %s", self.owner, self.counters)
@@ -287,9 +284,7 @@ class Executor:
     async def _execute(self, entry: InFlight) -> None:
         run = entry.run
         try:
-            result = await targets.call(
-                run, session=self._session, pool=self._pool, allow_private=self.allow_private
-            )
+            result = await targets.call(run, session=self._session, allow_private=self.allow_private)
         except asyncio.CancelledError:
             return  # whoever cancelled it owns the run's fate (fenced / handed back)
         except Exception as exc:  # a bug in our own code must not kill the loop
