@@ -40,6 +40,10 @@ RANGES: dict[str, tuple[int, int]] = {
     "priority": (0, 9),
 }
 TIMEOUT_RANGE = (1, 300)
+# Tasks are the operator's own code (reports, exports) and may legitimately run for
+# long; the bound only has to stop a hung one from holding a slot forever.
+TASK_TIMEOUT_RANGE = (1, 86_400)
+TASK_TIMEOUT_DEFAULT = 300
 
 # The executor sets these on every request; a job must not forge the run key.
 RESERVED_HEADERS = frozenset(
@@ -58,7 +62,7 @@ RESERVED_HEADERS = frozenset(
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _TASK_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:[.:][A-Za-z_][A-Za-z0-9_]*)*$")
 _HTTP_KEYS = frozenset({"type", "url", "method", "headers", "body", "timeout_seconds"})
-_TASK_KEYS = frozenset({"type", "name", "kwargs"})
+_TASK_KEYS = frozenset({"type", "name", "kwargs", "timeout_seconds"})
 
 
 class JobInvalid(ValueError):
@@ -208,10 +212,7 @@ def _http_target(target: dict, allow_private: bool, problems: list[str]) -> dict
                 problems.append(f"headers: {key} is set by the executor and cannot be overridden.")
             if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
                 problems.append(f"headers: the value of {key!r} must be a single-line string.")
-    timeout = target.get("timeout_seconds", 30)
-    lo, hi = TIMEOUT_RANGE
-    if not _is_int(timeout) or not lo <= timeout <= hi:
-        problems.append(f"timeout_seconds: must be a whole number between {lo} and {hi}.")
+    timeout = _check_timeout(target.get("timeout_seconds", 30), TIMEOUT_RANGE, problems)
     return {
         "type": "http",
         "url": url,
@@ -231,7 +232,21 @@ def _task_target(target: dict, problems: list[str]) -> dict:
     kwargs = target.get("kwargs") or {}
     if not isinstance(kwargs, dict):
         problems.append("kwargs: must be an object.")
-    return {"type": "task", "name": name.strip() if isinstance(name, str) else name, "kwargs": kwargs}
+    timeout = target.get("timeout_seconds", TASK_TIMEOUT_DEFAULT)
+    timeout = _check_timeout(timeout, TASK_TIMEOUT_RANGE, problems)
+    return {
+        "type": "task",
+        "name": name.strip() if isinstance(name, str) else name,
+        "kwargs": kwargs,
+        "timeout_seconds": timeout,
+    }
+
+
+def _check_timeout(timeout: Any, bounds: tuple[int, int], problems: list[str]) -> Any:
+    lo, hi = bounds
+    if not _is_int(timeout) or not lo <= timeout <= hi:
+        problems.append(f"timeout_seconds: must be a whole number between {lo} and {hi}.")
+    return timeout
 
 
 def validate_job(

@@ -1,8 +1,8 @@
 """The executor: claims runs, calls their targets, writes outcomes under the attempt's fence.
 
 One asyncio event loop (uvloop) per process. HTTP calls share one aiohttp session;
-sync tasks run in a thread pool. The database is reached through psycopg
-AsyncConnections with the raw SQL of runs/queue.py, never the ORM:
+sync tasks run on threads of their own (an overrunning one is abandoned). The
+database is reached through psycopg AsyncConnections with the raw SQL of runs/queue.py, never the ORM:
 
 - claim connection: short claim transactions (never open during a call);
 - write connection: outcomes of finished attempts, batched into one UPDATE;
@@ -27,7 +27,6 @@ import signal
 import socket
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from uuid import UUID
@@ -163,7 +162,6 @@ class Executor:
         self._write_conn = await queue.connect_async(self.conninfo)
         self._beat_conn = await queue.connect_async(self.conninfo)
         self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
-        self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronyard-task")
         writer = asyncio.create_task(self._writer(), name="writer")
         background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
         if not once:
@@ -186,7 +184,6 @@ class Executor:
             await asyncio.gather(writer, return_exceptions=True)
             await self._alerter.close(timeout=min(self.grace_seconds, 5.0))
             await self._session.close()
-            self._pool.shutdown(wait=False, cancel_futures=True)
             for conn in (self._claim_conn, self._write_conn, self._beat_conn):
                 await conn.close()
             log.info("executor %s stopped: %s", self.owner, self.counters)
@@ -200,14 +197,22 @@ class Executor:
             self._wake.clear()
             limit = min(self._free_slots(), self.claim_batch)
             claimed: list[queue.ClaimedRun] = []
+            # Reaping does not wait for a free slot: an orphaned run counts against its
+            # tenant's max_concurrency until someone reclaims it, and a fully busy
+            # executor may stay busy for as long as its longest call.
+            if time.monotonic() >= next_reap:
+                try:
+                    self._reaped(await queue.reap_expired_leases(self._claim_conn))
+                except psycopg.Error as exc:
+                    log.warning("reaping expired leases failed (%s); reconnecting", exc)
+                    self._claim_conn = await self._reconnect(self._claim_conn)
+                    continue
+                next_reap = time.monotonic() + REAP_EVERY_SECONDS
             if limit > 0:
                 try:
                     if time.monotonic() >= next_replan:
                         await queue.replan(self._claim_conn)
                         next_replan = time.monotonic() + REPLAN_SECONDS
-                    if time.monotonic() >= next_reap:
-                        self._reaped(await queue.reap_expired_leases(self._claim_conn))
-                        next_reap = time.monotonic() + REAP_EVERY_SECONDS
                     claimed = await queue.claim_runs(self._claim_conn, owner=self.owner, limit=limit)
                 except psycopg.Error as exc:
                     log.warning("claim failed (%s); reconnecting", exc)
@@ -279,9 +284,7 @@ class Executor:
     async def _execute(self, entry: InFlight) -> None:
         run = entry.run
         try:
-            result = await targets.call(
-                run, session=self._session, pool=self._pool, allow_private=self.allow_private
-            )
+            result = await targets.call(run, session=self._session, allow_private=self.allow_private)
         except asyncio.CancelledError:
             return  # whoever cancelled it owns the run's fate (fenced / handed back)
         except Exception as exc:  # a bug in our own code must not kill the loop
@@ -385,11 +388,12 @@ class Executor:
             if entry.key not in written:
                 self._fenced(entry)
                 continue
-            if completion.entry["outcome"] == "handed back":
+            handed_back = completion.entry["outcome"] == "handed back"
+            if handed_back:
                 self.counters.handed_back += 1
-            elif completion.status == "succeeded":
+            if completion.status == "succeeded":
                 self.counters.succeeded += 1
-            elif completion.status == "retrying":
+            elif completion.status == "retrying" and not handed_back:
                 self.counters.retried += 1
                 # Retry our own backoff promptly instead of at the next poll.
                 loop.call_later((completion.retry_in_s or 0) + 0.01, self._wake.set)
@@ -512,17 +516,33 @@ class Executor:
             if entry.task is not None:
                 entry.task.cancel()
         await asyncio.gather(*(e.task for e in entries if e.task is not None), return_exceptions=True)
-        result = retry.CallResult(
-            retry.RETRY, error="handed back: the executor shut down before the call finished"
-        )
-        batch = [(e, self._completion(e, "retrying", "handed back", result, 0.0)) for e in entries]
+        batch = [(e, self._hand_back_completion(e)) for e in entries]
         try:
             written = await queue.complete_runs(self._write_conn, [c for _, c in batch])
         except psycopg.Error as exc:
             log.error("could not hand back %d run(s) (%s); their leases will expire", len(batch), exc)
             return
         self._written(batch, written)
-        log.info("handed back %d unfinished run(s)", len(written))
+        dead = sum(1 for e, c in batch if e.key in written and c.status == "dead")
+        log.info("handed back %d unfinished run(s), %d of them dead (no attempts left)", len(written), dead)
+
+    def _hand_back_completion(self, entry: InFlight) -> queue.Completion:
+        """An unfinished attempt consumed its number (it is the fence): with none left
+        the run is dead like any other that ran out of attempts, not queued again."""
+        run = entry.run
+        if run.attempt >= run.max_attempts:
+            result = retry.CallResult(
+                retry.RETRY,
+                error=(
+                    f"handed back with no attempts left: attempt {run.attempt} of {run.max_attempts}"
+                    " did not finish before the executor shut down"
+                ),
+            )
+            return self._completion(entry, "dead", "handed back", result, None)
+        result = retry.CallResult(
+            retry.RETRY, error="handed back: the executor shut down before the call finished"
+        )
+        return self._completion(entry, "retrying", "handed back", result, 0.0)
 
 
 def _scrubbed(completion: queue.Completion, error: Exception) -> queue.Completion:

@@ -310,9 +310,30 @@ picked AS (
     ) c
     WHERE s.free > 0
 ),
+superseded AS (
+    -- cancel_previous: the newest occurrence wins. A run must not start while a newer
+    -- occurrence of its job waits, runs or has succeeded (an old retry or a replay
+    -- would run beside it, or redo stale work after it): it is cancelled instead.
+    -- Claims of one job are serialised by the tenant lock, so every order ends with
+    -- at most one running occurrence (see docs/DECISIONS.md).
+    SELECT p.id, p.scheduled_at FROM picked p
+    WHERE p.overlap_policy = 'cancel_previous'
+      AND EXISTS (SELECT 1 FROM job_runs n
+                  WHERE n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at
+                    AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
+),
 ranked AS (
     SELECT p.*, row_number() OVER (PARTITION BY p.job_id ORDER BY p.scheduled_at) AS job_rank
     FROM picked p
+    WHERE NOT EXISTS (SELECT 1 FROM superseded x WHERE x.id = p.id AND x.scheduled_at = p.scheduled_at)
+),
+dropped AS (
+    UPDATE job_runs d SET
+        status = 'cancelled', finished_at = now(), lease_until = NULL,
+        last_error = 'cancelled: a newer occurrence of this job supersedes it (cancel_previous)'
+    FROM superseded x
+    WHERE d.id = x.id AND d.scheduled_at = x.scheduled_at
+    RETURNING d.job_id
 ),
 chosen AS (
     SELECT * FROM ranked WHERE job_rank = 1 OR overlap_policy = 'allow'

@@ -9,9 +9,10 @@ import asyncio
 import hashlib
 import inspect
 import json
+import logging
 import secrets
+import threading
 from collections.abc import Callable
-from concurrent.futures import Executor
 from datetime import UTC, datetime
 from functools import partial
 
@@ -25,7 +26,10 @@ from runs.netguard import address_refusal, parse_ip_host, refusal_message
 from runs.queue import ClaimedRun
 
 DEFAULT_TIMEOUT_SECONDS = 30
+DEFAULT_TASK_TIMEOUT_SECONDS = 300
 USER_AGENT = "Cronyard/1.0"
+
+log = logging.getLogger(__name__)
 
 
 class RefusedAddress(OSError):
@@ -170,7 +174,7 @@ async def call_http(
         return retry.CallResult(retry.RETRY, error=retry.truncate(f"{type(exc).__name__}: {exc}"))
 
 
-async def call_task(run: ClaimedRun, *, pool: Executor) -> retry.CallResult:
+async def call_task(run: ClaimedRun) -> retry.CallResult:
     target = run.target
     name = target.get("name", "")
     fn = tasks.get(name)
@@ -183,29 +187,81 @@ async def call_task(run: ClaimedRun, *, pool: Executor) -> retry.CallResult:
         idempotency_key=run_key(run.job_id, run.scheduled_at),
     )
     kwargs = target.get("kwargs") or {}
-    timeout = target.get("timeout_seconds")
+    # Targets stored before task timeouts existed have none: they get the default.
+    timeout = float(target.get("timeout_seconds") or DEFAULT_TASK_TIMEOUT_SECONDS)
+    is_async = inspect.iscoroutinefunction(fn)
     try:
-        if inspect.iscoroutinefunction(fn):
-            call = fn(context, **kwargs)
-        else:
-            call = asyncio.get_running_loop().run_in_executor(pool, partial(fn, context, **kwargs))
-        await asyncio.wait_for(call, timeout=float(timeout) if timeout else None)
+        async with asyncio.timeout(timeout) as deadline:
+            if is_async:
+                await fn(context, **kwargs)
+            else:
+                await _in_own_thread(partial(fn, context, **kwargs), name=f"cronyard-task-{name}"[:60])
     except PermanentError as exc:
         return retry.CallResult(retry.PERMANENT, error=retry.truncate(f"PermanentError: {exc}"))
-    except TimeoutError:
-        return retry.CallResult(retry.RETRY, error=f"task timed out after {timeout}s")
+    except TimeoutError as exc:
+        if not deadline.expired():  # the task's own TimeoutError (a socket, a lock): a failure like others
+            return retry.CallResult(retry.RETRY, error=retry.truncate(f"TimeoutError: {exc}"))
+        if is_async:
+            return retry.CallResult(retry.RETRY, error=f"task timed out after {timeout:g}s and was cancelled")
+        log.warning(
+            "task %s (attempt %d of %s) overran its %gs timeout; its thread is abandoned",
+            name,
+            run.attempt,
+            context.idempotency_key,
+            timeout,
+        )
+        return retry.CallResult(
+            retry.RETRY,
+            error=f"task timed out after {timeout:g}s; its thread was abandoned and its result is ignored",
+        )
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         return retry.CallResult(retry.RETRY, error=retry.truncate(f"{type(exc).__name__}: {exc}"))
+    finally:
+        # Timed out, fenced, cancelled or handed back: a sync task still running in its
+        # thread can see that this attempt no longer counts and stop (done: a no-op).
+        context.cancelled.set()
     return retry.CallResult(retry.SUCCESS)
+
+
+def _in_own_thread(fn: Callable[[], object], *, name: str) -> asyncio.Future:
+    """Run a sync task on a daemon thread of its own; the future has its result.
+
+    Not a pool: a thread cannot be killed, so a task that overruns is abandoned. In a
+    pool it would keep a worker forever (starving later tasks) and, being non-daemon,
+    keep the executor from exiting. Cancelling the future (timeout, fence, hand-back)
+    detaches the thread: whatever it returns later goes nowhere.
+    """
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: object, error: Exception | None) -> None:
+        if future.done():  # cancelled: this attempt is over, its late result is dropped
+            return
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+    def work() -> None:
+        try:
+            result, error = fn(), None
+        except Exception as exc:
+            result, error = None, exc
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the event loop is closed: the executor is gone, nobody is waiting
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return future
 
 
 async def call(
     run: ClaimedRun,
     *,
     session: aiohttp.ClientSession,
-    pool: Executor,
     allow_private: bool,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> retry.CallResult:
@@ -213,5 +269,5 @@ async def call(
     if kind == "http":
         return await call_http(session, run, allow_private=allow_private, now=now)
     if kind == "task":
-        return await call_task(run, pool=pool)
+        return await call_task(run)
     return retry.CallResult(retry.PERMANENT, error=f"unknown target type {kind!r}")

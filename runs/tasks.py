@@ -1,7 +1,9 @@
 """Registry of Python callables that `{"type": "task", "name": ...}` targets run.
 
-A task is `fn(context: TaskContext, **kwargs)`, sync (run in the executor's thread
-pool) or async (awaited on the event loop). Modules listed in
+A task is `fn(context: TaskContext, **kwargs)`, sync (run on a thread of its own)
+or async (awaited on the event loop). Each call is bounded by the target's
+`timeout_seconds`: an async task is cancelled, a sync one abandoned (see
+runs.targets.call_task). Modules listed in
 settings.EXECUTOR_TASK_MODULES are imported when an executor starts; importing them
 runs their @register decorators.
 """
@@ -9,8 +11,9 @@ runs their @register decorators.
 from __future__ import annotations
 
 import importlib
+import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
@@ -25,6 +28,9 @@ class TaskContext:
     scheduled_at: datetime
     attempt: int
     idempotency_key: str
+    # Set when this attempt stops counting (timed out, fenced, cancelled, handed back).
+    # A sync task cannot be killed: a long one should check this and return early.
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 def register(name: str | Callable | None = None) -> Callable:

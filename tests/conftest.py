@@ -56,6 +56,7 @@ def child_env(transactional_db):
         EXECUTOR_POLL_SECONDS="0.2",
         SCHEDULER_ALLOW_PRIVATE_TARGETS="true",
         CONN_MAX_AGE="0",
+        EXECUTOR_TASK_MODULES="runs.builtin_tasks,tests.support.tasks",
     )
     return env
 

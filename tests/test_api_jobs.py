@@ -102,7 +102,19 @@ def test_run_at_job_accepts_any_offset_and_answers_in_utc(api):
     assert job["run_at"] == "2026-06-01T04:00:00.250000Z"
     assert job["next_run_at"] == "2026-06-01T04:00:00.250000Z"
     assert job["trigger_type"] == "run_at"
-    assert job["target"] == {"type": "task", "name": "runs.builtin_tasks.noop", "kwargs": {"a": 1}}
+    # A task target without timeout_seconds gets the default of 300 s, like HTTP's 30 s.
+    assert job["target"] == {
+        "type": "task",
+        "name": "runs.builtin_tasks.noop",
+        "kwargs": {"a": 1},
+        "timeout_seconds": 300,
+    }
+
+
+def test_task_target_timeout_is_kept(api):
+    target = {"type": "task", "name": "noop", "kwargs": {}, "timeout_seconds": 3600}
+    job = create(api, interval_seconds=60, target=target)
+    assert job["target"] == target
 
 
 def test_http_target_fields_are_kept(api):

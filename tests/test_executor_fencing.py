@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from runs.keys import run_key
+from runs.keys import format_utc, run_key
 from runs.models import JobRun
 from tests.support.executor import http_spec, queue_runs, row, task_target, wait_for, wait_log, wait_status
 from tests.support.http_target import Reply
@@ -90,3 +90,28 @@ def test_once_runs_one_batch_and_exits(processes, tenant):
     proc = processes.start("run_executor", "--once")
     assert proc.wait(timeout=20) == 0
     assert {row(k).status for k in keys} == {"succeeded"}
+
+
+def test_sigterm_hand_back_with_no_attempts_left_is_dead_not_retrying(processes, tenant, api):
+    """Handing back the last allowed attempt must not queue one more (issue 8, item 10)."""
+    (last,) = queue_runs(tenant, task_target("sleep", seconds=60), max_attempts=2)
+    (spare,) = queue_runs(tenant, task_target("sleep", seconds=60), max_attempts=2)
+    # `last` already used attempt 1 (a lease expiry, say); its claim now makes attempt 2 of 2.
+    JobRun.objects.filter(job_id=last[0], scheduled_at=last[1]).update(status="retrying", attempt=1)
+    proc = processes.start("run_executor", "--grace-seconds", "1")
+    wait_status(last, "running")
+    wait_status(spare, "running")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+    run = row(last)
+    assert (run.status, run.attempt) == ("dead", 2)
+    assert run.last_error.startswith("handed back with no attempts left: attempt 2 of 2")
+    assert run.finished_at is not None and run.lease_until is None
+    assert run.attempts[-1]["outcome"] == "handed back" and run.attempts[-1]["attempt"] == 2
+    # A run with attempts to spare is handed back as before.
+    assert (row(spare).status, row(spare).attempt) == ("retrying", 1)
+    # Like every other death: the dead-letter queue and the alert hook.
+    dead_letter = api.get("/api/v1/dead-letter/").json()["results"]
+    assert [entry["scheduled_at"] for entry in dead_letter] == [format_utc(last[1])]
+    log = processes.log_of(proc)
+    assert f'"run_key": "{run_key(*last)}"' in log and "1 of them dead" in log

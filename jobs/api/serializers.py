@@ -57,7 +57,7 @@ class RejectUnknownMixin:
 
 class TargetField(serializers.JSONField):
     """`{"type": "http", "url", "method", "headers", "body", "timeout_seconds"}` or
-    `{"type": "task", "name", "kwargs"}`; validated in jobs.validation.check_target."""
+    `{"type": "task", "name", "kwargs", "timeout_seconds"}`; validated in jobs.validation.check_target."""
 
 
 class JobSerializer(RejectUnknownMixin, serializers.Serializer):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -82,3 +83,39 @@ def http_spec(url: str, **extra) -> dict:
 
 def task_target(name: str, **kwargs) -> dict:
     return {"type": "task", "name": name, "kwargs": kwargs}
+
+
+def set_running(key, *, attempt: int = 1, lease: timedelta = timedelta(seconds=30), owner: str = "ghost:1"):
+    """Make a run look claimed by `owner`; a negative `lease` makes an orphan whose
+    owner stopped heartbeating."""
+    now = datetime.now(UTC)
+    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+        status="running", attempt=attempt, owner=owner, started_at=now, lease_until=now + lease
+    )
+
+
+def _on_executor_connection(work):
+    """Run `work(conn)` on an executor-style psycopg AsyncConnection (needs transactional_db:
+    it is another session, it sees only committed rows)."""
+    from runs import queue
+
+    async def go():
+        conn = await queue.connect_async(queue.database_conninfo())
+        try:
+            return await work(conn)
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
+def claim_now(*, limit: int = 10, owner: str = "test-claimer"):
+    from runs import queue
+
+    return _on_executor_connection(lambda conn: queue.claim_runs(conn, owner=owner, limit=limit))
+
+
+def reap_now():
+    from runs import queue
+
+    return _on_executor_connection(queue.reap_expired_leases)

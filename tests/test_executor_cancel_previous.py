@@ -1,0 +1,120 @@
+"""cancel_previous: the newest occurrence wins, whatever order the claims come in.
+
+The claim SQL is run directly (runs.queue.claim_runs on an executor connection)
+against the real database, with the other occurrence put in each state by hand.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from runs.models import JobRun
+from tests.support.executor import claim_now, queue_runs, row, set_running, task_target
+
+SUPERSEDED = "cancelled: a newer occurrence of this job supersedes it (cancel_previous)"
+
+
+@pytest.fixture
+def pair(transactional_db, tenant):
+    """(older, newer): two queued occurrences of one cancel_previous job, a minute apart."""
+    older, newer = queue_runs(
+        tenant,
+        task_target("noop"),
+        count=2,
+        job_id=uuid.uuid4(),
+        spacing=timedelta(minutes=1),
+        overlap_policy="cancel_previous",
+    )
+    return older, newer
+
+
+def set_status(key, status: str, **fields) -> None:
+    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(status=status, **fields)
+
+
+def claimed_keys(claimed) -> set:
+    return {(c.job_id, c.scheduled_at) for c in claimed}
+
+
+def running(keys) -> list:
+    return [k for k in keys if row(k).status == "running"]
+
+
+def test_newer_claimed_while_older_runs_cancels_the_older(pair):
+    older, newer = pair
+    set_running(older)
+    assert claimed_keys(claim_now()) == {newer}
+    assert row(older).status == "cancelled" and row(older).last_error == "cancelled by a newer run"
+    assert running(pair) == [newer]
+
+
+def test_older_retry_claimed_while_newer_runs_is_cancelled_not_started(pair):
+    """The reproduced hole: an older `retrying` occurrence became due while a newer one ran."""
+    older, newer = pair
+    set_running(newer)
+    set_status(older, "retrying", attempt=1)
+    assert claim_now() == []
+    run = row(older)
+    assert (run.status, run.attempt, run.last_error) == ("cancelled", 1, SUPERSEDED)
+    assert run.finished_at is not None and run.lease_until is None
+    assert running(pair) == [newer]
+    assert row(newer).attempt == 1  # untouched
+
+
+def test_both_waiting_the_newer_starts_and_the_older_is_cancelled(pair):
+    older, newer = pair
+    assert claimed_keys(claim_now()) == {newer}
+    assert row(older).status == "cancelled" and row(older).last_error == SUPERSEDED
+    assert row(older).attempt == 0  # it never started
+
+
+def test_both_waiting_one_slot_at_a_time_never_starts_the_older(pair):
+    older, newer = pair
+    # The oldest comes first in claim order: it is cancelled, not started, and the
+    # newer one is claimed by the next claim.
+    started = claimed_keys(claim_now(limit=1)) | claimed_keys(claim_now(limit=1))
+    assert started == {newer}
+    assert row(older).status == "cancelled" and row(older).attempt == 0
+
+
+def test_older_due_while_newer_waits_for_its_jitter_is_cancelled(pair):
+    older, newer = pair
+    set_status(newer, "queued", not_before=datetime.now(UTC) + timedelta(hours=1))
+    set_status(older, "retrying", attempt=2)
+    assert claim_now() == []
+    assert row(older).status == "cancelled"
+    assert row(newer).status == "queued"
+
+
+def test_older_retry_after_the_newer_succeeded_is_cancelled(pair):
+    older, newer = pair
+    set_status(newer, "succeeded", attempt=1, finished_at=datetime.now(UTC))
+    set_status(older, "retrying", attempt=1)
+    assert claim_now() == []
+    assert row(older).status == "cancelled" and row(older).last_error == SUPERSEDED
+
+
+@pytest.mark.parametrize("newer_status", ["dead", "cancelled", "skipped"])
+def test_older_retry_runs_when_the_newer_never_did_the_work(pair, newer_status):
+    older, newer = pair
+    set_status(newer, newer_status, finished_at=datetime.now(UTC))
+    set_status(older, "retrying", attempt=1)
+    assert claimed_keys(claim_now()) == {older}
+    assert row(older).attempt == 2
+
+
+def test_other_policies_are_not_superseded(transactional_db, tenant):
+    older, newer = queue_runs(
+        tenant,
+        task_target("noop"),
+        count=2,
+        job_id=uuid.uuid4(),
+        spacing=timedelta(minutes=1),
+        overlap_policy="allow",
+    )
+    set_running(newer)
+    assert claimed_keys(claim_now()) == {older}
+    assert sorted(running([older, newer])) == sorted([older, newer])
