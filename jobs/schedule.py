@@ -29,8 +29,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 from uuid import UUID
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
@@ -85,8 +86,10 @@ _ALIASES = {
 
 _HASH_RE = re.compile(r"^H(?:\((\d+)-(\d+)\))?(?:/(\d+))?$")
 _TERM_RE = re.compile(r"^(\*|[0-9A-Z]+(?:-[0-9A-Z]+)?)(?:/(\d+))?$")
-# Keys zoneinfo resolves from the host's /usr/share/zoneinfo but that do not
-# name a real zone: they would make schedules depend on the machine.
+# Keys the tzdata package ships that do not name a place: "Factory" is the
+# "local time zone must be set" placeholder (abbreviation -00). Hosts also have
+# localtime, posixrules, right/... and posix/..., but those are not in tzdata's
+# list and so are refused anyway.
 _REJECTED_ZONE_KEYS = frozenset({"localtime", "posixrules", "Factory"})
 
 
@@ -108,21 +111,43 @@ class FireTime:
 # --------------------------------------------------------------------------
 
 
+@functools.cache
+def _zone_keys() -> dict[str, str]:
+    """casefolded key -> key, for every zone in the tzdata package (canonical names
+    and the backward-compatible links it ships), minus the placeholders above.
+
+    Built from tzdata's own list, not zoneinfo.available_timezones() nor the host's
+    /usr/share/zoneinfo: those differ between machines (right/..., posix/...,
+    localtime), and a job must mean the same thing on every host.
+    """
+    text = resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8")
+    keys = {line.strip() for line in text.splitlines() if line.strip()} - _REJECTED_ZONE_KEYS
+    return {key.casefold(): key for key in keys}
+
+
 @functools.lru_cache(maxsize=1024)
 def _load_zone_cached(name: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ScheduleError(f"Unknown time zone {name!r}") from None
+    # From the tzdata package, not ZoneInfo(name): that reads the host's tz
+    # database first, whose rules (and version) vary by machine.
+    with resources.files("tzdata.zoneinfo").joinpath(*name.split("/")).open("rb") as data:
+        return ZoneInfo.from_file(data, key=name)
 
 
 def load_zone(name: str) -> ZoneInfo:
-    """Return the IANA zone called ``name`` or raise ScheduleError."""
+    """Return the IANA zone called ``name`` (exact spelling) or raise ScheduleError.
+
+    The one door for zone names: only keys listed by the tzdata package are
+    accepted, and their rules come from that package.
+    """
     if not isinstance(name, str) or not name.strip():
         raise ScheduleError("Time zone is required (e.g. 'UTC' or 'Europe/London')")
-    if name in _REJECTED_ZONE_KEYS:
+    key = _zone_keys().get(name.casefold())
+    if key is None:
         raise ScheduleError(f"Unknown time zone {name!r}")
-    return _load_zone_cached(name)
+    if key != name:
+        # Refused rather than silently rewritten: the stored name is what the user sent.
+        raise ScheduleError(f"Unknown time zone {name!r} (did you mean {key!r}?)")
+    return _load_zone_cached(key)
 
 
 def _require_aware(value: datetime, name: str) -> datetime:
