@@ -73,6 +73,9 @@ _MONTH_NAMES = {
 _DOW_NAMES = {name: i for i, name in enumerate("SUN MON TUE WED THU FRI SAT".split())}
 _NAMES: tuple[dict[str, int], ...] = ({}, {}, {}, _MONTH_NAMES, _DOW_NAMES)
 _DAYS_IN_MONTH = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+# Days every year has: what a hashed day-of-month may choose (February counts 28).
+_DAYS_EVERY_YEAR = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_DAY, _MONTH = 2, 3
 
 _ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -198,7 +201,7 @@ def _check_step(expr: str, field: int, step_text: str | None) -> int:
     return step
 
 
-def _expand_hash(expr: str, field: int, match: re.Match[str], seed: str, occurrence: int) -> list[int]:
+def _hash_range(expr: str, field: int, match: re.Match[str]) -> tuple[int, int]:
     lo, hi = _HASH_RANGES[field]
     if match.group(1) is not None:
         lo, hi = int(match.group(1)), int(match.group(2))
@@ -208,18 +211,45 @@ def _expand_hash(expr: str, field: int, match: re.Match[str], seed: str, occurre
                 expr,
                 f"{_FIELD_NAMES[field]} range H({lo}-{hi}) must lie within {flo}-{fhi}",
             )
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class _HashRule:
+    """What a hashed term of one field may choose, so that no job id gets a value that
+    never fires while another id gets one that does (issue 8 item 7)."""
+
+    cap: int | None = None  # highest value allowed (day-of-month: shortest selected month)
+    allowed: frozenset[int] | None = None  # a choice must contain one of these (months)
+    why: str = ""
+
+
+def _expand_hash(
+    expr: str, field: int, match: re.Match[str], seed: str, occurrence: int, rule: _HashRule
+) -> list[int]:
+    lo, hi = _hash_range(expr, field, match)
     step = _check_step(expr, field, match.group(3))
-    h = _hash_value(seed, field, occurrence)
+    if rule.cap is not None:
+        hi = min(hi, rule.cap)
     span = hi - lo + 1
+    # Every choice the hash can make, in hash order. Jenkins semantics for a step: the
+    # hash picks the offset of the first run inside one step, then the job repeats
+    # every `step` up to the end of the range. Without restrictions choices[h % n] is
+    # the classic `lo + h % span` (or `lo + h % min(step, span)`), so ids keep their values.
     if match.group(3) is None:
-        return [lo + h % span]
-    # Jenkins semantics: the hash picks the offset of the first run inside one
-    # step, then the job repeats every `step` up to the end of the range.
-    start = lo + h % min(step, span)
-    return list(range(start, hi + 1, step))
+        choices = [[value] for value in range(lo, hi + 1)]
+    else:
+        choices = [list(range(start, hi + 1, step)) for start in range(lo, lo + min(step, max(span, 0)))]
+    if rule.allowed is not None:
+        choices = [c for c in choices if rule.allowed.intersection(c)]
+    if not choices:
+        raise _invalid(expr, f"{_FIELD_NAMES[field]} {match.group(0)} {rule.why}")
+    return choices[_hash_value(seed, field, occurrence) % len(choices)]
 
 
-def _field_values(expr: str, field: int, text: str, seed: str) -> tuple[str, set[int]]:
+def _field_values(
+    expr: str, field: int, text: str, seed: str, rule: _HashRule | None = None
+) -> tuple[str, set[int]]:
     """Return the field rewritten without H, and the set of values it matches."""
     out_terms: list[str] = []
     values: set[int] = set()
@@ -229,7 +259,7 @@ def _field_values(expr: str, field: int, text: str, seed: str) -> tuple[str, set
             raise _invalid(expr, f"empty list item in {_FIELD_NAMES[field]} field")
         hashed = _HASH_RE.match(term)
         if hashed:
-            picked = _expand_hash(expr, field, hashed, seed, hash_occurrence)
+            picked = _expand_hash(expr, field, hashed, seed, hash_occurrence, rule or _HashRule())
             hash_occurrence += 1
             out_terms.append(",".join(str(v) for v in picked))
             values.update(picked)
@@ -259,6 +289,46 @@ def _field_values(expr: str, field: int, text: str, seed: str) -> tuple[str, set
         values.update(range(start, end + 1, step))
         out_terms.append(term)
     return ",".join(out_terms), values
+
+
+def _possible_months(expr: str, text: str) -> set[int]:
+    """Every month the month field can select for some job id (a hashed term: its whole range)."""
+    months: set[int] = set()
+    for term in text.split(","):
+        hashed = _HASH_RE.match(term)
+        if hashed:
+            lo, hi = _hash_range(expr, _MONTH, hashed)
+            months.update(range(lo, hi + 1))
+        else:
+            months.update(_field_values(expr, _MONTH, term, "")[1])
+    return months
+
+
+def _hash_rules(expr: str, parts: list[str]) -> dict[int, _HashRule]:
+    """The id-independence rules for hashed day-of-month and month terms.
+
+    * A hashed day-of-month only chooses days that exist in every month the month field
+      can select, in every year (February: 28): `H(29-31) 4` chooses 29 or 30, and
+      `H(29-31) 2` is refused for every id.
+    * When day-of-month has no hashed term and is ANDed with the month (Vixie: one of
+      day-of-month / day-of-week starts with "*"), a hashed month only chooses months in
+      which one of those days exists (`31 H *` never chooses April).
+    """
+    rules: dict[int, _HashRule] = {}
+    day_terms = parts[_DAY].split(",")
+    if any(_HASH_RE.match(term) for term in day_terms):
+        shortest = min(_DAYS_EVERY_YEAR[m] for m in _possible_months(expr, parts[_MONTH]))
+        rules[_DAY] = _HashRule(
+            cap=shortest,
+            why=f"has no day that exists in every selected month (the shortest has {shortest} days)",
+        )
+    elif parts[_DAY].startswith("*") or parts[4].startswith("*"):
+        days = _field_values(expr, _DAY, parts[_DAY], "")[1]
+        rules[_MONTH] = _HashRule(
+            allowed=frozenset(m for m in range(1, 13) if any(d <= _DAYS_IN_MONTH[m] for d in days)),
+            why="has no month in which the day-of-month exists",
+        )
+    return rules
 
 
 @dataclass(frozen=True)
@@ -302,8 +372,9 @@ def _expand_cached(expr: str, seed: str) -> tuple[str, bool]:
         )
     fields: list[str] = []
     value_sets: list[set[int]] = []
+    rules = _hash_rules(expr, parts)
     for index, part in enumerate(parts):
-        rewritten, values = _field_values(expr, index, part, seed)
+        rewritten, values = _field_values(expr, index, part, seed, rules.get(index))
         fields.append(rewritten)
         value_sets.append(values)
     expanded = " ".join(fields)
