@@ -119,8 +119,11 @@ class JobAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         # Pausing and resuming have their own semantics (no past slot fires): use the actions.
+        # The tenant is fixed at creation: runs carry their own tenant_id (the runs API
+        # and the per-tenant concurrency limit read it), so moving only the job would
+        # leave its runs readable and cancellable by the old tenant.
         fields = self.readonly_fields
-        return (*fields, "paused") if obj is not None else fields
+        return (*fields, "tenant", "paused") if obj is not None else fields
 
     @admin.display(description="trigger", ordering="cron_expr")
     def trigger_type(self, job: Job) -> str:
@@ -147,8 +150,7 @@ class JobAdmin(admin.ModelAdmin):
             services.create_job(tenant=form.cleaned_data["tenant"], id=obj.id, **fields)
             obj._state.adding = False
         else:
-            editable = (*VALIDATED_FIELDS, "tenant")
-            changes = {f: form.cleaned_data[f] for f in form.changed_data if f in editable}
+            changes = {f: form.cleaned_data[f] for f in form.changed_data if f in VALIDATED_FIELDS}
             if changes:
                 services.update_job(job=obj, changes=changes)
         obj.refresh_from_db()

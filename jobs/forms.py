@@ -70,7 +70,9 @@ class JobAdminForm(forms.ModelForm):
                 now=timezone.now(),
                 allow_private=settings.SCHEDULER_ALLOW_PRIVATE_TARGETS,
                 changed=changed,
-                job_id=None if self.instance._state.adding else self.instance.pk,
+                # A new instance already has its id (uuid4 default) and save_model creates
+                # the job with it: H is validated with the seed it will be scheduled with.
+                job_id=self.instance.pk,
             )
         except JobInvalid as exc:
             for field, messages in exc.errors.items():

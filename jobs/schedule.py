@@ -29,8 +29,9 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from importlib import resources
 from uuid import UUID
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
 
@@ -72,6 +73,9 @@ _MONTH_NAMES = {
 _DOW_NAMES = {name: i for i, name in enumerate("SUN MON TUE WED THU FRI SAT".split())}
 _NAMES: tuple[dict[str, int], ...] = ({}, {}, {}, _MONTH_NAMES, _DOW_NAMES)
 _DAYS_IN_MONTH = (0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+# Days every year has: what a hashed day-of-month may choose (February counts 28).
+_DAYS_EVERY_YEAR = (0, 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_DAY, _MONTH = 2, 3
 
 _ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -85,8 +89,10 @@ _ALIASES = {
 
 _HASH_RE = re.compile(r"^H(?:\((\d+)-(\d+)\))?(?:/(\d+))?$")
 _TERM_RE = re.compile(r"^(\*|[0-9A-Z]+(?:-[0-9A-Z]+)?)(?:/(\d+))?$")
-# Keys zoneinfo resolves from the host's /usr/share/zoneinfo but that do not
-# name a real zone: they would make schedules depend on the machine.
+# Keys the tzdata package ships that do not name a place: "Factory" is the
+# "local time zone must be set" placeholder (abbreviation -00). Hosts also have
+# localtime, posixrules, right/... and posix/..., but those are not in tzdata's
+# list and so are refused anyway.
 _REJECTED_ZONE_KEYS = frozenset({"localtime", "posixrules", "Factory"})
 
 
@@ -108,21 +114,43 @@ class FireTime:
 # --------------------------------------------------------------------------
 
 
+@functools.cache
+def _zone_keys() -> dict[str, str]:
+    """casefolded key -> key, for every zone in the tzdata package (canonical names
+    and the backward-compatible links it ships), minus the placeholders above.
+
+    Built from tzdata's own list, not zoneinfo.available_timezones() nor the host's
+    /usr/share/zoneinfo: those differ between machines (right/..., posix/...,
+    localtime), and a job must mean the same thing on every host.
+    """
+    text = resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8")
+    keys = {line.strip() for line in text.splitlines() if line.strip()} - _REJECTED_ZONE_KEYS
+    return {key.casefold(): key for key in keys}
+
+
 @functools.lru_cache(maxsize=1024)
 def _load_zone_cached(name: str) -> ZoneInfo:
-    try:
-        return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ScheduleError(f"Unknown time zone {name!r}") from None
+    # From the tzdata package, not ZoneInfo(name): that reads the host's tz
+    # database first, whose rules (and version) vary by machine.
+    with resources.files("tzdata.zoneinfo").joinpath(*name.split("/")).open("rb") as data:
+        return ZoneInfo.from_file(data, key=name)
 
 
 def load_zone(name: str) -> ZoneInfo:
-    """Return the IANA zone called ``name`` or raise ScheduleError."""
+    """Return the IANA zone called ``name`` (exact spelling) or raise ScheduleError.
+
+    The one door for zone names: only keys listed by the tzdata package are
+    accepted, and their rules come from that package.
+    """
     if not isinstance(name, str) or not name.strip():
         raise ScheduleError("Time zone is required (e.g. 'UTC' or 'Europe/London')")
-    if name in _REJECTED_ZONE_KEYS:
+    key = _zone_keys().get(name.casefold())
+    if key is None:
         raise ScheduleError(f"Unknown time zone {name!r}")
-    return _load_zone_cached(name)
+    if key != name:
+        # Refused rather than silently rewritten: the stored name is what the user sent.
+        raise ScheduleError(f"Unknown time zone {name!r} (did you mean {key!r}?)")
+    return _load_zone_cached(key)
 
 
 def _require_aware(value: datetime, name: str) -> datetime:
@@ -173,7 +201,7 @@ def _check_step(expr: str, field: int, step_text: str | None) -> int:
     return step
 
 
-def _expand_hash(expr: str, field: int, match: re.Match[str], seed: str, occurrence: int) -> list[int]:
+def _hash_range(expr: str, field: int, match: re.Match[str]) -> tuple[int, int]:
     lo, hi = _HASH_RANGES[field]
     if match.group(1) is not None:
         lo, hi = int(match.group(1)), int(match.group(2))
@@ -183,18 +211,45 @@ def _expand_hash(expr: str, field: int, match: re.Match[str], seed: str, occurre
                 expr,
                 f"{_FIELD_NAMES[field]} range H({lo}-{hi}) must lie within {flo}-{fhi}",
             )
+    return lo, hi
+
+
+@dataclass(frozen=True)
+class _HashRule:
+    """What a hashed term of one field may choose, so that no job id gets a value that
+    never fires while another id gets one that does (issue 8 item 7)."""
+
+    cap: int | None = None  # highest value allowed (day-of-month: shortest selected month)
+    allowed: frozenset[int] | None = None  # a choice must contain one of these (months)
+    why: str = ""
+
+
+def _expand_hash(
+    expr: str, field: int, match: re.Match[str], seed: str, occurrence: int, rule: _HashRule
+) -> list[int]:
+    lo, hi = _hash_range(expr, field, match)
     step = _check_step(expr, field, match.group(3))
-    h = _hash_value(seed, field, occurrence)
+    if rule.cap is not None:
+        hi = min(hi, rule.cap)
     span = hi - lo + 1
+    # Every choice the hash can make, in hash order. Jenkins semantics for a step: the
+    # hash picks the offset of the first run inside one step, then the job repeats
+    # every `step` up to the end of the range. Without restrictions choices[h % n] is
+    # the classic `lo + h % span` (or `lo + h % min(step, span)`), so ids keep their values.
     if match.group(3) is None:
-        return [lo + h % span]
-    # Jenkins semantics: the hash picks the offset of the first run inside one
-    # step, then the job repeats every `step` up to the end of the range.
-    start = lo + h % min(step, span)
-    return list(range(start, hi + 1, step))
+        choices = [[value] for value in range(lo, hi + 1)]
+    else:
+        choices = [list(range(start, hi + 1, step)) for start in range(lo, lo + min(step, max(span, 0)))]
+    if rule.allowed is not None:
+        choices = [c for c in choices if rule.allowed.intersection(c)]
+    if not choices:
+        raise _invalid(expr, f"{_FIELD_NAMES[field]} {match.group(0)} {rule.why}")
+    return choices[_hash_value(seed, field, occurrence) % len(choices)]
 
 
-def _field_values(expr: str, field: int, text: str, seed: str) -> tuple[str, set[int]]:
+def _field_values(
+    expr: str, field: int, text: str, seed: str, rule: _HashRule | None = None
+) -> tuple[str, set[int]]:
     """Return the field rewritten without H, and the set of values it matches."""
     out_terms: list[str] = []
     values: set[int] = set()
@@ -204,7 +259,7 @@ def _field_values(expr: str, field: int, text: str, seed: str) -> tuple[str, set
             raise _invalid(expr, f"empty list item in {_FIELD_NAMES[field]} field")
         hashed = _HASH_RE.match(term)
         if hashed:
-            picked = _expand_hash(expr, field, hashed, seed, hash_occurrence)
+            picked = _expand_hash(expr, field, hashed, seed, hash_occurrence, rule or _HashRule())
             hash_occurrence += 1
             out_terms.append(",".join(str(v) for v in picked))
             values.update(picked)
@@ -234,6 +289,46 @@ def _field_values(expr: str, field: int, text: str, seed: str) -> tuple[str, set
         values.update(range(start, end + 1, step))
         out_terms.append(term)
     return ",".join(out_terms), values
+
+
+def _possible_months(expr: str, text: str) -> set[int]:
+    """Every month the month field can select for some job id (a hashed term: its whole range)."""
+    months: set[int] = set()
+    for term in text.split(","):
+        hashed = _HASH_RE.match(term)
+        if hashed:
+            lo, hi = _hash_range(expr, _MONTH, hashed)
+            months.update(range(lo, hi + 1))
+        else:
+            months.update(_field_values(expr, _MONTH, term, "")[1])
+    return months
+
+
+def _hash_rules(expr: str, parts: list[str]) -> dict[int, _HashRule]:
+    """The id-independence rules for hashed day-of-month and month terms.
+
+    * A hashed day-of-month only chooses days that exist in every month the month field
+      can select, in every year (February: 28): `H(29-31) 4` chooses 29 or 30, and
+      `H(29-31) 2` is refused for every id.
+    * When day-of-month has no hashed term and is ANDed with the month (Vixie: one of
+      day-of-month / day-of-week starts with "*"), a hashed month only chooses months in
+      which one of those days exists (`31 H *` never chooses April).
+    """
+    rules: dict[int, _HashRule] = {}
+    day_terms = parts[_DAY].split(",")
+    if any(_HASH_RE.match(term) for term in day_terms):
+        shortest = min(_DAYS_EVERY_YEAR[m] for m in _possible_months(expr, parts[_MONTH]))
+        rules[_DAY] = _HashRule(
+            cap=shortest,
+            why=f"has no day that exists in every selected month (the shortest has {shortest} days)",
+        )
+    elif parts[_DAY].startswith("*") or parts[4].startswith("*"):
+        days = _field_values(expr, _DAY, parts[_DAY], "")[1]
+        rules[_MONTH] = _HashRule(
+            allowed=frozenset(m for m in range(1, 13) if any(d <= _DAYS_IN_MONTH[m] for d in days)),
+            why="has no month in which the day-of-month exists",
+        )
+    return rules
 
 
 @dataclass(frozen=True)
@@ -277,8 +372,9 @@ def _expand_cached(expr: str, seed: str) -> tuple[str, bool]:
         )
     fields: list[str] = []
     value_sets: list[set[int]] = []
+    rules = _hash_rules(expr, parts)
     for index, part in enumerate(parts):
-        rewritten, values = _field_values(expr, index, part, seed)
+        rewritten, values = _field_values(expr, index, part, seed, rules.get(index))
         fields.append(rewritten)
         value_sets.append(values)
     expanded = " ".join(fields)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from runs.models import ACTIVE_STATUSES
 
@@ -135,7 +135,20 @@ def _create_day(cursor, day: date) -> int:
     return moved
 
 
-def maintain(*, days_ahead: int = 7, retention_days: int, today: date | None = None) -> MaintenanceReport:
+# How long retention waits for a lock before skipping a day until the next run. A DROP
+# needs an ACCESS EXCLUSIVE lock on job_runs itself, and while it waits every new query
+# on job_runs queues behind it: the wait must stay short.
+DROP_LOCK_TIMEOUT_MS = 1_000
+_LOCK_NOT_AVAILABLE = "55P03"
+
+
+def maintain(
+    *,
+    days_ahead: int = 7,
+    retention_days: int,
+    today: date | None = None,
+    lock_timeout_ms: int = DROP_LOCK_TIMEOUT_MS,
+) -> MaintenanceReport:
     """Create partitions from today through today+days_ahead; drop days older than retention."""
     today = today or datetime.now(UTC).date()
     created: list[str] = []
@@ -152,15 +165,10 @@ def maintain(*, days_ahead: int = 7, retention_days: int, today: date | None = N
                 created.append(partition_name(day))
         oldest_kept = today - timedelta(days=retention_days)
         for day in sorted(have):
-            if day < oldest_kept:
-                # A day still holding a queued, running or retrying run (a long retry
-                # chain, a replay) is kept until that run is final; dropping it would
-                # lose the run and fence its executor for no reason.
-                name = partition_name(day)
-                cursor.execute(f"SELECT 1 FROM {name} WHERE status IN {ACTIVE_SQL} LIMIT 1")
-                if cursor.fetchone() is None:
-                    cursor.execute(f"DROP TABLE {name}")
-                    dropped.append(name)
+            if day < oldest_kept and _drop_day_if_idle(cursor, partition_name(day), lock_timeout_ms):
+                dropped.append(partition_name(day))
+        # Row by row, so no table lock is needed: a replay that commits first leaves its
+        # row queued, and DELETE re-checks the status of a row it waited for.
         cursor.execute(
             f"DELETE FROM {DEFAULT} WHERE scheduled_at < %s AND status NOT IN {ACTIVE_SQL}",
             [datetime(oldest_kept.year, oldest_kept.month, oldest_kept.day, tzinfo=UTC)],
@@ -168,3 +176,45 @@ def maintain(*, days_ahead: int = 7, retention_days: int, today: date | None = N
     if created or dropped:
         log.info("job_runs partitions: created %s, dropped %s, moved %d rows", created, dropped, moved)
     return MaintenanceReport(created=created, dropped=dropped, moved_rows=moved)
+
+
+def _has_active(cursor, name: str) -> bool:
+    cursor.execute(f"SELECT 1 FROM {name} WHERE status IN {ACTIVE_SQL} LIMIT 1")
+    return cursor.fetchone() is not None
+
+
+def _drop_day_if_idle(cursor, name: str, lock_timeout_ms: int) -> bool:
+    """Drop one old day unless it holds a queued, running or retrying run.
+
+    A day still holding an active run (a long retry chain, a replay) is kept until that
+    run is final; dropping it would lose the run and fence its executor for no reason.
+    The check and the drop must be atomic with respect to replay and cancel: a replay
+    that turned a dead run back into `queued` but had not committed was invisible to
+    the check, and the DROP then waited for it and removed the fresh run. SHARE ROW
+    EXCLUSIVE waits for every open writer of this day and keeps new ones out, so the
+    re-check under it sees their committed result and nothing can change before the DROP.
+    A lock that is not granted within `lock_timeout_ms` skips the day until next time.
+    """
+    if _has_active(cursor, name):
+        return False  # cheap first look without a lock: most old days are simply busy or idle
+    cursor.execute("SELECT current_setting('lock_timeout')")
+    (previous,) = cursor.fetchone()
+    try:
+        with transaction.atomic():  # a savepoint: a lock timeout undoes only this day
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(lock_timeout_ms)}ms"])
+            cursor.execute(f"LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE")
+            if _has_active(cursor, name):
+                return False
+            cursor.execute(f"DROP TABLE {name}")
+            return True
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+            raise
+        log.warning(
+            "job_runs retention: %s is busy (no lock within %d ms); kept until next run",
+            name,
+            lock_timeout_ms,
+        )
+        return False
+    finally:
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])

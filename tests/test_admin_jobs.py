@@ -198,6 +198,34 @@ def test_change_form_edit_recomputes_next_run(admin_client, tenant):
     assert format_utc(job.next_run_at) == "2026-01-10T12:10:00Z"
 
 
+def test_change_form_cannot_move_a_job_to_another_tenant(admin_client, tenant, api):
+    # Issue 8 item 8: moving only the job left its runs with the old tenant, who could
+    # still read and cancel them. The tenant is read-only after creation.
+    other, other_token = services.create_tenant(slug="other")
+    job = services.create_job(tenant=tenant, name="mine", cron_expr="0 9 * * *", target=HOOK)
+    scheduled_at = services.trigger_job(job=job)
+    response = admin_client.post(
+        f"{CHANGELIST}{job.pk}/change/",
+        form_data(other, name="renamed", cron_expr="0 9 * * *"),
+    )
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    job.refresh_from_db()
+    assert job.name == "renamed"  # the rest of the edit went through
+    (run,) = JobRun.objects.filter(job_id=job.pk)
+    assert job.tenant_id == run.tenant_id == tenant.pk
+    # Whoever does not own the job sees neither it nor its runs.
+    outsider = APIClient()
+    outsider.credentials(HTTP_AUTHORIZATION=f"Bearer {other_token}")
+    run_path = f"/api/v1/runs/{job.pk}/{format_utc(scheduled_at)}/"
+    assert outsider.get(f"/api/v1/jobs/{job.pk}/").status_code == 404
+    assert outsider.get(run_path).status_code == 404
+    assert outsider.post(f"{run_path}cancel").status_code == 404
+    assert api.get(f"/api/v1/jobs/{job.pk}/").status_code == 200
+    assert api.get(run_path).status_code == 200
+    page = admin_client.get(f"{CHANGELIST}{job.pk}/change/")
+    assert "tenant" not in page.context["adminform"].form.fields
+
+
 def test_tenant_admin_issue_token_shows_it_once_and_it_works(admin_client, tenant):
     response = admin_client.get("/admin/jobs/tenant/")
     assert response.status_code == 200 and "active tokens" in response.content.decode().lower()

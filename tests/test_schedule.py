@@ -506,7 +506,70 @@ def test_empty_zone() -> None:
 
 
 def test_load_zone_ok() -> None:
-    assert load_zone("Europe/London") == ZoneInfo("Europe/London")
+    # The zone comes from the tzdata package (ZoneInfo.from_file), so compare behaviour.
+    zone = load_zone("Europe/London")
+    assert zone.key == "Europe/London"
+    assert datetime(2026, 7, 1, 12, tzinfo=UTC).astimezone(zone).utcoffset() == timedelta(hours=1)
+
+
+# Issue 8 item 6: names the host's /usr/share/zoneinfo resolves but the tzdata
+# package does not list (leap-second "right/" zones, "posix/" copies, paths,
+# placeholders) would make a schedule depend on the machine.
+@pytest.mark.parametrize(
+    "name",
+    [
+        "right/America/New_York",
+        "right/UTC",
+        "posix/Europe/Paris",
+        "posix/UTC",
+        "../etc",
+        "../../../../etc/localtime",
+        "/etc/localtime",
+        "/usr/share/zoneinfo/UTC",
+        "Europe/London/../Paris",
+        "Factory",
+        "localtime",
+        "posixrules",
+        "leapseconds",
+        "zone.tab",
+        "tzdata.zi",
+    ],
+)
+def test_host_only_zone_names_are_refused(name: str) -> None:
+    with pytest.raises(ScheduleError, match="Unknown time zone"):
+        load_zone(name)
+    with pytest.raises(ScheduleError, match="Unknown time zone"):
+        validate_cron("30 2 * * *", name)
+
+
+@pytest.mark.parametrize(("link", "canonical"), [("US/Eastern", NY), ("GB", "Europe/London"), ("UCT", "UTC")])
+def test_backward_links_shipped_by_tzdata_are_accepted(link: str, canonical: str) -> None:
+    after = datetime(2026, 1, 5, tzinfo=UTC)
+    kwargs = dict(interval_seconds=None, run_at=None, anchor=None, after=after, count=3)
+    assert [t.utc for t in fire_times(cron="30 2 * * *", timezone=link, **kwargs)] == [
+        t.utc for t in fire_times(cron="30 2 * * *", timezone=canonical, **kwargs)
+    ]
+
+
+@pytest.mark.parametrize("name", ["america/new_york", "AMERICA/NEW_YORK", "us/eastern", "Europe/london"])
+def test_case_variants_are_refused_with_the_right_spelling(name: str) -> None:
+    with pytest.raises(ScheduleError, match="did you mean") as info:
+        load_zone(name)
+    assert load_zone(str(info.value).split("did you mean ")[1].strip("'?)"))
+
+
+def test_new_york_fires_on_the_whole_minute() -> None:
+    # With the leap-second zone this was 07:30:27Z; the tzdata zone has no leap seconds.
+    times = fire_times(
+        cron="30 2 * * *",
+        timezone=NY,
+        interval_seconds=None,
+        run_at=None,
+        anchor=None,
+        after=datetime(2026, 1, 5, tzinfo=UTC),
+        count=1,
+    )
+    assert times[0].utc == datetime(2026, 1, 5, 7, 30, tzinfo=UTC)
 
 
 def test_naive_datetimes_are_type_errors() -> None:
@@ -639,7 +702,7 @@ def test_fire_times_local_is_in_job_zone() -> None:
         count=1,
     )
     assert f.utc == z(2026, 1, 1, 3, 30)
-    assert f.local.tzinfo == ZoneInfo("Asia/Kolkata") and f.local.hour == 9
+    assert f.local.tzinfo.key == "Asia/Kolkata" and f.local.hour == 9
 
 
 def test_next_cron_time_is_fast_enough_for_the_scheduler() -> None:

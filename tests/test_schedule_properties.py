@@ -8,7 +8,9 @@ the Vixie-cron rules directly (no fold arithmetic, no bisection).
 from __future__ import annotations
 
 import itertools
+import random
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from zoneinfo import ZoneInfo
@@ -23,7 +25,9 @@ from jobs.schedule import (
     expand_cron,
     fire_times,
     is_fixed_time,
+    load_zone,
     next_cron_time,
+    validate_cron,
 )
 
 pytestmark: list[pytest.MarkDecorator] = []
@@ -78,7 +82,7 @@ ANY_EXPRS = st.tuples(MINUTES, HOURS, DOMS, MONTHS, DOWS).map(" ".join)
 @cache
 def _transitions(tz: str) -> list[datetime]:
     """Offset changes of ``tz`` between 2020 and 2035 (6-hour scan + bisection)."""
-    zone = ZoneInfo(tz)
+    zone = load_zone(tz)
     out: list[datetime] = []
     t = datetime(2020, 1, 1, tzinfo=UTC)
     offset = t.astimezone(zone).utcoffset()
@@ -138,7 +142,7 @@ def _matching_walls(expanded: str, lo: datetime, hi: datetime) -> set[datetime]:
 
 
 def _oracle(expr: str, tz: str, after: datetime, until: datetime) -> list[datetime]:
-    zone = ZoneInfo(tz)
+    zone = load_zone(tz)
     expanded = expand_cron(expr, None)
     # Scan a margin around the window so gap slots and first instances that
     # belong to the window are seen.
@@ -202,7 +206,7 @@ def test_matches_bruteforce_oracle_near_transitions(expr: str, zs: tuple[str, da
 def test_fire_times_increase_and_match(expr: str, zs: tuple[str, datetime]) -> None:
     assume(_compiles(expr))
     tz, after = zs
-    zone = ZoneInfo(tz)
+    zone = load_zone(tz)
     expanded = expand_cron(expr, None)
     fixed = is_fixed_time(expr)
     got = _ours(expr, tz, after, count=25)
@@ -214,7 +218,7 @@ def test_fire_times_increase_and_match(expr: str, zs: tuple[str, datetime]) -> N
         assert f.utc.tzinfo is UTC
         # Not `f.local == f.utc`: PEP 495 makes inter-zone == False for
         # times inside an overlap, even when they are the same instant.
-        assert f.local.astimezone(UTC) == f.utc and f.local.tzinfo == zone
+        assert f.local.astimezone(UTC) == f.utc and f.local.tzinfo is zone
         wall = f.local.replace(tzinfo=None)
         if next(CronSim(expanded, wall - timedelta(seconds=1))) == wall:
             continue
@@ -275,3 +279,54 @@ def test_hash_is_deterministic_and_in_range(job: str, expr: str) -> None:
         assert 1 <= int(dom) <= 28
     if dow not in ("*", "1-5"):
         assert 0 <= int(dow) <= 6
+
+
+# Issue 8 item 7: `1 0 H(29-31) 4 *` was accepted for some job ids and refused for
+# others (day 31 never comes in April). Whether an expression is valid must not depend
+# on the id; a hashed term only chooses values that can fire.
+ID_SENSITIVE_EXPRS = [
+    "1 0 H(29-31) 4 *",
+    "0 0 H(29-31) 2 *",
+    "0 0 H(30-31) 2,4 *",
+    "0 0 H(29-31)/5 4 *",
+    "0 0 H(28-31) H *",
+    "0 0 31 H *",
+    "0 0 31 H(4-6) *",
+    "0 0 31 H(4-6)/3 *",
+    "0 0 30,31 H(2-4) *",
+    "0 0 H(29-31) 4 MON",
+    "H H H(1-31) H *",
+]
+
+
+def _outcome(expr: str, job_id: uuid.UUID) -> str:
+    try:
+        validate_cron(expr, "UTC", job_id)
+    except ScheduleError as exc:
+        return f"refused: {exc}"
+    return "accepted"
+
+
+@SETTINGS
+@given(expr=st.sampled_from(ID_SENSITIVE_EXPRS), ids=st.lists(st.uuids(version=4), min_size=30, max_size=30))
+def test_validity_does_not_depend_on_the_job_id(expr: str, ids: list[uuid.UUID]) -> None:
+    assert len({_outcome(expr, job_id) for job_id in ids}) == 1
+
+
+@pytest.mark.parametrize("expr", ID_SENSITIVE_EXPRS)
+def test_every_accepted_id_fires_and_the_answer_is_the_same_for_all(expr: str) -> None:
+    ids = [uuid.UUID(int=random.Random(f"{expr}{i}").getrandbits(128), version=4) for i in range(200)]
+    outcomes = {_outcome(expr, job_id) for job_id in ids}
+    assert len(outcomes) == 1, outcomes
+    if outcomes == {"accepted"}:
+        after = datetime(2026, 1, 1, tzinfo=UTC)
+        assert all(next_cron_time(expr, "UTC", after, job_id) is not None for job_id in ids)
+
+
+def test_hashed_day_chooses_only_days_every_selected_month_has() -> None:
+    days = {expand_cron("1 0 H(29-31) 4 *", uuid.uuid4()).split()[2] for _ in range(300)}
+    assert days == {"29", "30"}
+    months = {expand_cron("0 0 31 H *", uuid.uuid4()).split()[3] for _ in range(300)}
+    assert months == {"1", "3", "5", "7", "8", "10", "12"}
+    with pytest.raises(ScheduleError, match="no day that exists in every selected month"):
+        validate_cron("0 0 H(29-31) 2 *", "UTC", uuid.uuid4())

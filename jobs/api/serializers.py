@@ -130,7 +130,8 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
                 allow_private=settings.SCHEDULER_ALLOW_PRIVATE_TARGETS,
                 # A client that sends back an unchanged past run_at is not setting it.
                 changed=None if job is None else {k for k, v in changes.items() if getattr(job, k) != v},
-                job_id=job.id if job is not None else None,
+                # A new job's id is chosen by the view before validation (H is hashed with it).
+                job_id=job.id if job is not None else self.context.get("job_id"),
             )
         except JobInvalid as exc:
             raise serializers.ValidationError(api_errors(exc.errors)) from None

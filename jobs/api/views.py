@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 
 from django.db import connection, transaction
@@ -112,9 +113,12 @@ class JobViewSet(
         return Response(JobSerializer(job).data, status=code)
 
     def create(self, request: Request, *args, **kwargs) -> Response:
-        serializer = JobSerializer(data=request.data)
+        # The id exists before validation: `H` is hashed with it, so validating with any
+        # other seed could accept an expression the real job can never fire (or refuse one).
+        job_id = uuid.uuid4()
+        serializer = JobSerializer(data=request.data, context={"job_id": job_id})
         serializer.is_valid(raise_exception=True)
-        job = services.create_job(tenant=request.auth, **serializer.validated_data)
+        job = services.create_job(tenant=request.auth, id=job_id, **serializer.validated_data)
         return self._respond(job, status.HTTP_201_CREATED)
 
     def partial_update(self, request: Request, *args, **kwargs) -> Response:
