@@ -86,6 +86,17 @@ class PageProblems:
                 else None
             ),
         )
+        # Stopped inside the browser by the page's own Content-Security-Policy: it never
+        # left the machine, so it is not a foreign load.
+        page.on(
+            "requestfailed",
+            lambda r: (
+                self.foreign_requests.remove(r.url)
+                if (r.failure or "").lower() in ("csp", "net::err_blocked_by_csp")
+                and r.url in self.foreign_requests
+                else None
+            ),
+        )
         page.on(
             "response",
             lambda r: (
