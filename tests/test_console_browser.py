@@ -176,7 +176,10 @@ def test_login_search_filter_and_pause_resume_actions(page, web_server, admin_us
     assert b.run_action(page, "pause_jobs", "poller") == [("success", "Paused 1 job(s).")]
     poller.refresh_from_db()
     assert poller.paused is True
-    expect(b.row(page, "poller").locator("td.field-paused img")).to_have_attribute("alt", "True")
+    expect(b.row(page, "poller").locator("td.field-state")).to_have_text("paused")
+    expect(b.row(page, "nightly export").locator("td.field-state")).to_have_text("active")
+    expect(page.locator("#result_list img[src*='icon-no']")).to_have_count(0)
+    b.screenshot(page, "jobs_list")
 
     assert b.run_action(page, "resume_jobs", "poller") == [("success", "Resumed 1 job(s).")]
     poller.refresh_from_db()
