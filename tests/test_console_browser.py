@@ -112,6 +112,15 @@ def test_stylesheets_apply_through_gunicorn(page, web_server, admin_user):
     assert header_bg not in ("rgba(0, 0, 0, 0)", "transparent"), header_bg
     b.screenshot(page, "admin_index")
 
+    # "View site" leads to the landing page, whose links reach every part.
+    with page.expect_navigation():
+        page.get_by_role("link", name="View site").click()
+    assert page.url == f"{web_server.url}/"
+    expect(page.locator("h1")).to_have_text("Cronyard")
+    for name in ("Console", "API docs", "Metrics", "Health"):
+        expect(page.get_by_role("link", name=name, exact=True)).to_be_visible()
+    b.screenshot(page, "landing")
+
 
 def test_api_docs_render_offline(page):
     """Swagger UI and ReDoc come from our own /static/: every request the pages make goes
