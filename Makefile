@@ -28,5 +28,7 @@ lint: $(VENV)/.installed
 db-stop:
 	@$(PYTHON) scripts/embedded_pg.py stop
 
-clean: db-stop
+# destroy also removes a cluster that lives outside var/ (var/pg is then a symlink).
+clean:
+	@$(PYTHON) scripts/embedded_pg.py destroy
 	rm -rf $(VENV) var

@@ -15,9 +15,13 @@ from django.utils.html import format_html, format_html_join
 
 from jobs import services
 from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
+from jobs.display import in_zone, relative
 from jobs.forms import VALIDATED_FIELDS, JobAdminForm
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
 from jobs.validation import check_cron, check_interval, check_zone
+from runs.admin import status_pill
+from runs.keys import format_utc
+from runs.models import JobRun
 
 PREVIEW_COUNT = 5
 
@@ -59,10 +63,11 @@ class JobAdmin(admin.ModelAdmin):
     list_display = (
         "name",
         "tenant",
+        "state",
         "trigger_type",
         "schedule_text",
-        "next_run_at",
-        "paused",
+        "next_run",
+        "last_run",
         "priority",
     )
     list_filter = ("paused", TriggerTypeFilter, "tenant", "misfire_policy", "overlap_policy")
@@ -71,6 +76,53 @@ class JobAdmin(admin.ModelAdmin):
     list_select_related = ("tenant",)
     ordering = ("-created_at",)
     actions = ("pause_jobs", "resume_jobs", "trigger_now")
+
+    def get_queryset(self, request):
+        # The newest run per job, from the (job_id, scheduled_at) unique index of each
+        # partition; evaluated only for the rows of the page shown.
+        latest = JobRun.objects.filter(job_id=OuterRef("pk")).order_by("-scheduled_at")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _last_status=Subquery(latest.values("status")[:1]),
+                _last_at=Subquery(latest.values("scheduled_at")[:1]),
+            )
+        )
+
+    @admin.display(description="state", ordering="paused")
+    def state(self, job: Job) -> str:
+        # Neutral words, not Django's red/green booleans: an active job is not an error.
+        return format_html(
+            '<span class="cronyard-state cronyard-state-{}" style="border:1px solid #8a949e;'
+            'padding:0 6px;border-radius:8px;font-size:11px;color:{}">{}</span>',
+            "paused" if job.paused else "active",
+            "#8a949e" if job.paused else "inherit",
+            "paused" if job.paused else "active",
+        )
+
+    @admin.display(description="next run (job's zone)", ordering="next_run_at")
+    def next_run(self, job: Job) -> str:
+        if job.next_run_at is None:
+            return "—"
+        return format_html(
+            '<span title="{}">{}</span> <span class="cronyard-relative">({})</span>',
+            format_utc(job.next_run_at),
+            in_zone(job.next_run_at, job.time_zone),
+            relative(job.next_run_at, now=timezone.now()),
+        )
+
+    @admin.display(description="last run")
+    def last_run(self, job: Job) -> str:
+        status = getattr(job, "_last_status", None)
+        if status is None:
+            return "—"
+        return format_html(
+            '{} <span title="{}">{}</span>',
+            status_pill(status),
+            format_utc(job._last_at),
+            relative(job._last_at, now=timezone.now()),
+        )
 
     def get_search_results(self, request, queryset, search_term):
         # A pasted id is an exact primary-key lookup; `id LIKE '%..%'` over a cast

@@ -127,7 +127,13 @@ class Scheduler(Loop):
         if not snap.usable(now=time.monotonic(), lease_seconds=self.lease_seconds):
             if snap.owned or self._unusable_logged_generation != snap.generation:
                 self._unusable_logged_generation = snap.generation
-                log.info("not dispatching node=%s: no usable lease (owned=%d)", self.node_id, len(snap.owned))
+                log.info(
+                    "not dispatching node=%s: %s",
+                    self.node_id,
+                    f"waiting for a fresh lease heartbeat (holds {len(snap.owned)} partitions)"
+                    if snap.owned
+                    else "waiting for its share of partitions",
+                )
             return False
         connection.close_if_unusable_or_obsolete()
         try:

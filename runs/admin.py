@@ -14,6 +14,7 @@ from uuid import UUID
 
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
@@ -38,6 +39,49 @@ STATUS_COLORS = {
     RunStatus.CANCELLED: "#6e7781",
 }
 COUNT_CAP = 10_000
+
+
+def status_pill(status: str) -> str:
+    """A run status as a coloured badge (runs list, jobs list)."""
+    return format_html(
+        '<span class="cronyard-status" style="background:{};color:#fff;padding:1px 7px;'
+        'border-radius:8px;font-size:11px">{}</span>',
+        STATUS_COLORS.get(status, "#444"),
+        status,
+    )
+
+
+class JobFilter(admin.SimpleListFilter):
+    """Runs of one job (`?job=<id>`); the sidebar offers the first jobs by name, and any
+    job id works in the URL, e.g. from a job's page."""
+
+    title = "job"
+    parameter_name = "job"
+    SIDEBAR_JOBS = 50
+
+    def lookups(self, request, model_admin):
+        from jobs.models import Job
+
+        jobs = list(Job.objects.order_by("name").values_list("id", "name")[: self.SIDEBAR_JOBS])
+        chosen = self.value()
+        if chosen and all(str(pk) != chosen for pk, _ in jobs):
+            jobs += list(Job.objects.filter(pk=_uuid_or_none(chosen)).values_list("id", "name"))
+        return [(str(pk), name) for pk, name in jobs]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        job_id = _uuid_or_none(self.value())
+        if job_id is None:
+            raise IncorrectLookupParameters(f"not a job id: {self.value()!r}")
+        return queryset.filter(job_id=job_id)
+
+
+def _uuid_or_none(text: str) -> UUID | None:
+    try:
+        return UUID(text)
+    except ValueError:
+        return None
 
 
 class CappedCountPaginator(Paginator):
@@ -67,7 +111,7 @@ class JobRunAdmin(admin.ModelAdmin):
         "finished_at",
         "tenant",
     )
-    list_filter = ("status", "trigger", "tenant")
+    list_filter = ("status", "trigger", "tenant", JobFilter)
     list_select_related = ("tenant",)
     # No date_hierarchy: its year/month queries scan every partition.
     search_fields = ("job_name",)
@@ -148,12 +192,7 @@ class JobRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: JobRun) -> str:
-        return format_html(
-            '<span style="background:{};color:#fff;padding:1px 7px;border-radius:8px;font-size:11px">'
-            "{}</span>",
-            STATUS_COLORS.get(run.status, "#444"),
-            run.status,
-        )
+        return status_pill(run.status)
 
     @admin.display(description="run key (Idempotency-Key)")
     def run_key(self, run: JobRun) -> str:
@@ -164,8 +203,8 @@ class JobRunAdmin(admin.ModelAdmin):
         try:
             url = reverse("admin:jobs_job_change", args=[run.job_id])
         except NoReverseMatch:
-            return str(run.job_id)
-        return format_html('<a href="{}">{}</a>', url, run.job_id)
+            return run.job_name or str(run.job_id)
+        return format_html('<a href="{}" title="{}">{}</a>', url, run.job_id, run.job_name or run.job_id)
 
     @admin.display(description="attempts")
     def attempts_table(self, run: JobRun) -> str:

@@ -1,6 +1,7 @@
 """/metrics: Prometheus text computed from the database at scrape time.
 
-Every value is a gauge read from the tables, so any web worker answers the same and
+Every value is a gauge read from the tables (so no name ends in `_total`, which
+Prometheus reserves for counters), so any web worker answers the same and
 no process keeps counters in memory. Each query is bounded: active runs come from
 the partial claim/running indexes, totals only from runs scheduled in the last
 TOTALS_WINDOW (the recent day partitions), never a count(*) of the whole job_runs.
@@ -58,7 +59,9 @@ class CronyardCollector(Collector):
 
         since = now - TOTALS_WINDOW
         totals = GaugeMetricFamily(
-            "cronyard_runs_total",
+            # A gauge over a sliding window, so no `_total`: Prometheus keeps that suffix for
+            # counters, which only go up and which rate() may be applied to.
+            "cronyard_runs_last_24h",
             "Runs scheduled in the last 24 h: dispatched (all rows), succeeded, retried "
             "(attempts beyond the first), dead, skipped, cancelled. A sliding window, not a counter.",
             labels=["status"],
@@ -69,7 +72,7 @@ class CronyardCollector(Collector):
             totals.add_metric([name], value)
         yield totals
         yield GaugeMetricFamily(
-            "cronyard_lease_expiries_total",
+            "cronyard_lease_expiries_last_24h",
             "Attempts whose lease expired before they reported, over runs scheduled in the last 24 h.",
             value=expiries,
         )

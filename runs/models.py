@@ -1,5 +1,7 @@
 from django.db import models
 
+from runs.keys import format_utc
+
 
 class RunStatus(models.TextChoices):
     QUEUED = "queued"
@@ -77,7 +79,8 @@ class JobRun(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job_id}@{self.scheduled_at.isoformat()}"
+        # Page titles, breadcrumbs and the admin log: the job's name reads, its id does not.
+        return f"{self.job_name or self.job_id} @ {format_utc(self.scheduled_at)}"
 
     @property
     def run_key(self) -> str:

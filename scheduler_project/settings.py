@@ -1,5 +1,6 @@
 """Settings come from the environment (DESIGN section 1); every one is optional."""
 
+import sys
 from pathlib import Path
 
 import environ
@@ -21,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and ReDoc served from /static/, not a CDN
     "django_filters",
     "jobs",
     "runs",
@@ -28,6 +30,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Serves STATIC_ROOT from the web process itself (gunicorn has no static handler).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -73,7 +77,24 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "var" / "static"
+STATIC_ROOT = env.path("STATIC_ROOT", default=BASE_DIR / "var" / "static")
+# Production storage: content-hashed names (cache forever) plus gzip copies, from the
+# manifest that collectstatic writes. With DEBUG off, that storage raises for any file
+# missing from the manifest, and the Django test client renders pages without anyone
+# having run collectstatic; so code running under pytest uses the plain storage. The
+# browser tests' gunicorn is a child process, not under pytest: it gets the manifest
+# storage, after collectstatic, exactly as `make run` does.
+_UNDER_PYTEST = "pytest" in sys.modules
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "django.contrib.staticfiles.storage.StaticFilesStorage"
+            if _UNDER_PYTEST
+            else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+        )
+    },
+}
 
 # A job body is capped so one tenant cannot fill the table with megabyte payloads.
 DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
@@ -92,6 +113,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Distributed cron: recurring jobs fired exactly once, executed with retries.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Self-hosted from drf-spectacular-sidecar's static files: the docs work offline.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Scheduler and executor knobs (DESIGN section 1).

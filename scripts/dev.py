@@ -17,6 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 PY = sys.executable
+sys.path.insert(0, str(ROOT))
+
+from scheduler_project import serve  # noqa: E402  (needs ROOT on sys.path)
 
 
 def log(message: str) -> None:
@@ -73,28 +76,16 @@ def run() -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         manage("migrate", "--noinput", stdout=subprocess.DEVNULL)
-        manage("collectstatic", "--noinput", stdout=subprocess.DEVNULL)
+        # WhiteNoise serves var/static from the gunicorn process, hashed and compressed.
+        serve.collectstatic()
         password = admin_password()
         manage("ensure_admin", "--username", "admin", "--password", password, stdout=subprocess.DEVNULL)
         port = os.environ.get("PORT", "8000")
         # Children get their own process group so a terminal Ctrl-C reaches only us;
         # we then stop them in order and wait, which is what makes shutdown clean.
         popen = {"cwd": ROOT, "start_new_session": True}
-        children.append(
-            subprocess.Popen(
-                [
-                    str(Path(PY).parent / "gunicorn"),
-                    "scheduler_project.wsgi",
-                    "--bind",
-                    f"127.0.0.1:{port}",
-                    "--workers",
-                    os.environ.get("WEB_WORKERS", "2"),
-                    "--access-logfile",
-                    "-",
-                ],
-                **popen,
-            )
-        )
+        web = serve.gunicorn_command(port=int(port), workers=int(os.environ.get("WEB_WORKERS", "2")))
+        children.append(subprocess.Popen(web, **popen))
         for _ in range(int(os.environ.get("SCHEDULERS", "2"))):
             children.append(subprocess.Popen([PY, "manage.py", "run_scheduler"], **popen))
         for _ in range(int(os.environ.get("EXECUTORS", "2"))):

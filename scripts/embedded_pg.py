@@ -9,6 +9,7 @@ Usage::
     python3 scripts/embedded_pg.py stop   [--root DIR]
     python3 scripts/embedded_pg.py url    [--db NAME] [--root DIR]
     python3 scripts/embedded_pg.py status [--root DIR]
+    python3 scripts/embedded_pg.py destroy [--root DIR]
 
 ``start`` is idempotent and prints exactly one line on stdout, the
 DATABASE_URL (``postgres://cronyard@127.0.0.1:PORT/cronyard``); all other
@@ -29,6 +30,14 @@ it exists, else ``nobody``; an existing cluster keeps the non-root user that
 owns its data directory) via ``subprocess``'s ``user=``/``group=``/
 ``extra_groups=[]`` (setgroups, setgid, setuid in the child), and ``var/pg``
 is chowned to it.
+
+That user must be able to traverse every ancestor of ``var/pg``. When it cannot
+(run as root from a clone under /root, or in a ``mktemp -d`` folder, mode 700),
+the cluster is placed in a folder of its own instead,
+``/var/tmp/cronyard-pg-<hash of the checkout path>/`` (owned by that user, mode
+700), and ``var/pg`` becomes a symlink to it: every command follows the link, so
+``stop``, ``status`` and ``destroy`` (``make db-stop``, ``make clean``) find it.
+An existing cluster is never moved.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import glob
+import hashlib
 import os
 import pwd
 import re
@@ -113,13 +123,26 @@ def find_bindir() -> str | None:
 # --------------------------------------------------------------------------
 
 
+FALLBACK_PARENTS = ("/var/tmp", "/tmp")
+
+
 @dataclass
 class Layout:
     root: str
 
     @property
-    def base(self) -> str:
+    def link(self) -> str:
+        """var/pg as named in the checkout: the cluster's folder or a symlink to it."""
         return os.path.join(self.root, "var", "pg")
+
+    @property
+    def base(self) -> str:
+        # PostgreSQL gets resolved paths: the folders it must traverse are the real ones.
+        return os.path.realpath(self.link)
+
+    @property
+    def relocated(self) -> bool:
+        return os.path.islink(self.link)
 
     @property
     def data(self) -> str:
@@ -197,11 +220,16 @@ def child_env(layout: Layout) -> dict:
 
 
 def run(
-    cmd: list, layout: Layout, who: RunAs | None = None, check: bool = False, timeout: float = 120
+    cmd: list,
+    layout: Layout,
+    who: RunAs | None = None,
+    check: bool = False,
+    timeout: float = 120,
+    cwd: str | None = None,
 ) -> subprocess.CompletedProcess:
     """Run cmd (as ``who`` if given) capturing output; never writes to our stdout."""
     kwargs = who.kwargs() if who else {}
-    cwd = layout.base if os.path.isdir(layout.base) else "/"
+    cwd = cwd or (layout.base if os.path.isdir(layout.base) else "/")
     try:
         proc = subprocess.run(
             cmd,
@@ -253,12 +281,12 @@ def chown_tree(top: str, who: RunAs) -> None:
                 pass
 
 
-def check_traversable(layout: Layout, who: RunAs) -> None:
-    """Every ancestor of var/pg must be searchable by the unprivileged user."""
+def untraversable(path: str, layout: Layout, who: RunAs) -> str | None:
+    """The outermost ancestor of ``path`` (itself included) that ``who`` cannot search."""
     if who.uid is None:
-        return
+        return None
     dirs = []
-    p = os.path.abspath(layout.base)
+    p = os.path.abspath(path)
     while True:
         dirs.append(p)
         parent = os.path.dirname(p)
@@ -266,14 +294,54 @@ def check_traversable(layout: Layout, who: RunAs) -> None:
             break
         p = parent
     dirs.reverse()  # report the outermost offender
+    # Only existing folders: the ones we create later are made traversable.
+    dirs = [d for d in dirs if os.path.isdir(d)]
     script = 'for d in "$@"; do [ -x "$d" ] || { echo "$d"; exit 1; }; done'
-    proc = run(["/bin/sh", "-c", script, "sh", *dirs], layout, who)
+    proc = run(["/bin/sh", "-c", script, "sh", *dirs], layout, who, cwd="/")
     if proc.returncode != 0:
-        bad = proc.stdout.strip() or "?"
+        return proc.stdout.strip() or "?"
+    return None
+
+
+def check_traversable(layout: Layout, who: RunAs) -> None:
+    """Every ancestor of var/pg must be searchable by the unprivileged user."""
+    bad = untraversable(layout.base, layout, who)
+    if bad:
         raise PgError(
             f"directory {bad} is not traversable by user {who.name!r} (PostgreSQL cannot run "
             f"as root); fix with: chmod o+x {bad}  (or use --root elsewhere)"
         )
+
+
+def fallback_dir(layout: Layout) -> str:
+    """A folder of the cluster's own, stable for one checkout path."""
+    digest = hashlib.sha256(os.path.realpath(layout.root).encode()).hexdigest()[:12]
+    parent = next((p for p in FALLBACK_PARENTS if os.path.isdir(p)), FALLBACK_PARENTS[-1])
+    return os.path.join(parent, f"cronyard-pg-{digest}")
+
+
+def place_cluster(layout: Layout, who: RunAs) -> None:
+    """Keep the cluster under var/pg when ``who`` can reach it; otherwise link var/pg to
+    a folder of its own that it can reach (root in a folder postgres cannot traverse)."""
+    if who.uid is None or layout.relocated or layout.initialized():
+        return  # not root, already placed, or an existing cluster (never moved)
+    bad = untraversable(layout.link, layout, who)
+    if bad is None:
+        return
+    target = fallback_dir(layout)
+    if os.path.islink(target) or (os.path.exists(target) and os.stat(target).st_uid != who.uid):
+        raise PgError(f"{target} exists and is not {who.name}'s: remove it or use --root elsewhere")
+    os.makedirs(target, mode=0o700, exist_ok=True)
+    os.chown(target, who.uid, who.gid)
+    os.chmod(target, 0o700)
+    if os.path.isdir(layout.link):
+        shutil.rmtree(layout.link)  # only our lock and port files: no cluster was ever made there
+    makedirs(os.path.dirname(layout.link), 0o755)
+    os.symlink(target, layout.link)
+    log(
+        f"{bad} is not traversable by user {who.name!r}, so the cluster lives in {target} "
+        f"(var/pg links there); make db-stop and make clean find it"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -635,6 +703,7 @@ def ensure_db(bindir: str, layout: Layout, port: int, db: str) -> None:
 def cmd_start(layout: Layout, fast: bool, dbs: list[str]) -> int:
     bindir = require_bindir()
     who = choose_user(layout)
+    place_cluster(layout, who)
     makedirs(layout.base, 0o755)
     with Lock(layout.lockfile):
         state = server_state(layout)
@@ -711,6 +780,18 @@ def cmd_stop(layout: Layout) -> int:
     return 0
 
 
+def cmd_destroy(layout: Layout) -> int:
+    """Stop the server and remove the cluster, wherever var/pg points (``make clean``)."""
+    cmd_stop(layout)
+    base = layout.base
+    if layout.relocated:
+        os.unlink(layout.link)
+    if os.path.isdir(base):
+        shutil.rmtree(base)
+        log(f"removed {base}")
+    return 0
+
+
 def cmd_url(layout: Layout, dbs: list[str]) -> int:
     state = server_state(layout)
     if not state.running or state.status not in ("ready", ""):
@@ -731,7 +812,8 @@ def cmd_status(layout: Layout) -> int:
     lines = [
         f"project root : {layout.root}",
         f"binaries     : {bindir or 'NOT FOUND'}",
-        f"data dir     : {layout.data} ({'initialised' if layout.initialized() else 'not initialised'})",
+        f"data dir     : {layout.data} ({'initialised' if layout.initialized() else 'not initialised'})"
+        + (f", linked from {layout.link}" if layout.relocated else ""),
         f"runs as      : {who}",
         f"log          : {layout.logfile}",
         f"stored port  : {stored_port(layout) or '-'}",
@@ -776,6 +858,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("url", parents=[common], help="print DATABASE_URL if running, else exit 1")
     p.add_argument("--db", action="append", default=[], metavar="NAME")
     sub.add_parser("status", parents=[common], help="human-readable summary")
+    sub.add_parser("destroy", parents=[common], help="stop and remove the cluster (where var/pg points)")
     return parser
 
 
@@ -789,6 +872,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_stop(layout)
         if args.command == "url":
             return cmd_url(layout, args.db)
+        if args.command == "destroy":
+            return cmd_destroy(layout)
         return cmd_status(layout)
     except PgError as e:
         log(str(e))

@@ -117,3 +117,17 @@ def http_target():
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def web_server(django_db_setup, django_db_blocker, tmp_path_factory):
+    """gunicorn as `make run` starts it (DEBUG off, collectstatic, WhiteNoise) on the test
+    database; one per test session (per xdist worker that asks for it)."""
+    from tests.support.web import WebServer
+
+    with django_db_blocker.unblock():
+        url = database_url()
+    server = WebServer(database_url=url, workdir=tmp_path_factory.mktemp("web"))
+    server.start()
+    yield server
+    server.stop()

@@ -288,12 +288,12 @@ def test_error_bodies_are_json_not_html(api):
     assert response["Content-Type"].startswith("application/json")
 
 
-def test_request_over_the_upload_limit_is_a_json_400(api):
+def test_request_over_the_upload_limit_is_a_json_413(api):
     huge = json.dumps(body(target=http(body="x" * (2 * 1024 * 1024))))
     response = api.generic("POST", JOBS, huge, content_type="application/json")
-    assert response.status_code == 400
+    assert response.status_code == 413  # DESIGN section 4: a 413 naming the limit
     assert response["Content-Type"].startswith("application/json")
-    assert response.json()["detail"]
+    assert "1048576 bytes" in response.json()["detail"]
     assert Job.objects.count() == 0
 
 

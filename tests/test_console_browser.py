@@ -1,5 +1,6 @@
 """The admin console in a real browser (Debian's headless Chromium via Playwright) against
-pytest-django's live server: login form, changelist search/filters/actions, the change
+the real gunicorn started as `make run` starts it (tests/support/web.py): assets served by
+WhiteNoise and applied, API docs offline, login form, changelist search/filters/actions, the change
 form's live cron preview (the only JavaScript of ours), the dead-letter queue and the
 operations dashboard. The Django test client sees none of the JS, CSS or real form posts.
 """
@@ -10,6 +11,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import requests
 from django.db import transaction
 from django.utils import timezone
 from playwright.sync_api import expect
@@ -21,7 +23,6 @@ from runs.queue import enqueue_runs
 from tests.support import browser as b
 
 HOOK = {"type": "http", "url": "https://example.com/hook"}
-SCREENSHOTS = {"dashboard": "/tmp/cronyard_dashboard.png", "job_change": "/tmp/cronyard_job_change.png"}
 
 
 @pytest.fixture(scope="module")
@@ -30,16 +31,12 @@ def chromium():
         yield browser
 
 
-@pytest.fixture(autouse=True)
-def fast_password_hashing(settings):
-    # The live server thread reads the same settings object.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
 @pytest.fixture
-def page(chromium, live_server):
-    """A fresh context (no cookies) per test; fails the test on a JS error or a missing asset."""
-    context = chromium.new_context(viewport={"width": 1280, "height": 900}, base_url=live_server.url)
+def page(chromium, web_server, transactional_db):
+    """A fresh context (no cookies) per test; fails the test on a JS error, a missing asset
+    or a request to any host but 127.0.0.1. The server is another process: what a test
+    writes must be committed, hence transactional_db."""
+    context = chromium.new_context(viewport=b.VIEWPORT, base_url=web_server.url)
     context.set_default_timeout(b.TIMEOUT_MS)
     page = context.new_page()
     problems = b.PageProblems()
@@ -48,11 +45,12 @@ def page(chromium, live_server):
     context.close()
     assert problems.js_errors == [], problems.js_errors
     assert problems.failed_assets == [], problems.failed_assets
+    assert problems.foreign_requests == [], problems.foreign_requests
 
 
 @pytest.fixture
-def signed_in(page, live_server, admin_user):
-    b.log_in(page, live_server.url, "admin", "password")
+def signed_in(page, web_server, admin_user):
+    b.log_in(page, web_server.url, "admin", "password")
     expect(page.locator("#site-name")).to_be_visible()
     return page
 
@@ -88,7 +86,63 @@ def z(dt: datetime) -> str:
     return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_login_search_filter_and_pause_resume_actions(page, live_server, admin_user, acme):
+def test_stylesheets_apply_through_gunicorn(page, web_server, admin_user):
+    """The login page and the admin are styled by files gunicorn itself serves: hashed
+    names from the manifest (cacheable forever), gzip on request, and applied by the browser."""
+    page.goto("/admin/login/")
+    # A stylesheet that did not apply leaves the header transparent and the login box unstyled.
+    header_bg = page.locator("#header").evaluate("e => getComputedStyle(e).backgroundColor")
+    assert header_bg not in ("rgba(0, 0, 0, 0)", "transparent"), header_bg
+    # Unstyled, the theme toggle's label shows as text and the login box spans the window.
+    hidden = page.locator(".theme-toggle .visually-hidden").first
+    assert hidden.evaluate("e => getComputedStyle(e).position") == "absolute"
+    assert page.locator("#container").bounding_box()["width"] < b.VIEWPORT["width"] / 2
+
+    css = page.locator("link[rel=stylesheet]").evaluate_all("links => links.map(l => l.href)")
+    base_css = [u for u in css if "/static/admin/css/base." in u]
+    assert base_css and re.search(r"/base\.[0-9a-f]{12}\.css$", base_css[0]), css
+    response = requests.get(base_css[0], headers={"Accept-Encoding": "gzip"}, timeout=10)
+    assert response.status_code == 200
+    assert response.headers["Content-Encoding"] == "gzip"
+    assert "immutable" in response.headers["Cache-Control"]
+    b.screenshot(page, "login")
+
+    b.log_in(page, web_server.url, "admin", "password")
+    header_bg = page.locator("#header").evaluate("e => getComputedStyle(e).backgroundColor")
+    assert header_bg not in ("rgba(0, 0, 0, 0)", "transparent"), header_bg
+    b.screenshot(page, "admin_index")
+
+    # "View site" leads to the landing page, whose links reach every part.
+    with page.expect_navigation():
+        page.get_by_role("link", name="View site").click()
+    assert page.url == f"{web_server.url}/"
+    expect(page.locator("h1")).to_have_text("Cronyard")
+    for name in ("Console", "API docs", "Metrics", "Health"):
+        expect(page.get_by_role("link", name=name, exact=True)).to_be_visible()
+    b.screenshot(page, "landing")
+
+
+def test_api_docs_render_offline(page):
+    """Swagger UI and ReDoc come from our own /static/: every request the pages make goes
+    to 127.0.0.1 (the page fixture checks it too), and both render the schema."""
+    problems = b.PageProblems()
+    problems.watch(page)
+    local = []
+    page.on("request", lambda r: local.append(r.url))
+    page.goto("/api/docs/")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Cronyard API")
+    expect(page.locator(".swagger-ui .opblock").first).to_be_visible()
+    b.screenshot(page, "api_docs")
+    page.goto("/api/redoc/")
+    expect(page.locator("h1", has_text="Cronyard API")).to_be_visible()
+    expect(page.locator("text=API docs by Redocly")).to_be_visible()  # the footer with the logo
+    page.wait_for_load_state("networkidle")
+    assert any("/static/drf_spectacular_sidecar/swagger-ui-dist/" in u for u in local), local
+    assert any("/static/drf_spectacular_sidecar/redoc/" in u for u in local), local
+    assert problems.foreign_requests == [], problems.foreign_requests
+
+
+def test_login_search_filter_and_pause_resume_actions(page, web_server, admin_user, acme):
     services.create_job(tenant=acme, name="nightly export", cron_expr="30 2 * * *", target=HOOK)
     poller = services.create_job(tenant=acme, name="poller", interval_seconds=60, target=HOOK)
     services.create_job(
@@ -101,7 +155,7 @@ def test_login_search_filter_and_pause_resume_actions(page, live_server, admin_u
     page.fill("#id_password", "wrong")
     page.click("input[type=submit]")
     expect(page.locator(".errornote")).to_contain_text("correct username and password")
-    b.log_in(page, live_server.url, "admin", "password", next_path="/admin/jobs/job/")
+    b.log_in(page, web_server.url, "admin", "password", next_path="/admin/jobs/job/")
     assert page.url.endswith("/admin/jobs/job/")
     assert sorted(b.listed_names(page)) == ["nightly export", "one shot", "poller"]
     expect(b.row(page, "nightly export")).to_contain_text("30 2 * * *")
@@ -131,7 +185,10 @@ def test_login_search_filter_and_pause_resume_actions(page, live_server, admin_u
     assert b.run_action(page, "pause_jobs", "poller") == [("success", "Paused 1 job(s).")]
     poller.refresh_from_db()
     assert poller.paused is True
-    expect(b.row(page, "poller").locator("td.field-paused img")).to_have_attribute("alt", "True")
+    expect(b.row(page, "poller").locator("td.field-state")).to_have_text("paused")
+    expect(b.row(page, "nightly export").locator("td.field-state")).to_have_text("active")
+    expect(page.locator("#result_list img[src*='icon-no']")).to_have_count(0)
+    b.screenshot(page, "jobs_list")
 
     assert b.run_action(page, "resume_jobs", "poller") == [("success", "Resumed 1 job(s).")]
     poller.refresh_from_db()
@@ -162,7 +219,7 @@ def test_change_page_preview_live_preview_and_validation(signed_in, acme):
     expect(live.locator("li").first).to_contain_text(z(monday))
     expect(live.locator("li").nth(1)).to_contain_text(z(monday + timedelta(days=7)))
     expect(live.locator("p")).to_contain_text(re.compile("Monday", re.IGNORECASE))
-    page.screenshot(path=SCREENSHOTS["job_change"], full_page=True)
+    b.screenshot(page, "job_change")
     # The zone is part of the preview request: New York's 04:15 is 08:15 or 09:15 UTC.
     page.fill("#id_time_zone", "America/New_York")
     expect(live.locator("li").first).to_contain_text(re.compile(r"T(08|09):15:00Z"))
@@ -303,4 +360,4 @@ def test_dashboard_numbers_for_a_known_state(signed_in, acme):
     expect(b.row(page, "urgent")).to_contain_text(z(dead.scheduled_at))
 
     page.goto("/admin/runs/jobrun/dashboard/")
-    page.screenshot(path=SCREENSHOTS["dashboard"], full_page=True)
+    b.screenshot(page, "dashboard")

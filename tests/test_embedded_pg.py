@@ -36,9 +36,9 @@ BINDIR = epg.find_bindir()
 needs_pg = pytest.mark.skipif(BINDIR is None, reason="no PostgreSQL server binaries installed")
 
 
-def cli(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+def cli(*args: str, timeout: float = 90, script: str = str(SCRIPT)) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, script, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -179,3 +179,46 @@ def test_find_bindir_prefers_highest_version(monkeypatch, tmp_path):
     monkeypatch.setattr(epg, "PG_LIB_GLOB", str(tmp_path / "*" / "bin"))
     # 16 is incomplete (initdb only), so 15 wins over 13 and 9.6.
     assert epg.find_bindir() == str(tmp_path / "15" / "bin")
+
+
+@needs_pg
+@pytest.mark.skipif(os.geteuid() != 0, reason="root-only: the cluster runs as another user")
+def test_root_in_a_folder_postgres_cannot_traverse():
+    """A checkout inside a mode-700 folder (mktemp -d, /root): start, db-stop, start again
+    and clean all work without a chmod; the cluster lives in a folder of its own."""
+    private = Path(tempfile.mkdtemp(prefix="cronyard-private-"))
+    assert private.stat().st_mode & 0o777 == 0o700
+    checkout = private / "cronyard"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(SCRIPT, checkout / "scripts" / "embedded_pg.py")
+    shutil.copy(SCRIPT.parent.parent / "Makefile", checkout / "Makefile")
+    script = str(checkout / "scripts" / "embedded_pg.py")
+    make = ["make", "-s", "-C", str(checkout), f"PYTHON={sys.executable}"]
+    link = checkout / "var" / "pg"
+    try:
+        first = cli("start", "--fast", script=script)
+        url = _single_url_line(first)
+        assert psql_ok(url) == "cronyard/cronyard"
+        assert link.is_symlink(), first.stderr
+        target = Path(os.readlink(link))
+        assert str(target) in first.stderr  # says where the cluster went
+        assert target.stat().st_uid == pwd.getpwnam(epg.choose_user(epg.Layout(str(checkout))).name).pw_uid
+        assert target.stat().st_mode & 0o777 == 0o700
+        assert (target / "data" / "PG_VERSION").exists()
+        assert private.stat().st_mode & 0o777 == 0o700  # nothing was chmodded
+
+        stop = subprocess.run([*make, "db-stop"], capture_output=True, text=True, timeout=120)
+        assert stop.returncode == 0, stop.stderr
+        assert not (target / "data" / "postmaster.pid").exists()
+
+        again = cli("start", "--fast", script=script)
+        assert _single_url_line(again) == url  # same cluster, same port
+        assert psql_ok(url) == "cronyard/cronyard"
+
+        clean = subprocess.run([*make, "clean"], capture_output=True, text=True, timeout=120)
+        assert clean.returncode == 0, clean.stderr
+        assert not target.exists()
+        assert not (checkout / "var").exists()
+    finally:
+        cli("destroy", script=script)
+        shutil.rmtree(private, ignore_errors=True)

@@ -108,7 +108,7 @@ def test_metrics_match_the_database(client, known_state):
     assert value(m, "cronyard_queue_depth", priority="9", status="running") == 2
     assert value(m, "cronyard_queue_depth", priority="0", status="queued") == 0
 
-    totals = {labels[0][1]: v for labels, v in m["cronyard_runs_total"].items()}
+    totals = {labels[0][1]: v for labels, v in m["cronyard_runs_last_24h"].items()}
     assert totals == {
         "dispatched": 13,
         "succeeded": 3,
@@ -118,7 +118,7 @@ def test_metrics_match_the_database(client, known_state):
         "skipped": 1,
         "cancelled": 1,
     }
-    assert value(m, "cronyard_lease_expiries_total") == 3
+    assert value(m, "cronyard_lease_expiries_last_24h") == 3
 
     assert value(m, "cronyard_partitions_owned", node="sched-1") == 100
     assert value(m, "cronyard_partitions_owned", node="sched-2") == 150
@@ -138,16 +138,16 @@ def test_metrics_follow_the_database_between_scrapes(client, tenant):
     assert value(empty, "cronyard_scheduler_nodes") == 0
     assert value(empty, "cronyard_partitions_unowned") == 256
     assert empty["cronyard_tenant_running"] == {}
-    assert value(empty, "cronyard_runs_total", status="dispatched") == 0
+    assert value(empty, "cronyard_runs_last_24h", status="dispatched") == 0
 
     run = make_dead_run(make_job(tenant, "later"), minute_slots(1)[0], attempts=2)
     after = scrape(client)
-    assert value(after, "cronyard_runs_total", status="dead") == 1
-    assert value(after, "cronyard_runs_total", status="retried") == 1
+    assert value(after, "cronyard_runs_last_24h", status="dead") == 1
+    assert value(after, "cronyard_runs_last_24h", status="retried") == 1
     run.status = "queued"
     run.save(update_fields=["status"])
     again = scrape(client)
-    assert value(again, "cronyard_runs_total", status="dead") == 0
+    assert value(again, "cronyard_runs_last_24h", status="dead") == 0
     assert value(again, "cronyard_queue_depth", priority="0", status="queued") == 1
 
 
@@ -158,3 +158,18 @@ def test_metrics_token(client, tenant):
         assert "cronyard_queue_depth" in scrape(client, HTTP_AUTHORIZATION="Bearer s3cret")
     assert client.get("/metrics/").status_code == 200
     assert client.post("/metrics").status_code == 405
+
+
+def test_metric_names_follow_prometheus_conventions(client, known_state):
+    """Counters end in `_total` and only counters do (a gauge named `_total` misleads
+    rate() users and breaks OpenMetrics parsers)."""
+    response = client.get("/metrics")
+    families = list(text_string_to_metric_families(response.content.decode()))
+    assert families
+    for family in families:
+        assert family.name.startswith("cronyard_"), family.name
+        for sample in family.samples:
+            if family.type == "counter":
+                assert sample.name.endswith(("_total", "_created")), sample.name
+            else:
+                assert not sample.name.endswith("_total"), f"{family.type} {sample.name}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DataError, IntegrityError
@@ -19,8 +20,13 @@ log = logging.getLogger(__name__)
 
 def exception_handler(exc, context):
     if isinstance(exc, RequestDataTooBig):
-        # Django would answer with its HTML 400 page; API clients get JSON.
-        return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        # Django's own text names its setting (DATA_UPLOAD_MAX_MEMORY_SIZE), which means
+        # nothing to an API client: say the limit in bytes, with the status that means it.
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(
+            {"detail": f"Request body too large: the limit is {limit} bytes.", "limit_bytes": limit},
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        )
     if isinstance(exc, ServiceError):
         return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ScheduleError):

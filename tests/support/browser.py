@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 CHROMIUM = os.environ.get("CRONYARD_CHROMIUM", "/usr/bin/chromium")
 # Without the background-networking flags Chromium dials out at start-up, and this
@@ -25,6 +26,9 @@ CHROMIUM_ARGS = (
     "--disable-sync",
 )
 TIMEOUT_MS = 10_000
+VIEWPORT = {"width": 1440, "height": 900}
+SCREENSHOTS = Path(__file__).resolve().parent.parent.parent / "var" / "screenshots"
+LOCAL_HOSTS = ("127.0.0.1", "localhost")
 
 
 def chromium_path() -> str:
@@ -68,9 +72,31 @@ class PageProblems:
 
     js_errors: list[str] = field(default_factory=list)
     failed_assets: list[str] = field(default_factory=list)
+    # Every page must work offline: nothing may be fetched from another host.
+    foreign_requests: list[str] = field(default_factory=list)
 
     def watch(self, page) -> None:
         page.on("pageerror", lambda exc: self.js_errors.append(str(exc)))
+        page.on(
+            "request",
+            lambda r: (
+                self.foreign_requests.append(r.url)
+                if urlsplit(r.url).scheme in ("http", "https", "ws", "wss")
+                and urlsplit(r.url).hostname not in LOCAL_HOSTS
+                else None
+            ),
+        )
+        # Stopped inside the browser by the page's own Content-Security-Policy: it never
+        # left the machine, so it is not a foreign load.
+        page.on(
+            "requestfailed",
+            lambda r: (
+                self.foreign_requests.remove(r.url)
+                if (r.failure or "").lower() in ("csp", "net::err_blocked_by_csp")
+                and r.url in self.foreign_requests
+                else None
+            ),
+        )
         page.on(
             "response",
             lambda r: (
@@ -79,6 +105,14 @@ class PageProblems:
                 else None
             ),
         )
+
+
+def screenshot(page, name: str) -> Path:
+    """Full-page PNG under var/screenshots/, to look at (and for the README tour)."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
 
 
 def log_in(page, base_url: str, username: str, password: str, next_path: str = "/admin/") -> None:
