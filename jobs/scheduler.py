@@ -61,7 +61,7 @@ class BatchResult:
     inserted: int = 0
     skipped: int = 0
     misfires: int = 0
-    stale: int = 0  # changed or locked by someone else between the read and the lock
+    changed: int = 0  # changed or locked by someone else between the read and the lock
     refused: int = 0  # CAS refused on a locked, unchanged row (must stay 0)
     still_due: bool = False
     full: bool = False
@@ -211,7 +211,7 @@ class Scheduler(Loop):
             inserted=len(inserted),
             skipped=skipped,
             misfires=len(misfires),
-            stale=len(in_lease) - len(plans_locked),
+            changed=len(in_lease) - len(plans_locked),
             refused=len(plans_locked) - len(plans_ok),
             still_due=any(p.new_next is not None and p.new_next <= now for p in plans_ok),
             # A batch cut short by the planning budget has more work waiting too.
@@ -226,7 +226,7 @@ class Scheduler(Loop):
         # and db_now tie every dispatch to the lease session it ran under).
         log.debug(
             "batch node=%s session_pid=%s generation=%d db_now=%s partitions=%d jobs=%d runs=%d inserted=%d "
-            "conflicts=%d skipped=%d misfires=%d stale=%d min_sched=%s max_sched=%s ms=%.1f",
+            "conflicts=%d skipped=%d misfires=%d stale=%d changed=%d min_sched=%s max_sched=%s ms=%.1f",
             self.node_id,
             snap.session_pid,
             snap.generation,
@@ -238,7 +238,11 @@ class Scheduler(Loop):
             result.runs - result.inserted,
             skipped,
             result.misfires,
-            result.stale + result.refused,
+            # stale: CAS refused on a locked, unchanged row; must stay 0 (tests check).
+            # changed: plans dropped because the row moved between read and lock (normal
+            # when a partition changes hands or a job is edited mid-batch).
+            result.refused,
+            result.changed,
             min(scheduled).isoformat() if scheduled else "-",
             max(scheduled).isoformat() if scheduled else "-",
             (time.monotonic() - started) * 1000,

@@ -160,7 +160,7 @@ def test_retention_does_not_drop_a_day_whose_run_is_being_replayed(tenant):
     job = make_job(tenant, interval_seconds=None, cron_expr="0 * * * *")
     today = datetime.now(UTC).date()
     slot = datetime(today.year, today.month, today.day, 1, tzinfo=UTC)
-    enqueue_runs([services.run_for(job, scheduled_at=slot, trigger="backfill", overlap_check=False)])
+    enqueue_runs([planning.run_for(job, scheduled_at=slot, trigger="backfill", overlap_check=False)])
     JobRun.objects.filter(job_id=job.pk).update(status="dead")
     later = today + timedelta(days=31)
     # That day's partition exists already: creating it would itself wait for the replay
@@ -206,7 +206,7 @@ def test_retention_gives_up_on_a_busy_day_instead_of_blocking_job_runs(tenant):
     job = make_job(tenant, interval_seconds=None, cron_expr="0 * * * *")
     today = datetime.now(UTC).date()
     slot = datetime(today.year, today.month, today.day, 1, tzinfo=UTC)
-    enqueue_runs([services.run_for(job, scheduled_at=slot, trigger="backfill", overlap_check=False)])
+    enqueue_runs([planning.run_for(job, scheduled_at=slot, trigger="backfill", overlap_check=False)])
     JobRun.objects.filter(job_id=job.pk).update(status="succeeded")
     later = today + timedelta(days=31)
     partitions.maintain(days_ahead=0, retention_days=10_000, today=later)

@@ -65,11 +65,15 @@ def expected_interval_slots(jobs: Iterable[Job], *, cutoff: datetime) -> set[tup
 
 
 def locks_by_pid(cursor) -> dict[int, set[int]]:
-    """Advisory partition locks in the scheduler namespace in this database, per backend pid."""
+    """Advisory partition locks in the scheduler namespace in this database, per backend pid.
+
+    Partitions are >= 0; the maintenance lock (key -1, held by whichever node runs
+    partition maintenance) is not a partition and its holder is not a lease session.
+    """
     cursor.execute(
         """
         SELECT pid, objid::int FROM pg_locks
-        WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2 AND granted
+        WHERE locktype = 'advisory' AND classid = %s AND objsubid = 2 AND granted AND objid::int >= 0
           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
         """,
         [NAMESPACE],
