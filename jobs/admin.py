@@ -14,12 +14,17 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from jobs import services
+from jobs.audit import admin_actor
 from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.forms import VALIDATED_FIELDS, JobAdminForm
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
 from jobs.validation import check_cron, check_interval, check_zone
 
 PREVIEW_COUNT = 5
+
+
+def actor_of(request: HttpRequest) -> str:
+    return admin_actor(request.user)
 
 
 class TriggerTypeFilter(admin.SimpleListFilter):
@@ -144,27 +149,28 @@ class JobAdmin(admin.ModelAdmin):
         if not change:
             fields = {f: form.cleaned_data[f] for f in VALIDATED_FIELDS}
             fields["paused"] = form.cleaned_data.get("paused", False)
-            services.create_job(tenant=form.cleaned_data["tenant"], id=obj.id, **fields)
+            tenant = form.cleaned_data["tenant"]
+            services.create_job(tenant=tenant, id=obj.id, actor=actor_of(request), **fields)
             obj._state.adding = False
         else:
             editable = (*VALIDATED_FIELDS, "tenant")
             changes = {f: form.cleaned_data[f] for f in form.changed_data if f in editable}
             if changes:
-                services.update_job(job=obj, changes=changes)
+                services.update_job(job=obj, changes=changes, actor=actor_of(request))
         obj.refresh_from_db()
 
     def delete_model(self, request, obj: Job) -> None:
-        services.delete_job(job=obj)
+        services.delete_job(job=obj, actor=actor_of(request))
 
     def delete_queryset(self, request, queryset) -> None:
         for job in queryset:
-            services.delete_job(job=job)
+            services.delete_job(job=job, actor=actor_of(request))
 
     @admin.action(description="Pause selected jobs")
     def pause_jobs(self, request, queryset) -> None:
         count = 0
         for job in queryset.filter(paused=False):
-            services.pause_job(job=job)
+            services.pause_job(job=job, actor=actor_of(request))
             count += 1
         self.message_user(request, f"Paused {count} job(s).", messages.SUCCESS)
 
@@ -172,7 +178,7 @@ class JobAdmin(admin.ModelAdmin):
     def resume_jobs(self, request, queryset) -> None:
         count = 0
         for job in queryset.filter(paused=True):
-            services.resume_job(job=job, catch_up="none")
+            services.resume_job(job=job, catch_up="none", actor=actor_of(request))
             count += 1
         self.message_user(request, f"Resumed {count} job(s).", messages.SUCCESS)
 
@@ -180,7 +186,7 @@ class JobAdmin(admin.ModelAdmin):
     def trigger_now(self, request, queryset) -> None:
         count = 0
         for job in queryset:
-            services.trigger_job(job=job)
+            services.trigger_job(job=job, actor=actor_of(request))
             count += 1
         self.message_user(request, f"Queued a manual run for {count} job(s).", messages.SUCCESS)
 
@@ -329,3 +335,6 @@ class SchedulerNodeAdmin(ReadOnlyAdmin):
     @admin.display(description="partitions")
     def partition_count(self, node: SchedulerNode) -> int:
         return len(node.partitions or [])
+
+# The audit log has its own module; importing it registers it with the admin site.
+from jobs import audit_admin  # noqa: E402, F401
