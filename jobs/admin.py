@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from jobs import services
+from jobs.audit import admin_actor
 from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
 from jobs.forms import VALIDATED_FIELDS, JobAdminForm
@@ -24,6 +25,10 @@ from runs.keys import format_utc
 from runs.models import JobRun
 
 PREVIEW_COUNT = 5
+
+
+def actor_of(request: HttpRequest) -> str:
+    return admin_actor(request.user)
 
 
 class TriggerTypeFilter(admin.SimpleListFilter):
@@ -199,26 +204,27 @@ class JobAdmin(admin.ModelAdmin):
         if not change:
             fields = {f: form.cleaned_data[f] for f in VALIDATED_FIELDS}
             fields["paused"] = form.cleaned_data.get("paused", False)
-            services.create_job(tenant=form.cleaned_data["tenant"], id=obj.id, **fields)
+            tenant = form.cleaned_data["tenant"]
+            services.create_job(tenant=tenant, id=obj.id, actor=actor_of(request), **fields)
             obj._state.adding = False
         else:
             changes = {f: form.cleaned_data[f] for f in form.changed_data if f in VALIDATED_FIELDS}
             if changes:
-                services.update_job(job=obj, changes=changes)
+                services.update_job(job=obj, changes=changes, actor=actor_of(request))
         obj.refresh_from_db()
 
     def delete_model(self, request, obj: Job) -> None:
-        services.delete_job(job=obj)
+        services.delete_job(job=obj, actor=actor_of(request))
 
     def delete_queryset(self, request, queryset) -> None:
         for job in queryset:
-            services.delete_job(job=job)
+            services.delete_job(job=job, actor=actor_of(request))
 
     @admin.action(description="Pause selected jobs")
     def pause_jobs(self, request, queryset) -> None:
         count = 0
         for job in queryset.filter(paused=False):
-            services.pause_job(job=job)
+            services.pause_job(job=job, actor=actor_of(request))
             count += 1
         self.message_user(request, f"Paused {count} job(s).", messages.SUCCESS)
 
@@ -226,7 +232,7 @@ class JobAdmin(admin.ModelAdmin):
     def resume_jobs(self, request, queryset) -> None:
         count = 0
         for job in queryset.filter(paused=True):
-            services.resume_job(job=job, catch_up="none")
+            services.resume_job(job=job, catch_up="none", actor=actor_of(request))
             count += 1
         self.message_user(request, f"Resumed {count} job(s).", messages.SUCCESS)
 
@@ -234,7 +240,7 @@ class JobAdmin(admin.ModelAdmin):
     def trigger_now(self, request, queryset) -> None:
         count = 0
         for job in queryset:
-            services.trigger_job(job=job)
+            services.trigger_job(job=job, actor=actor_of(request))
             count += 1
         self.message_user(request, f"Queued a manual run for {count} job(s).", messages.SUCCESS)
 
@@ -383,3 +389,6 @@ class SchedulerNodeAdmin(ReadOnlyAdmin):
     @admin.display(description="partitions")
     def partition_count(self, node: SchedulerNode) -> int:
         return len(node.partitions or [])
+
+# The audit log has its own module; importing it registers it with the admin site.
+from jobs import audit_admin  # noqa: E402, F401

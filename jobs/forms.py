@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from jobs.models import Job
 from jobs.validation import SCHEDULE_KEY, TRIGGER_FIELDS, JobInvalid, validate_job
+from runs.selectors import redact_target, unmask_target
 
 FORM_FIELDS = (
     "tenant",
@@ -56,9 +57,15 @@ class JobAdminForm(forms.ModelForm):
         if self.instance._state.adding and "target" in self.fields:
             # Django renders an empty JSONField as `null`; an empty object reads as "fill me in".
             self.fields["target"].initial = {}
+        elif "target" in self.fields:
+            # Secrets are write-only: the page shows "***", and an untouched "***" keeps
+            # the stored value (clean() puts it back); typing a new value replaces it.
+            self.initial["target"] = redact_target(self.instance.target)
 
     def clean(self):
         cleaned = super().clean()
+        if not self.instance._state.adding and isinstance(cleaned.get("target"), dict):
+            cleaned["target"] = unmask_target(cleaned["target"], self.instance.target)
         values = {f: cleaned[f] for f in VALIDATED_FIELDS if f in cleaned}
         # A trigger field that did not even parse: do not also claim "none is set".
         trigger_unparsed = any(f in self.errors for f in TRIGGER_FIELDS)

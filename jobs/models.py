@@ -1,5 +1,6 @@
 import uuid
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
@@ -221,3 +222,47 @@ class SchedulerNode(models.Model):
 
     def __str__(self) -> str:
         return self.node_id
+
+
+class AuditAction(models.TextChoices):
+    CREATE = "create", "Create"
+    UPDATE = "update", "Edit"
+    PAUSE = "pause", "Pause"
+    RESUME = "resume", "Resume"
+    TRIGGER = "trigger", "Trigger"
+    BACKFILL = "backfill", "Backfill"
+    REPLAY = "replay", "Replay"
+    CANCEL = "cancel", "Cancel"
+    DELETE = "delete", "Delete"
+
+
+class AuditEntry(models.Model):
+    """Who changed what, written by jobs.audit.record in the transaction of the change.
+
+    `job_id` is a plain UUID, not a foreign key: the entry of a deletion must outlive
+    the job it describes. Secret header values never reach `changes` (redacted first).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="audit_entries")
+    job_id = models.UUIDField()
+    job_name = models.CharField(max_length=200, blank=True)
+    actor = models.CharField(
+        max_length=200, help_text='"admin:<username>", "tenant:<slug> token:<prefix>", or "system".'
+    )
+    action = models.CharField(max_length=16, choices=AuditAction.choices)
+    changes = models.JSONField(default=dict, blank=True, encoder=DjangoJSONEncoder)
+
+    class Meta:
+        db_table = "audit_entries"
+        ordering = ["-id"]
+        verbose_name_plural = "audit entries"
+        indexes = [
+            # The API's pages: a tenant's entries newest first, optionally one job's.
+            models.Index(fields=["tenant", "-id"], name="audit_tenant_idx"),
+            models.Index(fields=["job_id", "-id"], name="audit_job_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.job_name or self.job_id}"

@@ -19,8 +19,8 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 
-from jobs import planning
-from jobs.models import ApiToken, Job, Misfire, MisfirePolicy, SlotOutcome, SlotReason, Tenant
+from jobs import audit, planning
+from jobs.models import ApiToken, AuditAction, Job, Misfire, MisfirePolicy, SlotOutcome, SlotReason, Tenant
 from jobs.planning import latest_slot, missed_slots, next_slot, run_for, slots_between
 from runs.models import JobRun
 from runs.queue import enqueue_runs, notify_executors
@@ -71,7 +71,7 @@ def _issue_token(*, tenant: Tenant, label: str) -> str:
 
 
 @transaction.atomic
-def create_job(*, tenant: Tenant, now: datetime | None = None, **fields) -> Job:
+def create_job(*, tenant: Tenant, actor: str = audit.SYSTEM, now: datetime | None = None, **fields) -> Job:
     now = now or db.now()
     job = Job(tenant=tenant, **fields)
     job.partition_id = partition_for(job.id)
@@ -81,11 +81,12 @@ def create_job(*, tenant: Tenant, now: datetime | None = None, **fields) -> Job:
     job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now.replace(microsecond=0))
     job.schedule_since = now
     job.save(force_insert=True)
+    audit.record(actor=actor, action=AuditAction.CREATE, job=job, changes=audit.snapshot(fields))
     return job
 
 
 @transaction.atomic
-def update_job(*, job: Job, changes: dict, now: datetime | None = None) -> Job:
+def update_job(*, job: Job, changes: dict, actor: str = audit.SYSTEM, now: datetime | None = None) -> Job:
     """Apply field changes; a schedule change restarts from the next future slot.
 
     Edits never fire a slot that is already past (DESIGN section 3): the slots that
@@ -95,6 +96,7 @@ def update_job(*, job: Job, changes: dict, now: datetime | None = None) -> Job:
     """
     now = now or db.now()
     job = Job.objects.select_for_update().get(pk=job.pk)
+    before = {name: getattr(job, name) for name in changes}
     schedule_changed = any(
         name in SCHEDULE_FIELDS and getattr(job, name) != value for name, value in changes.items()
     )
@@ -115,11 +117,14 @@ def update_job(*, job: Job, changes: dict, now: datetime | None = None) -> Job:
     job.save()
     if unfired is not None:
         unfired.save()
+    diff = audit.field_diff(before=before, after=changes)
+    if diff:
+        audit.record(actor=actor, action=AuditAction.UPDATE, job=job, changes=diff)
     return job
 
 
 @transaction.atomic
-def pause_job(*, job: Job, now: datetime | None = None) -> Job:
+def pause_job(*, job: Job, actor: str = audit.SYSTEM, now: datetime | None = None) -> Job:
     """Pause; slots that were already due and never dispatched are recorded, not lost.
 
     Such slots fell while the job was active (a scheduler outage or backlog), so they
@@ -149,11 +154,14 @@ def pause_job(*, job: Job, now: datetime | None = None) -> Job:
         fields.append("next_run_at")
     job.paused = True
     job.save(update_fields=fields)
+    audit.record(actor=actor, action=AuditAction.PAUSE, job=job, changes={"paused": [False, True]})
     return job
 
 
 @transaction.atomic
-def resume_job(*, job: Job, catch_up: str = "none", now: datetime | None = None) -> Job:
+def resume_job(
+    *, job: Job, catch_up: str = "none", actor: str = audit.SYSTEM, now: datetime | None = None
+) -> Job:
     """Unpause. Without catch_up the next run is the next future slot.
 
     catch_up="latest" queues one run for the latest slot that fell while paused,
@@ -181,22 +189,29 @@ def resume_job(*, job: Job, catch_up: str = "none", now: datetime | None = None)
         job.next_run_at = next_slot(job, after=now, anchor=job.next_run_at)
     job.paused = False
     job.save(update_fields=["paused", "next_run_at", "updated_at"])
+    audit.record(
+        actor=actor,
+        action=AuditAction.RESUME,
+        job=job,
+        changes={"paused": [True, False], "catch_up": catch_up, "runs_queued": len(missed)},
+    )
     return job
 
 
 @transaction.atomic
-def delete_job(*, job: Job) -> None:
+def delete_job(*, job: Job, actor: str = audit.SYSTEM) -> None:
     # Lock the job first: a scheduler batch holding it may be inserting a run right
     # now, which a runs DELETE issued before that batch commits would not see.
     Job.objects.select_for_update().filter(pk=job.pk).first()
     # Runs have no database FK (the table is partitioned); remove them in one statement.
     JobRun.objects.filter(job_id=job.pk)._raw_delete(JobRun.objects.db)
     job.misfires.all().delete()
-    Job.objects.filter(pk=job.pk).delete()
+    if Job.objects.filter(pk=job.pk).delete()[0]:
+        audit.record(actor=actor, action=AuditAction.DELETE, job=job, changes={})
 
 
 @transaction.atomic
-def trigger_job(*, job: Job, now: datetime | None = None) -> datetime:
+def trigger_job(*, job: Job, actor: str = audit.SYSTEM, now: datetime | None = None) -> datetime:
     """Queue a manual run now and return its scheduled_at (the request time).
 
     If that instant is already an occurrence (a scheduled slot on a whole second, or
@@ -210,6 +225,7 @@ def trigger_job(*, job: Job, now: datetime | None = None) -> datetime:
     while not enqueue_runs([run_for(job, scheduled_at=moment, trigger="manual", overlap_check=False)]):
         moment += timedelta(microseconds=1)
     notify_executors()
+    audit.record(actor=actor, action=AuditAction.TRIGGER, job=job, changes={"scheduled_at": moment})
     return moment
 
 
@@ -260,7 +276,9 @@ def plan_backfill(*, job: Job, start: datetime, end: datetime) -> BackfillPlan:
     )
 
 
-def backfill_job(*, job: Job, start: datetime, end: datetime) -> tuple[BackfillPlan, list[datetime]]:
+def backfill_job(
+    *, job: Job, start: datetime, end: datetime, actor: str = audit.SYSTEM
+) -> tuple[BackfillPlan, list[datetime]]:
     """Create a run for each gap in [start, end]; returns the plan and the slots created.
 
     One insert statement (ON CONFLICT DO NOTHING on the run key): a slot that got a
@@ -282,4 +300,17 @@ def backfill_job(*, job: Job, start: datetime, end: datetime) -> tuple[BackfillP
         )
         if inserted:
             notify_executors()
+            # Only a backfill that created runs changed anything (a dry run never gets here).
+            audit.record(
+                actor=actor,
+                action=AuditAction.BACKFILL,
+                job=job,
+                changes={
+                    "start": start,
+                    "end": end,
+                    "created": len(inserted),
+                    "first": inserted[0].scheduled_at,
+                    "last": inserted[-1].scheduled_at,
+                },
+            )
     return plan, [run.scheduled_at for run in inserted]

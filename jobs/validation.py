@@ -61,7 +61,7 @@ RESERVED_HEADERS = frozenset(
 )
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _TASK_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:[.:][A-Za-z_][A-Za-z0-9_]*)*$")
-_HTTP_KEYS = frozenset({"type", "url", "method", "headers", "body", "timeout_seconds"})
+_HTTP_KEYS = frozenset({"type", "url", "method", "headers", "body", "timeout_seconds", "secret_headers"})
 _TASK_KEYS = frozenset({"type", "name", "kwargs", "timeout_seconds"})
 
 
@@ -212,6 +212,12 @@ def _http_target(target: dict, allow_private: bool, problems: list[str]) -> dict
                 problems.append(f"headers: {key} is set by the executor and cannot be overridden.")
             if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
                 problems.append(f"headers: the value of {key!r} must be a single-line string.")
+    secret_headers = target.get("secret_headers")
+    if secret_headers is not None and (
+        not isinstance(secret_headers, list)
+        or not all(isinstance(n, str) and _HEADER_NAME_RE.match(n) for n in secret_headers)
+    ):
+        problems.append("secret_headers: must be a list of header names whose values are write-only.")
     timeout = _check_timeout(target.get("timeout_seconds", 30), TIMEOUT_RANGE, problems)
     return {
         "type": "http",
@@ -220,6 +226,8 @@ def _http_target(target: dict, allow_private: bool, problems: list[str]) -> dict
         "headers": headers,
         "body": target.get("body"),
         "timeout_seconds": timeout,
+        # Only when given: targets without it keep their stored shape.
+        **({"secret_headers": secret_headers} if secret_headers is not None else {}),
     }
 
 

@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
+from jobs.audit import admin_actor
 from runs import selectors, services
 from runs.keys import format_utc, parse_utc
 from runs.metrics import node_stale_after_seconds
@@ -96,7 +97,7 @@ class CappedCountPaginator(Paginator):
 
 
 def actor_of(request: HttpRequest) -> str:
-    return f"admin:{request.user.get_username()}"
+    return admin_actor(request.user)
 
 
 class JobRunAdmin(admin.ModelAdmin):
@@ -105,7 +106,7 @@ class JobRunAdmin(admin.ModelAdmin):
         "scheduled",
         "status_badge",
         "trigger",
-        "attempt",
+        "attempt_text",
         "result_code",
         "started_at",
         "finished_at",
@@ -123,7 +124,7 @@ class JobRunAdmin(admin.ModelAdmin):
     # append, milliseconds), where scheduled_at, led by no index, means sorting the whole
     # table. Sorting by the scheduled-at column stays one click away.
     ordering = ("-id",)
-    actions = ("replay_selected", "cancel_selected")
+    actions = ("replay_selected", "replay_selected_dry_run", "cancel_selected")
     change_form_template = "admin/runs/run_change_form.html"
     change_list_template = "admin/runs/run_change_list.html"
 
@@ -136,7 +137,7 @@ class JobRunAdmin(admin.ModelAdmin):
             "Execution",
             {
                 "fields": (
-                    "attempt",
+                    "attempt_text",
                     "max_attempts",
                     "priority",
                     "not_before",
@@ -193,6 +194,13 @@ class JobRunAdmin(admin.ModelAdmin):
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: JobRun) -> str:
         return status_pill(run.status)
+
+    @admin.display(description="attempt", ordering="attempt")
+    def attempt_text(self, run: JobRun) -> str:
+        # "6 / 5" alone reads like a bug; past max_attempts only a replay can take a run.
+        note = selectors.attempt_note(run)
+        base = f"{run.attempt} / {run.max_attempts}"
+        return f"{base} ({note})" if note else base
 
     @admin.display(description="run key (Idempotency-Key)")
     def run_key(self, run: JobRun) -> str:
@@ -275,6 +283,18 @@ class JobRunAdmin(admin.ModelAdmin):
             request,
             f"Replayed {len(result.done)} run(s); ignored {result.ignored} that were not dead or cancelled.",
             messages.SUCCESS if result.done else messages.WARNING,
+        )
+
+    @admin.action(description="Replay selected: dry run (list only, change nothing)", permissions=["change"])
+    def replay_selected_dry_run(self, request: HttpRequest, queryset) -> None:
+        plan = services.plan_replay_runs(ids=list(queryset.values_list("id", flat=True)))
+        keys = [run.run_key for run in JobRun.objects.filter(id__in=plan.done).order_by("id")]
+        listed = ", ".join(keys[:20]) + (f" and {len(keys) - 20} more" if len(keys) > 20 else "")
+        self.message_user(
+            request,
+            f"Dry run: would replay {len(keys)} run(s){': ' + listed if keys else ''}; "
+            f"would ignore {plan.ignored} that are not dead or cancelled. Nothing was changed.",
+            messages.INFO,
         )
 
     @admin.action(description="Cancel selected queued/retrying/running runs", permissions=["change"])
@@ -386,13 +406,13 @@ class DeadRunAdmin(JobRunAdmin):
         "job_name",
         "scheduled",
         "tenant",
-        "attempt",
+        "attempt_text",
         "result_code",
         "short_error",
         "finished_at",
     )
     list_filter = ("tenant", "trigger")
-    actions = ("replay_selected",)
+    actions = ("replay_selected", "replay_selected_dry_run")
 
     def get_queryset(self, request: HttpRequest):
         return super().get_queryset(request).filter(status=RunStatus.DEAD)

@@ -87,14 +87,25 @@ def _redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
-def _redact_mapping(values: object) -> object:
+def marked_secret(target: dict | None) -> frozenset[str]:
+    """Lower-cased header names the client listed in the target's `secret_headers`."""
+    names = target.get("secret_headers") if isinstance(target, dict) else None
+    if not isinstance(names, list):
+        return frozenset()
+    return frozenset(str(name).lower() for name in names)
+
+
+def _redact_mapping(values: object, marked: frozenset[str] = frozenset()) -> object:
+    def secret(name: object) -> bool:
+        return is_secret_name(str(name)) or str(name).lower() in marked
+
     if isinstance(values, dict):
-        return {name: REDACTED if is_secret_name(str(name)) else value for name, value in values.items()}
+        return {name: REDACTED if secret(name) else value for name, value in values.items()}
     if isinstance(values, list):
         # Headers given as [[name, value], ...] pairs.
         out = []
         for item in values:
-            if isinstance(item, list | tuple) and len(item) == 2 and is_secret_name(str(item[0])):
+            if isinstance(item, list | tuple) and len(item) == 2 and secret(item[0]):
                 out.append([item[0], REDACTED])
             else:
                 out.append(item)
@@ -103,18 +114,81 @@ def _redact_mapping(values: object) -> object:
 
 
 def redact_target(target: dict | None) -> dict:
-    """A copy of a target snapshot that is safe to show: credential-looking headers,
-    URL passwords and query parameters, and task kwargs are replaced by "***"."""
+    """A copy of a target snapshot that is safe to show: credential-looking headers (and
+    those named in `secret_headers`), URL passwords and query parameters, and task
+    kwargs are replaced by "***"."""
     if not isinstance(target, dict):
         return {}
     out = dict(target)
     if "headers" in out:
-        out["headers"] = _redact_mapping(out["headers"])
+        out["headers"] = _redact_mapping(out["headers"], marked_secret(target))
     if "kwargs" in out:
         out["kwargs"] = _redact_mapping(out["kwargs"])
     if isinstance(out.get("url"), str):
         out["url"] = _redact_url(out["url"])
     return out
+
+
+def unmask_target(new: object, stored: object) -> object:
+    """`new` with every "***" that stands for a stored secret replaced by the stored value.
+
+    A client (or the admin form) that read a job gets "***" for its secrets and may send
+    the target back unchanged: that keeps the stored secrets instead of saving "***".
+    Only a value that is exactly "***" under a name the stored target has is restored;
+    a newly typed value always wins.
+    """
+    if not isinstance(new, dict) or not isinstance(stored, dict):
+        return new
+    out = dict(new)
+    for part in ("headers", "kwargs"):
+        given, kept = out.get(part), stored.get(part)
+        if isinstance(given, dict) and isinstance(kept, dict):
+            by_name = {str(name).lower(): value for name, value in kept.items()}
+            out[part] = {
+                name: by_name.get(str(name).lower(), value) if value == REDACTED else value
+                for name, value in given.items()
+            }
+    url, kept_url = out.get("url"), stored.get("url")
+    if isinstance(url, str) and isinstance(kept_url, str) and REDACTED in url:
+        if _redact_url(kept_url) == url:
+            out["url"] = kept_url
+    return out
+
+
+# --- attempts beyond max_attempts ----------------------------------------------------
+
+
+def replayed_after(run: JobRun) -> int | None:
+    """How many attempts a replayed run had used when it was last replayed, else None.
+
+    Right after the replay (queued) that is its attempt count; once it ran again, it is
+    the attempt that ended it (dead or cancelled) before the replay. Read from the
+    attempts history, so no column is needed for it.
+    """
+    if run.trigger != "replay":
+        return None
+    if run.status == RunStatus.QUEUED:
+        return run.attempt
+    final = [
+        entry.get("attempt")
+        for entry in run.attempts or []
+        if isinstance(entry, dict)
+        and isinstance(entry.get("attempt"), int)
+        and entry["attempt"] < run.attempt
+        and (
+            entry.get("outcome") in ("dead", "cancelled")
+            or (entry.get("outcome") in LEASE_EXPIRED_OUTCOMES and entry["attempt"] >= run.max_attempts)
+        )
+    ]
+    return max(final) if final else max(run.attempt - 1, 0)
+
+
+def attempt_note(run: JobRun) -> str | None:
+    """Why a run's attempt number can pass max_attempts: 'replayed after 5 attempts'."""
+    after = replayed_after(run)
+    if after is None:
+        return None
+    return f"replayed after {after} attempt{'s' if after != 1 else ''}"
 
 
 # --- operations overview (dashboard and /metrics) ---------------------------------------

@@ -18,6 +18,8 @@ from uuid import UUID
 from django.db import transaction
 from django.utils import timezone
 
+from jobs import audit
+from jobs.models import AuditAction
 from runs.keys import format_utc, run_key
 from runs.models import JobRun, RunStatus, RunTrigger
 from runs.queue import notify_executors
@@ -75,6 +77,38 @@ def _keyed(job_id: UUID, scheduled_at: datetime, tenant_id: int | None):
     return qs.filter(tenant_id=tenant_id) if tenant_id is not None else qs
 
 
+def _audit(run: JobRun, *, actor: str, action: str, **changes) -> None:
+    # The run's snapshot names its job and tenant; the job itself may be gone.
+    audit.record(
+        actor=actor,
+        action=action,
+        tenant_id=run.tenant_id,
+        job_id=run.job_id,
+        job_name=run.job_name,
+        changes={"scheduled_at": run.scheduled_at, **changes},
+    )
+
+
+def plan_replay(*, job_id: UUID, scheduled_at: datetime, tenant_id: int | None = None) -> JobRun:
+    """The run a replay would re-queue, read without writing (a dry run).
+    Raises RunNotFound, RunConflict exactly as replay_run would."""
+    run = _keyed(job_id, scheduled_at, tenant_id).first()
+    if run is None:
+        raise RunNotFound(run_key(job_id, scheduled_at))
+    if run.status not in REPLAYABLE:
+        raise RunConflict(operation="replay", status=run.status, allowed=REPLAYABLE)
+    return run
+
+
+def plan_replay_runs(*, ids: Iterable[int]) -> BulkResult:
+    """Which of `ids` a bulk replay would re-queue (dead or cancelled), writing nothing."""
+    ids = list(ids)
+    done = list(
+        JobRun.objects.filter(id__in=ids, status__in=REPLAYABLE).order_by("id").values_list("id", flat=True)
+    )
+    return BulkResult(done=done, ignored=len(ids) - len(done))
+
+
 @transaction.atomic
 def replay_run(
     *,
@@ -93,6 +127,7 @@ def replay_run(
         raise RunConflict(operation="replay", status=current, allowed=REPLAYABLE)
     notify_executors()
     run = qs.get()
+    _audit(run, actor=actor, action=AuditAction.REPLAY, attempts_before=run.attempt)
     log.info(
         "run replay: key=%s tenant_id=%s actor=%r attempt=%s", run.run_key, run.tenant_id, actor, run.attempt
     )
@@ -148,6 +183,7 @@ def cancel_run(
     if run.status not in CANCELLABLE:
         raise RunConflict(operation="cancel", status=run.status, allowed=CANCELLABLE)
     _cancel_locked(run, now=now, actor=actor)
+    _audit(run, actor=actor, action=AuditAction.CANCEL, status=[run.status, RunStatus.CANCELLED])
     run = qs.get()
     log.info(
         "run cancel: key=%s tenant_id=%s actor=%r attempt=%s", run.run_key, run.tenant_id, actor, run.attempt
@@ -160,17 +196,20 @@ def replay_runs(*, ids: Iterable[int], actor: str, now: datetime | None = None) 
     """Bulk replay by surrogate id (admin); rows that are not dead/cancelled are ignored."""
     ids = list(ids)
     # Lock the eligible rows first so the ids reported are exactly the rows changed.
-    locked = list(
+    rows = list(
         JobRun.objects.select_for_update()
         .filter(id__in=ids, status__in=REPLAYABLE)
         .order_by("id")
-        .values_list("id", flat=True)
+        .only("id", "scheduled_at", "job_id", "tenant_id", "job_name", "attempt")
     )
+    locked = [run.id for run in rows]
     if locked:
         JobRun.objects.filter(id__in=locked, status__in=REPLAYABLE).update(
             **_replay_changes(now or timezone.now())
         )
         notify_executors()
+    for run in rows:
+        _audit(run, actor=actor, action=AuditAction.REPLAY, attempts_before=run.attempt)
     log.info("runs replay (bulk): actor=%r done=%d ignored=%d", actor, len(locked), len(ids) - len(locked))
     return BulkResult(done=locked, ignored=len(ids) - len(locked))
 
@@ -185,6 +224,7 @@ def cancel_runs(*, ids: Iterable[int], actor: str, now: datetime | None = None) 
     )
     for run in locked:
         _cancel_locked(run, now=now, actor=actor)
+        _audit(run, actor=actor, action=AuditAction.CANCEL, status=[run.status, RunStatus.CANCELLED])
     done = [run.id for run in locked]
     log.info("runs cancel (bulk): actor=%r done=%d ignored=%d", actor, len(done), len(ids) - len(done))
     return BulkResult(done=done, ignored=len(ids) - len(done))

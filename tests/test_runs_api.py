@@ -315,7 +315,8 @@ def test_cancel(api, tenant):
 
     body = api.post(detail_path(queued) + "cancel").json()
     assert body["status"] == "cancelled" and body["finished_at"] is not None
-    assert body["last_error"] == "cancelled by tenant:acme"
+    # Who: the tenant and the prefix of the token used, as in the audit log.
+    assert body["last_error"].startswith("cancelled by tenant:acme token:cy_")
     assert api.post(detail_path(retrying) + "cancel/").json()["status"] == "cancelled"
 
     body = api.post(detail_path(running) + "cancel").json()

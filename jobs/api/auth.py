@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.utils import timezone
 from rest_framework import authentication, exceptions, permissions
 
+from jobs import audit
 from jobs.models import ApiToken, Tenant
 from jobs.services import hash_token
 
@@ -30,7 +31,7 @@ class TenantTokenAuthentication(authentication.BaseAuthentication):
         now = timezone.now()
         if row.last_used_at is None or (now - row.last_used_at).total_seconds() > 60:
             ApiToken.objects.filter(pk=row.pk).update(last_used_at=now)
-        return (TenantUser(row.tenant), row.tenant)
+        return (TenantUser(row.tenant, token_prefix=row.prefix), row.tenant)
 
     def authenticate_header(self, request) -> str:
         return self.keyword
@@ -42,8 +43,14 @@ class TenantUser:
     is_authenticated = True
     is_anonymous = False
 
-    def __init__(self, tenant: Tenant):
+    def __init__(self, tenant: Tenant, *, token_prefix: str = ""):
         self.tenant = tenant
+        # Which of the tenant's tokens made the request: the audit log's "who".
+        self.token_prefix = token_prefix
+
+    @property
+    def actor(self) -> str:
+        return audit.tenant_actor(slug=self.tenant.slug, token_prefix=self.token_prefix)
 
     def __str__(self) -> str:
         return f"tenant:{self.tenant.slug}"

@@ -13,6 +13,7 @@ from rest_framework import serializers
 from jobs.describe import describe_job
 from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
 from jobs.validation import TRIGGER_FIELDS, JobInvalid, validate_job
+from runs.selectors import redact_target, unmask_target
 
 from .fields import StrictBooleanField, StrictCharField, StrictIntegerField, UtcDateTimeField
 
@@ -56,8 +57,15 @@ class RejectUnknownMixin:
 
 
 class TargetField(serializers.JSONField):
-    """`{"type": "http", "url", "method", "headers", "body", "timeout_seconds"}` or
-    `{"type": "task", "name", "kwargs", "timeout_seconds"}`; validated in jobs.validation.check_target."""
+    """`{"type": "http", "url", "method", "headers", "body", "timeout_seconds", "secret_headers"}` or
+    `{"type": "task", "name", "kwargs", "timeout_seconds"}`; validated in jobs.validation.check_target.
+
+    Secret header values (Authorization, Cookie, names containing token/secret/key/
+    password, and those listed in `secret_headers`) are write-only: they read back as
+    "***", and sending "***" back keeps the stored value."""
+
+    def to_representation(self, value):
+        return redact_target(value)
 
 
 class JobSerializer(RejectUnknownMixin, serializers.Serializer):
@@ -112,6 +120,9 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
         """Merge with the stored job (PATCH) or the defaults (POST), then apply the shared rules."""
         job: Job | None = self.instance
         changes = dict(attrs)
+        if job is not None and "target" in changes:
+            # A target read back with "***" for its secrets keeps the stored values.
+            changes["target"] = unmask_target(changes["target"], job.target)
         if job is not None and any(f in changes for f in TRIGGER_FIELDS):
             # Naming one trigger in a PATCH replaces the job's trigger: clear the other two.
             for other in TRIGGER_FIELDS:

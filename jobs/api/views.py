@@ -118,7 +118,9 @@ class JobViewSet(
         job_id = uuid.uuid4()
         serializer = JobSerializer(data=request.data, context={"job_id": job_id})
         serializer.is_valid(raise_exception=True)
-        job = services.create_job(tenant=request.auth, id=job_id, **serializer.validated_data)
+        job = services.create_job(
+            tenant=request.auth, id=job_id, actor=request.user.actor, **serializer.validated_data
+        )
         return self._respond(job, status.HTTP_201_CREATED)
 
     def partial_update(self, request: Request, *args, **kwargs) -> Response:
@@ -129,23 +131,23 @@ class JobViewSet(
         paused = changes.pop("paused", None)
         with transaction.atomic():
             if changes:
-                job = services.update_job(job=job, changes=changes)
+                job = services.update_job(job=job, changes=changes, actor=request.user.actor)
             # Pausing/resuming through PATCH has the same meaning as the actions:
             # resuming never fires the slots that fell while paused.
             if paused is True and not job.paused:
-                job = services.pause_job(job=job)
+                job = services.pause_job(job=job, actor=request.user.actor)
             elif paused is False and job.paused:
-                job = services.resume_job(job=job, catch_up="none")
+                job = services.resume_job(job=job, catch_up="none", actor=request.user.actor)
         return self._respond(job)
 
     def destroy(self, request: Request, *args, **kwargs) -> Response:
-        services.delete_job(job=self._job())
+        services.delete_job(job=self._job(), actor=request.user.actor)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
     @extend_schema(summary="Pause a job", request=None, responses=JobSerializer)
     @action(detail=True, methods=["post"])
     def pause(self, request: Request, pk=None) -> Response:
-        return self._respond(services.pause_job(job=self._job()))
+        return self._respond(services.pause_job(job=self._job(), actor=request.user.actor))
 
     @extend_schema(
         summary="Resume a job",
@@ -159,13 +161,14 @@ class JobViewSet(
         job = self._job()
         body = ResumeSerializer(data=request.data or {})
         body.is_valid(raise_exception=True)
-        return self._respond(services.resume_job(job=job, catch_up=body.validated_data["catch_up"]))
+        catch_up = body.validated_data["catch_up"]
+        return self._respond(services.resume_job(job=job, catch_up=catch_up, actor=request.user.actor))
 
     @extend_schema(summary="Queue a manual run now", request=None, responses={201: TriggerResultSerializer})
     @action(detail=True, methods=["post"])
     def trigger(self, request: Request, pk=None) -> Response:
         job = self._job()
-        scheduled_at = services.trigger_job(job=job)
+        scheduled_at = services.trigger_job(job=job, actor=request.user.actor)
         data = {
             "job_id": str(job.id),
             "scheduled_at": format_utc(scheduled_at),
@@ -193,7 +196,7 @@ class JobViewSet(
             plan = services.plan_backfill(job=job, **window)
             slots, created = plan.missing, 0
         else:
-            plan, slots = services.backfill_job(job=job, **window)
+            plan, slots = services.backfill_job(job=job, actor=request.user.actor, **window)
             created = len(slots)
         data = {
             "job_id": str(job.id),

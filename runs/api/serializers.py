@@ -10,7 +10,7 @@ from rest_framework import serializers
 from runs.api.fields import UtcDateTimeField
 from runs.keys import format_utc
 from runs.models import JobRun, RunStatus
-from runs.selectors import redact_target
+from runs.selectors import attempt_note, redact_target
 
 
 def run_path_kwargs(run: JobRun) -> dict:
@@ -44,6 +44,7 @@ class RunSerializer(serializers.ModelSerializer):
     started_at = UtcDateTimeField(read_only=True)
     finished_at = UtcDateTimeField(read_only=True)
     key = serializers.CharField(source="run_key", read_only=True)
+    attempt_note = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
 
     class Meta:
@@ -57,6 +58,7 @@ class RunSerializer(serializers.ModelSerializer):
             "trigger",
             "attempt",
             "max_attempts",
+            "attempt_note",
             "priority",
             "not_before",
             "lease_until",
@@ -67,6 +69,16 @@ class RunSerializer(serializers.ModelSerializer):
             "url",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(
+        {
+            "type": "string",
+            "nullable": True,
+            "description": 'Why attempt can exceed max_attempts, e.g. "replayed after 5 attempts".',
+        }
+    )
+    def get_attempt_note(self, run: JobRun) -> str | None:
+        return attempt_note(run)
 
     @extend_schema_field(OpenApiTypes.URI)
     def get_url(self, run: JobRun) -> str:
@@ -143,3 +155,23 @@ class DeadRunSerializer(SnapshotMethods, RunSerializer):
 class ConflictSerializer(serializers.Serializer):
     detail = serializers.CharField()
     status = serializers.CharField()
+
+
+class ReplayRequestSerializer(serializers.Serializer):
+    dry_run = serializers.BooleanField(
+        required=False, default=False, help_text="List what would be re-queued and write nothing."
+    )
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
+        return super().to_internal_value(data)
+
+
+class ReplayPlanSerializer(serializers.Serializer):
+    """Answer of a replay dry run: the runs that would be re-queued, unchanged."""
+
+    dry_run = serializers.BooleanField()
+    would_replay = RunSerializer(many=True)

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.pagination import CursorPagination
@@ -20,6 +20,8 @@ from runs import selectors, services
 from runs.api.serializers import (
     ConflictSerializer,
     DeadRunSerializer,
+    ReplayPlanSerializer,
+    ReplayRequestSerializer,
     RunDetailSerializer,
     RunFilterSerializer,
     RunSerializer,
@@ -63,7 +65,8 @@ class RunCursorPagination(CursorPagination):
 
 
 def actor_of(request: Request) -> str:
-    return f"tenant:{request.auth.slug}"
+    # "tenant:<slug> token:<prefix>", the same "who" the audit log shows.
+    return request.user.actor
 
 
 def parse_key(job_id: str, scheduled_at: str) -> tuple[UUID, datetime]:
@@ -136,6 +139,11 @@ class RunOperationView(APIView):
     def post(self, request: Request, job_id: str, scheduled_at: str) -> Response:
         job_uuid, moment = parse_key(job_id, scheduled_at)
         service = services.replay_run if self.operation == "replay" else services.cancel_run
+        if self.operation == "replay":
+            body = ReplayRequestSerializer(data=request.data or {})
+            body.is_valid(raise_exception=True)
+            if body.validated_data["dry_run"]:
+                return self.dry_run(request, job_uuid, moment)
         try:
             run = service(
                 job_id=job_uuid, scheduled_at=moment, tenant_id=request.auth.id, actor=actor_of(request)
@@ -145,6 +153,16 @@ class RunOperationView(APIView):
         except services.RunConflict as exc:
             return Response({"detail": str(exc), "status": exc.status}, status=status.HTTP_409_CONFLICT)
         return Response(RunDetailSerializer(run, context={"request": request}).data)
+
+    def dry_run(self, request: Request, job_id: UUID, moment: datetime) -> Response:
+        try:
+            run = services.plan_replay(job_id=job_id, scheduled_at=moment, tenant_id=request.auth.id)
+        except services.RunNotFound:
+            raise Http404 from None
+        except services.RunConflict as exc:
+            return Response({"detail": str(exc), "status": exc.status}, status=status.HTTP_409_CONFLICT)
+        runs = RunSerializer([run], many=True, context={"request": request}).data
+        return Response({"dry_run": True, "would_replay": runs})
 
 
 OPERATION_RESPONSES = {
@@ -156,10 +174,19 @@ OPERATION_RESPONSES = {
 
 @extend_schema(
     parameters=KEY_PARAMETERS,
-    request=None,
-    responses=OPERATION_RESPONSES,
+    request=ReplayRequestSerializer,
+    responses={
+        **OPERATION_RESPONSES,
+        200: PolymorphicProxySerializer(
+            component_name="ReplayResult",
+            serializers=[RunDetailSerializer, ReplayPlanSerializer],
+            resource_type_field_name=None,
+        ),
+    },
     tags=["runs"],
     summary="Re-queue a dead or cancelled run under the same key (attempt keeps counting)",
+    description='With `{"dry_run": true}` the answer is `{"dry_run": true, "would_replay": [run]}` '
+    "and nothing is written (404/409 as for a real replay). Every real replay is in the audit log.",
 )
 class RunReplayView(RunOperationView):
     operation = "replay"

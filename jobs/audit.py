@@ -1,0 +1,92 @@
+"""The audit log: one explicit `record()` per change, called by the service that makes it.
+
+Explicit calls rather than database triggers (django-pghistory) on purpose: the entry
+must say *who* (an admin user or a tenant token), *which action* (a pause is not "an
+UPDATE of paused") and carry the caller's intent (a resume's catch-up choice), none of
+which a row trigger sees; and the scheduler's and executors' own writes (millions of
+next_run_at advances and outcome writes) must not be audited at all. The call sits
+inside the service's transaction, so an entry exists exactly when the change committed.
+See docs/DECISIONS.md.
+"""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from typing import Any
+from uuid import UUID
+
+from jobs.models import AuditAction, AuditEntry, Job
+from runs.selectors import redact_target
+
+# Writes made outside the API and the admin (management commands, tests, the shell).
+SYSTEM = "system"
+
+
+def admin_actor(user: Any) -> str:
+    return f"admin:{user.get_username()}"
+
+
+def tenant_actor(*, slug: str, token_prefix: str) -> str:
+    return f"tenant:{slug} token:{token_prefix}"
+
+
+def record(
+    *,
+    actor: str,
+    action: AuditAction | str,
+    job: Job | None = None,
+    changes: dict | None = None,
+    tenant_id: int | None = None,
+    job_id: UUID | None = None,
+    job_name: str = "",
+) -> AuditEntry:
+    """Write one audit entry; call it inside the transaction of the change it describes.
+
+    Give `job`, or (for a run's operations, which know only the run's snapshot) its
+    `tenant_id`, `job_id` and `job_name`.
+    """
+    if job is not None:
+        tenant_id, job_id, job_name = job.tenant_id, job.id, job.name
+    return AuditEntry.objects.create(
+        actor=actor or SYSTEM,
+        action=action,
+        tenant_id=tenant_id,
+        job_id=job_id,
+        job_name=job_name,
+        changes=_plain(changes or {}),
+    )
+
+
+def field_diff(*, before: dict, after: dict) -> dict:
+    """`{field: [old, new]}` for the fields whose value changed; targets are redacted, so
+    a changed secret header shows as "***" -> "***" (that it changed, never its value)."""
+    diff = {}
+    for name, new in after.items():
+        old = before.get(name)
+        if old == new:
+            continue
+        if name == "target":
+            old, new = redact_target(old) if old else old, redact_target(new) if new else new
+        diff[name] = [old, new]
+    return diff
+
+
+def snapshot(values: dict) -> dict:
+    """A created job's fields as an audit entry shows them (target redacted)."""
+    out = dict(values)
+    if isinstance(out.get("target"), dict):
+        out["target"] = redact_target(out["target"])
+    return out
+
+
+def _plain(value: Any) -> Any:
+    # JSON-ready and stable: datetimes as ISO strings, UUIDs as text, nested containers too.
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime | date):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, UUID):
+        return str(value)
+    return value
