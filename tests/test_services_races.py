@@ -148,7 +148,16 @@ def _in_thread(target, results: dict, key: str) -> threading.Thread:
     return worker
 
 
+@pytest.fixture
+def restore_day_partitions(transactional_db):
+    """These tests drop today's partition for real (committed DDL): put it back, as
+    the migration made it, so a later test in the same worker finds what it expects."""
+    yield
+    partitions.maintain(days_ahead=7, retention_days=30)
+
+
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("restore_day_partitions")
 def test_retention_does_not_drop_a_day_whose_run_is_being_replayed(tenant):
     # Issue 8 item 4: maintain() checked "no active run" and then dropped the day with
     # no lock between; a replay that had not committed yet was invisible to the check,
@@ -199,6 +208,7 @@ def test_retention_does_not_drop_a_day_whose_run_is_being_replayed(tenant):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("restore_day_partitions")
 def test_retention_gives_up_on_a_busy_day_instead_of_blocking_job_runs(tenant):
     # DROP needs an ACCESS EXCLUSIVE lock on job_runs; waiting for it queues every
     # executor and scheduler query behind the DROP. A lock not granted within
