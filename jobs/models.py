@@ -91,6 +91,20 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    # Health: written by the executors' outcome statement (runs.queue._COMPLETE_SQL),
+    # never by Django; a run's final or retried attempt counts, a hand-back does not.
+    last_outcome = models.CharField(max_length=16, blank=True, default="", editable=False)
+    last_success_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_failure_at = models.DateTimeField(null=True, blank=True, editable=False)
+    consecutive_failures = models.PositiveIntegerField(default=0, editable=False)
+    alert_after_failures = models.PositiveIntegerField(
+        default=3, help_text="Alert when this many attempts in a row have failed."
+    )
+    # Alert bookkeeping (jobs.alerts): the overdue slot already alerted on, and whether
+    # the current failure streak was.
+    overdue_alerted_for = models.DateTimeField(null=True, blank=True, editable=False)
+    failure_alerted = models.BooleanField(default=False, editable=False)
+
     class Meta:
         db_table = "jobs"
         ordering = ["-created_at"]

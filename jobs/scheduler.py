@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from jobs import leases
+from jobs import health, leases
 from jobs.models import Job, Misfire, SlotRange
 from jobs.planning import Plan, plan_job
 from runs import partitions
@@ -43,6 +43,7 @@ from scheduler_project.loop import Loop
 log = logging.getLogger(__name__)
 
 MAINTENANCE_EVERY_SECONDS = 3600
+ALERT_SWEEP_EVERY_SECONDS = 5
 # Planning (outside any transaction) stops after this long and the batch goes with
 # the jobs planned so far: on-time jobs of other partitions must not wait minutes
 # behind a backlog of misfired ones. The first job of a batch is always planned.
@@ -106,6 +107,7 @@ class Scheduler(Loop):
         )
         self._started = False
         self._next_maintenance = 0.0
+        self._next_alert_sweep = 0.0
         self._next_summary = time.monotonic() + SUMMARY_EVERY_SECONDS
         self._dispatched_since_summary = 0
         self._unusable_logged_generation = -1
@@ -122,6 +124,7 @@ class Scheduler(Loop):
     def step(self) -> bool:
         self.start()
         self._maybe_maintain()
+        self._maybe_sweep_alerts()
         self._maybe_summary()
         snap = self.lease.snapshot
         if not snap.usable(now=time.monotonic(), lease_seconds=self.lease_seconds):
@@ -311,6 +314,19 @@ class Scheduler(Loop):
         except DatabaseError as exc:
             log.warning("partition maintenance failed: %s", exc)
             connection.close()
+
+    def _maybe_sweep_alerts(self) -> None:
+        """Overdue and failing jobs (jobs.health); one node at a time, each episode once."""
+        if time.monotonic() < self._next_alert_sweep:
+            return
+        self._next_alert_sweep = time.monotonic() + ALERT_SWEEP_EVERY_SECONDS
+        try:
+            alerts = health.sweep()
+        except DatabaseError as exc:
+            log.warning("alert sweep failed: %s", exc)
+            connection.close()
+            return
+        health.deliver(alerts)
 
     def _maybe_summary(self) -> None:
         if time.monotonic() < self._next_summary:

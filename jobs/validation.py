@@ -38,6 +38,7 @@ RANGES: dict[str, tuple[int, int]] = {
     "retry_backoff_cap_seconds": (1, 7 * 86_400),
     "lease_seconds": (5, 3_600),
     "priority": (0, 9),
+    "alert_after_failures": (1, 1_000),
 }
 TIMEOUT_RANGE = (1, 300)
 # Tasks are the operator's own code (reports, exports) and may legitimately run for

@@ -47,6 +47,15 @@ class CronyardCollector(Collector):
             value=lateness,
         )
         yield GaugeMetricFamily("cronyard_jobs_due", "Unpaused jobs whose next_run_at has passed.", value=due)
+        overdue = GaugeMetricFamily(
+            "cronyard_jobs_overdue",
+            "Unpaused jobs whose next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS, per tenant.",
+            labels=["tenant"],
+        )
+        late = settings.SCHEDULER_OVERDUE_ALERT_SECONDS
+        for slug, count in sorted(selectors.overdue_by_tenant(now=now, late_seconds=late).items()):
+            overdue.add_metric([slug], count)
+        yield overdue
 
         depth = GaugeMetricFamily(
             "cronyard_queue_depth", "Active runs by priority and status.", labels=["priority", "status"]

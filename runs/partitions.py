@@ -173,6 +173,12 @@ def maintain(
             f"DELETE FROM {DEFAULT} WHERE scheduled_at < %s AND status NOT IN {ACTIVE_SQL}",
             [datetime(oldest_kept.year, oldest_kept.month, oldest_kept.day, tzinfo=UTC)],
         )
+        # The occurrence ledger's unfired ranges follow the runs' retention: the ledger
+        # speaks for the same window (jobs.ledger.life_start).
+        cursor.execute(
+            "DELETE FROM job_slot_ranges WHERE last_at < %s",
+            [datetime(oldest_kept.year, oldest_kept.month, oldest_kept.day, tzinfo=UTC)],
+        )
     if created or dropped:
         log.info("job_runs partitions: created %s, dropped %s, moved %d rows", created, dropped, moved)
     return MaintenanceReport(created=created, dropped=dropped, moved_rows=moved)

@@ -380,24 +380,66 @@ RETURNING r.job_id, r.scheduled_at, r.attempt
 """
 
 _COMPLETE_SQL = """
-UPDATE job_runs r SET
-    status = x.status,
-    not_before = CASE WHEN x.status = 'retrying'
-                      THEN now() + coalesce(x.retry_in_s, 0) * interval '1 second'
-                      ELSE r.not_before END,
-    lease_until = NULL,
-    finished_at = CASE WHEN x.status IN ('succeeded', 'dead') THEN now() END,
-    result_code = x.result_code,
-    last_error = x.error,
-    attempts = r.attempts || jsonb_build_array(x.entry)
-FROM jsonb_to_recordset(%s::jsonb) AS x(
-    job_id uuid, scheduled_at timestamptz, attempt integer, status text, retry_in_s float8,
-    result_code integer, error text, entry jsonb)
-WHERE r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
-  AND r.attempt = x.attempt AND r.status = 'running'
-RETURNING r.job_id, r.scheduled_at, r.attempt
+WITH done AS (
+    UPDATE job_runs r SET
+        status = x.status,
+        not_before = CASE WHEN x.status = 'retrying'
+                          THEN now() + coalesce(x.retry_in_s, 0) * interval '1 second'
+                          ELSE r.not_before END,
+        lease_until = NULL,
+        finished_at = CASE WHEN x.status IN ('succeeded', 'dead') THEN now() END,
+        result_code = x.result_code,
+        last_error = x.error,
+        attempts = r.attempts || jsonb_build_array(x.entry)
+    FROM jsonb_to_recordset(%s::jsonb) AS x(
+        job_id uuid, scheduled_at timestamptz, attempt integer, status text, retry_in_s float8,
+        result_code integer, error text, entry jsonb)
+    WHERE r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+      AND r.attempt = x.attempt AND r.status = 'running'
+    RETURNING r.job_id, r.scheduled_at, r.attempt, r.status, x.entry ->> 'outcome' AS outcome
+),
+-- Job health, in the same statement (no extra round trip per batch). An attempt the
+-- executor handed back on shutdown says nothing about the target: it does not count.
+judged AS (
+    SELECT job_id, status,
+           row_number() OVER (PARTITION BY job_id ORDER BY scheduled_at DESC, attempt DESC) AS rn
+    FROM done WHERE outcome IS DISTINCT FROM 'handed back'
+),
+newest_ok AS (
+    SELECT job_id, min(rn) AS rn FROM judged WHERE status = 'succeeded' GROUP BY job_id
+),
+per_job AS (
+    SELECT j.job_id,
+           (array_agg(j.status ORDER BY j.rn))[1] AS last_status,
+           o.rn IS NOT NULL AS any_ok,
+           count(*) FILTER (WHERE j.status <> 'succeeded') AS fails,
+           count(*) FILTER (WHERE j.status <> 'succeeded' AND j.rn < o.rn) AS fails_since_ok
+    FROM judged j LEFT JOIN newest_ok o USING (job_id)
+    GROUP BY j.job_id, o.rn
+),
+-- Lock the job rows in id order: two executors completing runs of the same jobs in
+-- different orders must not deadlock (a deadlock would lose a batch of outcomes).
+locked AS MATERIALIZED (
+    SELECT jb.id FROM jobs jb WHERE jb.id IN (SELECT job_id FROM per_job)
+    ORDER BY jb.id FOR NO KEY UPDATE
+),
+health AS (
+    UPDATE jobs jb SET
+        last_outcome = CASE p.last_status WHEN 'succeeded' THEN 'succeeded' WHEN 'dead' THEN 'dead'
+                                          ELSE 'failed' END,
+        last_success_at = CASE WHEN p.any_ok THEN now() ELSE jb.last_success_at END,
+        last_failure_at = CASE WHEN p.fails > 0 THEN now() ELSE jb.last_failure_at END,
+        consecutive_failures = CASE WHEN p.any_ok THEN p.fails_since_ok
+                                    ELSE jb.consecutive_failures + p.fails END,
+        -- A success ends the streak; the next streak alerts again.
+        failure_alerted = jb.failure_alerted AND NOT p.any_ok
+    FROM per_job p, locked l
+    WHERE jb.id = p.job_id AND l.id = jb.id
+    RETURNING jb.id
+)
+-- (A data-modifying WITH runs to completion whether or not the result reads it.)
+SELECT job_id, scheduled_at, attempt FROM done
 """
-
 
 async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     """Hand back runs whose owner stopped heartbeating (lease expiries).

@@ -129,6 +129,9 @@ EXECUTOR_POLL_SECONDS = env.float("EXECUTOR_POLL_SECONDS", default=1.0)
 RUN_RETENTION_DAYS = env.int("RUN_RETENTION_DAYS", default=30)
 SCHEDULER_ALLOW_PRIVATE_TARGETS = env.bool("SCHEDULER_ALLOW_PRIVATE_TARGETS", default=False)
 SCHEDULER_ALERT_WEBHOOK_URL = env("SCHEDULER_ALERT_WEBHOOK_URL", default="")
+# A job whose next slot is this late is "overdue": flagged in the API, /metrics, the
+# occurrence ledger, and alerted once per overdue slot.
+SCHEDULER_OVERDUE_ALERT_SECONDS = env.int("SCHEDULER_OVERDUE_ALERT_SECONDS", default=300)
 # When set, /metrics requires `Authorization: Bearer <METRICS_TOKEN>`.
 METRICS_TOKEN = env("METRICS_TOKEN", default="")
 # Dotted paths of modules whose @register'ed tasks the executor loads at start.

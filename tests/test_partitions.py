@@ -70,3 +70,21 @@ def test_retention_drops_old_days_and_old_default_rows(tenant):
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM job_runs WHERE job_id = %s", [job.id])
         assert cursor.fetchone()[0] == 0
+
+
+def test_retention_applies_to_the_ledger_ranges(tenant):
+    from jobs.models import SlotRange, SlotReason
+    from jobs.planning import skipped_range
+
+    job = make_job(tenant)
+    today = datetime.now(UTC).date()
+    midnight = datetime(today.year, today.month, today.day, tzinfo=UTC)
+    old = skipped_range(
+        job, first=midnight - timedelta(days=50), last=midnight - timedelta(days=40), reason=SlotReason.PAUSED
+    )
+    recent = skipped_range(
+        job, first=midnight - timedelta(days=40), last=midnight - timedelta(days=20), reason=SlotReason.PAUSED
+    )
+    SlotRange.objects.bulk_create([old, recent])
+    maintain(days_ahead=0, retention_days=30)
+    assert list(SlotRange.objects.filter(job=job).values_list("last_at", flat=True)) == [recent.last_at]

@@ -11,6 +11,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from jobs.describe import describe_job
+from jobs.health import overdue_seconds
 from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
 from jobs.validation import TRIGGER_FIELDS, JobInvalid, validate_job
 from runs.selectors import redact_target, unmask_target
@@ -31,6 +32,7 @@ DEFAULTS: dict[str, Any] = {
     "retry_backoff_cap_seconds": 3600,
     "lease_seconds": 30,
     "priority": 0,
+    "alert_after_failures": 3,
     "paused": False,
     "start_at": None,
     "end_at": None,
@@ -84,6 +86,7 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     retry_backoff_cap_seconds = StrictIntegerField(required=False)
     lease_seconds = StrictIntegerField(required=False)
     priority = StrictIntegerField(required=False)
+    alert_after_failures = StrictIntegerField(required=False)
     paused = StrictBooleanField(required=False)
     start_at = UtcDateTimeField(required=False, allow_null=True)
     end_at = UtcDateTimeField(required=False, allow_null=True)
@@ -95,6 +98,18 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     created_at = UtcDateTimeField(read_only=True)
     updated_at = UtcDateTimeField(read_only=True)
     misfires = serializers.SerializerMethodField()
+    last_outcome = serializers.CharField(
+        read_only=True, help_text="succeeded, failed, dead, or empty before any"
+    )
+    last_success_at = UtcDateTimeField(read_only=True)
+    last_failure_at = UtcDateTimeField(read_only=True)
+    consecutive_failures = serializers.IntegerField(read_only=True)
+    overdue_seconds = serializers.SerializerMethodField(
+        help_text="Null unless the next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS."
+    )
+
+    def get_overdue_seconds(self, job: Job) -> float | None:
+        return overdue_seconds(job, now=self.context.get("now") or timezone.now())
 
     def get_schedule_description(self, job: Job) -> str:
         return describe_job(job)

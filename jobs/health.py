@@ -1,0 +1,139 @@
+"""Job health: the "overdue" rule and the alert sweep.
+
+Health counters (last outcome, last success/failure, consecutive failures) are written
+by the executors' outcome statement (runs.queue); this module reads them. Alerts:
+
+* overdue: a job whose next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS
+  (the scheduler is behind or down) is alerted once per late slot;
+* failing: a job whose consecutive failed attempts reach its `alert_after_failures` is
+  alerted once per failure streak (a success ends the streak).
+
+A scheduler runs `sweep()` every few seconds; a transaction-scoped advisory lock makes
+one node do it at a time, and the marks written in the same transaction make each
+episode alert once across nodes. When no scheduler is alive nobody can send the
+webhook: /metrics still shows `cronyard_jobs_overdue` and the schedulers' heartbeat
+age, which is what an external alert rule watches (README).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.request
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from jobs.leases import NAMESPACE
+from jobs.models import Job
+
+log = logging.getLogger(__name__)
+
+SWEEP_LOCK_KEY = -2  # with jobs.leases.NAMESPACE; partitions are >= 0, maintenance is -1
+SWEEP_LIMIT = 1000  # alerts per sweep; the rest wait for the next one
+WEBHOOK_ATTEMPTS = 3
+WEBHOOK_TIMEOUT_SECONDS = 10
+
+
+def overdue_seconds(job: Job, *, now: datetime) -> float | None:
+    """How late the job's next slot is, when later than SCHEDULER_OVERDUE_ALERT_SECONDS."""
+    if job.paused or job.next_run_at is None:
+        return None
+    late = (now - job.next_run_at).total_seconds()
+    return round(late, 3) if late > settings.SCHEDULER_OVERDUE_ALERT_SECONDS else None
+
+
+_OVERDUE_SQL = """
+UPDATE jobs j SET overdue_alerted_for = j.next_run_at
+FROM tenants t
+WHERE j.id IN (
+    SELECT id FROM jobs
+    WHERE NOT paused AND next_run_at < now() - make_interval(secs => %(late)s)
+      AND overdue_alerted_for IS DISTINCT FROM next_run_at
+    ORDER BY next_run_at LIMIT %(limit)s
+) AND t.id = j.tenant_id
+RETURNING j.id, j.name, t.slug, j.next_run_at, extract(epoch FROM now() - j.next_run_at)
+"""
+
+_FAILING_SQL = """
+UPDATE jobs j SET failure_alerted = true
+FROM tenants t
+WHERE j.id IN (
+    SELECT id FROM jobs
+    WHERE NOT failure_alerted AND consecutive_failures >= alert_after_failures
+    LIMIT %(limit)s
+) AND t.id = j.tenant_id
+RETURNING j.id, j.name, t.slug, j.consecutive_failures, j.last_failure_at
+"""
+
+
+def sweep() -> list[dict]:
+    """Mark and return the alerts due now (one transaction); [] if another node sweeps."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [NAMESPACE, SWEEP_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return []
+        cursor.execute(_OVERDUE_SQL, {"late": settings.SCHEDULER_OVERDUE_ALERT_SECONDS, "limit": SWEEP_LIMIT})
+        alerts = [
+            {
+                "event": "job.overdue",
+                "job_id": str(job_id),
+                "job_name": name,
+                "tenant": tenant,
+                "scheduled_at": slot.isoformat().replace("+00:00", "Z"),
+                "overdue_seconds": round(float(late), 3),
+            }
+            for job_id, name, tenant, slot, late in cursor.fetchall()
+        ]
+        cursor.execute(_FAILING_SQL, {"limit": SWEEP_LIMIT})
+        alerts += [
+            {
+                "event": "job.failing",
+                "job_id": str(job_id),
+                "job_name": name,
+                "tenant": tenant,
+                "consecutive_failures": failures,
+                "last_failure_at": last.isoformat().replace("+00:00", "Z") if last else None,
+            }
+            for job_id, name, tenant, failures, last in cursor.fetchall()
+        ]
+    return alerts
+
+
+def deliver(alerts: list[dict], *, webhook_url: str | None = None) -> threading.Thread | None:
+    """Log each alert and POST it to SCHEDULER_ALERT_WEBHOOK_URL in a background thread.
+
+    The sweep has already committed its marks: a webhook that stays down loses these
+    alerts (logged), it never repeats them; the scheduler loop never waits for it.
+    """
+    for alert in alerts:
+        log.error("alert %s", json.dumps(alert, sort_keys=True))
+    url = settings.SCHEDULER_ALERT_WEBHOOK_URL if webhook_url is None else webhook_url
+    if not alerts or not url:
+        return None
+    thread = threading.Thread(target=_post_all, args=(url, alerts), name="alert-webhook", daemon=True)
+    thread.start()
+    return thread
+
+
+def _post_all(url: str, alerts: list[dict]) -> None:
+    for alert in alerts:
+        for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
+            request = urllib.request.Request(
+                url,
+                data=json.dumps(alert).encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_SECONDS) as response:
+                    if response.status < 300:
+                        break
+                    problem = f"HTTP {response.status}"
+            except OSError as exc:  # URLError and HTTPError are OSErrors
+                problem = f"{type(exc).__name__}: {exc}"
+            log.warning("alert webhook attempt %d/%d failed: %s", attempt, WEBHOOK_ATTEMPTS, problem)
+        else:
+            log.error("alert webhook gave up on %s for job %s", alert["event"], alert["job_id"])

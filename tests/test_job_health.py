@@ -1,0 +1,180 @@
+"""Job health and its alerts (issue 10, items 2 and 3).
+
+Health is written by the executors' outcome statement: these tests drive that very
+statement (runs.queue.complete_runs) against the real database, then read the job
+through the API; the alert sweep runs in a real Scheduler step and POSTs to a real
+HTTP server on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timedelta
+
+import pytest
+from django.db import connection
+
+from jobs.models import Job
+from jobs.planning import run_for
+from jobs.scheduler import Scheduler
+from runs import queue
+from runs.models import JobRun
+from tests.conftest import database_url
+from tests.support.scheduler import make_job
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MINUTE = timedelta(minutes=1)
+
+
+def db_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+def finish(job: Job, outcomes: list[str], *, handed_back: bool = False) -> None:
+    """One run per outcome, claimed and completed through the executors' statements."""
+    base = db_now().replace(microsecond=0) - timedelta(hours=1)
+    slots = [base + k * MINUTE for k in range(len(outcomes))]
+    queue.enqueue_runs([run_for(job, scheduled_at=t, trigger="schedule", overlap_check=False) for t in slots])
+    JobRun.objects.filter(job_id=job.id, scheduled_at__in=slots).update(status="running", attempt=1)
+    completions = [
+        queue.Completion(
+            job_id=job.id,
+            scheduled_at=t,
+            attempt=1,
+            status=status,
+            retry_in_s=0.0 if status == "retrying" else None,
+            result_code=200 if status == "succeeded" else 500,
+            error="" if status == "succeeded" else "HTTP 500",
+            entry={"attempt": 1, "outcome": "handed back" if handed_back else status},
+        )
+        for t, status in zip(slots, outcomes, strict=True)
+    ]
+
+    async def write():
+        conn = await queue.connect_async(database_url())
+        try:
+            return await queue.complete_runs(conn, completions)
+        finally:
+            await conn.close()
+
+    assert len(asyncio.run(write())) == len(outcomes)
+
+
+def health(api, job: Job) -> dict:
+    data = api.get(f"/api/v1/jobs/{job.id}/").json()
+    return {
+        k: data[k] for k in ("last_outcome", "consecutive_failures", "last_success_at", "last_failure_at")
+    }
+
+
+def test_health_after_success_failure_and_recovery(api, tenant):
+    job = make_job(tenant, next_run_at=db_now() + MINUTE)
+    assert health(api, job) == {
+        "last_outcome": "",
+        "consecutive_failures": 0,
+        "last_success_at": None,
+        "last_failure_at": None,
+    }
+    finish(job, ["succeeded"])
+    first = health(api, job)
+    assert (first["last_outcome"], first["consecutive_failures"]) == ("succeeded", 0)
+    assert first["last_success_at"] and first["last_failure_at"] is None
+
+    finish(job, ["retrying", "dead"])
+    failing = health(api, job)
+    assert (failing["last_outcome"], failing["consecutive_failures"]) == ("dead", 2)
+    assert failing["last_success_at"] == first["last_success_at"] and failing["last_failure_at"]
+
+    # One batch, success newest: the streak ends; failures before it do not count.
+    finish(job, ["retrying", "succeeded"])
+    recovered = health(api, job)
+    assert (recovered["last_outcome"], recovered["consecutive_failures"]) == ("succeeded", 0)
+
+
+def test_a_hand_back_on_shutdown_is_not_a_failure(api, tenant):
+    job = make_job(tenant, next_run_at=db_now() + MINUTE)
+    finish(job, ["retrying"], handed_back=True)
+    assert health(api, job)["consecutive_failures"] == 0 and health(api, job)["last_outcome"] == ""
+
+
+def test_overdue_shows_in_the_api_and_metrics_and_alerts_once_per_slot(api, tenant, settings, http_target):
+    settings.SCHEDULER_OVERDUE_ALERT_SECONDS = 300
+    settings.SCHEDULER_ALERT_WEBHOOK_URL = http_target.url("/alerts")
+    settings.SCHEDULER_PARTITIONS = 256
+    now = db_now()
+    on_time = make_job(tenant, next_run_at=now - MINUTE)
+    late = make_job(tenant, next_run_at=now - 10 * MINUTE)
+    assert api.get(f"/api/v1/jobs/{on_time.id}/").json()["overdue_seconds"] is None
+    assert 590 < api.get(f"/api/v1/jobs/{late.id}/").json()["overdue_seconds"] < 700
+
+    metrics = api.get("/metrics").content.decode()
+    assert 'cronyard_jobs_overdue{tenant="acme"} 1.0' in metrics
+
+    # A scheduler that owns no partition of these jobs (it cannot dispatch them) still
+    # sweeps: exactly one POST for the late job, none for the on-time one.
+    sched = Scheduler(
+        node_id="sweeper",
+        conninfo=database_url(),
+        heartbeat_thread=False,
+        maintain_partitions=False,
+        partitions_count=1,
+    )
+    try:
+        Job.objects.filter(pk__in=[late.pk, on_time.pk]).update(partition_id=200)
+        for _ in range(3):
+            sched._next_alert_sweep = 0.0  # sweep on every step, as if 5 s had passed
+            sched.step()
+        deadline = time.monotonic() + 20
+        while not http_target.received("/alerts") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(0.5)
+        bodies = http_target.json_bodies("/alerts")
+        assert [(b["event"], b["job_id"]) for b in bodies] == [("job.overdue", str(late.id))]
+
+        # The next late slot is a new episode.
+        Job.objects.filter(pk=late.pk).update(next_run_at=now - 9 * MINUTE)
+        sched._next_alert_sweep = 0.0
+        sched.step()
+        deadline = time.monotonic() + 20
+        while len(http_target.received("/alerts")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(http_target.json_bodies("/alerts")) == 2
+    finally:
+        sched.close()
+
+
+def test_failing_streak_alerts_once_and_again_after_recovery(tenant, settings):
+    from jobs import health as job_health
+
+    settings.SCHEDULER_ALERT_WEBHOOK_URL = ""
+    job = make_job(tenant, next_run_at=db_now() + MINUTE, alert_after_failures=2)
+    finish(job, ["retrying"])
+    assert job_health.sweep() == []
+    finish(job, ["dead"])
+    (alert,) = job_health.sweep()
+    assert (alert["event"], alert["job_id"], alert["consecutive_failures"]) == ("job.failing", str(job.id), 2)
+    finish(job, ["retrying"])
+    assert job_health.sweep() == []  # same streak
+    finish(job, ["succeeded"])
+    finish(job, ["retrying", "retrying"])
+    assert [a["event"] for a in job_health.sweep()] == ["job.failing"]
+
+
+@pytest.mark.parametrize("value", [0, -1, "3", 1.5, 1001])
+def test_bad_alert_after_failures_is_400(api, value):
+    response = api.post(
+        "/api/v1/jobs/",
+        {
+            "name": "x",
+            "interval_seconds": 60,
+            "target": {"type": "task", "name": "noop"},
+            "alert_after_failures": value,
+        },
+        format="json",
+    )
+    assert response.status_code == 400 and "alert_after_failures" in response.json(), response.content
+    assert not Job.objects.exists()
