@@ -51,7 +51,7 @@ def reset_and_create_jobs(url: str, n: int) -> None:
     from jobs.services import partition_for
 
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE job_runs, job_misfires, scheduler_nodes, jobs")
+        conn.execute("TRUNCATE job_runs, job_misfires, job_slot_ranges, scheduler_nodes, jobs")
     tenant, _ = Tenant.objects.get_or_create(
         slug="bench", defaults={"name": "bench", "max_concurrency": 1000}
     )

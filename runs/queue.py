@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from uuid import UUID
 
@@ -90,8 +90,13 @@ RETURNING job_id, scheduled_at, status
 """
 
 
+_NEW_RUN_FIELDS = tuple(f.name for f in fields(NewRun))
+
+
 def _encode(run: NewRun) -> dict:
-    row = asdict(run)
+    # A shallow dict: asdict() deep-copied every run's target only for json.dumps to
+    # read it once (about half of a dispatch batch's Python time, by cProfile).
+    row = {name: getattr(run, name) for name in _NEW_RUN_FIELDS}
     row["job_id"] = str(run.job_id)
     row["scheduled_at"] = run.scheduled_at.isoformat()
     row["not_before"] = run.not_before.isoformat() if run.not_before else None
