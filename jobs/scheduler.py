@@ -189,6 +189,11 @@ class Scheduler(Loop):
                     cursor, session_pid=snap.session_pid, lease_seconds=self.lease_seconds
                 )
                 in_lease = [p for p in plans if p.job.partition_id in held]
+                if not in_lease:
+                    # The lease session lost these partitions while we planned (e.g. we
+                    # were stopped): nothing is dispatched, and no batch is logged
+                    # under a session that no longer holds them.
+                    return BatchResult()
                 locked = leases.lock_unchanged(
                     cursor, [(p.job.id, p.job.next_run_at, p.job.updated_at) for p in in_lease]
                 )
