@@ -146,6 +146,7 @@ class JobAdmin(admin.ModelAdmin):
                     "run_at",
                     "start_at",
                     "end_at",
+                    "jitter_seconds",
                     "schedule_text",
                     "next_fire_times",
                 )
@@ -192,7 +193,10 @@ class JobAdmin(admin.ModelAdmin):
     def next_fire_times(self, job: Job) -> str:
         if job.pk is None or job._state.adding:
             return "Shown after saving; the preview below the schedule fields updates as you type."
-        times = [fire_time_json(t) for t in job_fire_times(job, now=timezone.now(), count=PREVIEW_COUNT)]
+        times = [
+            fire_time_json(t, jitter_seconds=job.jitter_seconds)
+            for t in job_fire_times(job, now=timezone.now(), count=PREVIEW_COUNT)
+        ]
         return _fire_times_html(times)
 
     def save_model(self, request, obj: Job, form, change: bool) -> None:

@@ -29,6 +29,7 @@ FORM_FIELDS = (
     "retry_backoff_cap_seconds",
     "lease_seconds",
     "priority",
+    "jitter_seconds",
     "paused",
 )
 # Fields jobs.validation judges; the rest (tenant, paused) need only the form's own checks.
@@ -47,6 +48,8 @@ class JobAdminForm(forms.ModelForm):
             "time_zone": "IANA zone the cron expression is evaluated in, e.g. Europe/Berlin.",
             "interval_seconds": "Elapsed seconds between runs (DST-free).",
             "run_at": "One-time run (UTC).",
+            "jitter_seconds": "Runs start up to this many seconds after their slot (a stable offset per "
+            "slot); at most the schedule's shortest gap.",
             "target": f"JSON, e.g. {_TARGET_EXAMPLE} or "
             '{"type": "task", "name": "noop", "kwargs": {}}',
         }
@@ -56,6 +59,13 @@ class JobAdminForm(forms.ModelForm):
         if self.instance._state.adding and "target" in self.fields:
             # Django renders an empty JSONField as `null`; an empty object reads as "fill me in".
             self.fields["target"].initial = {}
+        if "jitter_seconds" in self.fields:
+            # Optional like in the API: a form posted without it (an older page) means 0.
+            self.fields["jitter_seconds"].required = False
+
+    def clean_jitter_seconds(self):
+        value = self.cleaned_data.get("jitter_seconds")
+        return 0 if value is None else value
 
     def clean(self):
         cleaned = super().clean()

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from jobs import schedule
+from jobs import jitter, schedule
 from jobs.models import MisfirePolicy, OverlapPolicy
 from runs.netguard import UnsafeTarget, check_url
 
@@ -293,6 +293,7 @@ def validate_job(
         run("target", check_target, allow_private=allow_private)
     _check_backoff(clean, errors)
     _check_trigger(values, clean, errors, now=now, changed=changed, job_id=job_id)
+    _check_jitter(values, clean, errors, now=now, job_id=job_id)
     _check_window(clean, errors, now=now, changed=changed)
     if errors:
         raise JobInvalid(errors)
@@ -327,6 +328,35 @@ def _check_trigger(values: Mapping, clean: dict, errors: dict, *, now, changed: 
             _add(errors, "interval_seconds", str(exc))
     elif "run_at" in changed and values["run_at"] <= now:
         _add(errors, "run_at", "run_at is in the past; a one-time job must be in the future.")
+
+
+def _check_jitter(values: Mapping, clean: dict, errors: dict, *, now: datetime, job_id) -> None:
+    """0 <= jitter_seconds <= the schedule's shortest gap (jobs.jitter.shortest_gap).
+
+    Judged on every validation, not only when jitter changes: shortening the schedule
+    under an existing jitter would let one slot's run start after the next slot's.
+    """
+    if "jitter_seconds" not in values:
+        return
+    value = values["jitter_seconds"]
+    if not _is_int(value) or not 0 <= value <= jitter.JITTER_MAX_SECONDS:
+        _add(errors, "jitter_seconds", f"Must be a whole number between 0 and {jitter.JITTER_MAX_SECONDS}.")
+        return
+    if value == 0 or any(f in errors for f in (*TRIGGER_FIELDS, SCHEDULE_KEY, "time_zone")):
+        return  # no schedule to measure; its own error is reported
+    gap = jitter.shortest_gap(
+        cron=clean.get("cron_expr") or None,
+        timezone=clean.get("time_zone") or "UTC",
+        interval_seconds=clean.get("interval_seconds"),
+        job_id=job_id,
+        now=now,
+    )
+    if gap is not None and value > gap:
+        _add(
+            errors,
+            "jitter_seconds",
+            f"At most the schedule's shortest gap between fire times, {gap} seconds (got {value}).",
+        )
 
 
 def _check_window(clean: dict, errors: dict, *, now, changed: set) -> None:
