@@ -19,6 +19,7 @@ from jobs.display import in_zone, relative
 from jobs.forms import VALIDATED_FIELDS, JobAdminForm
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
 from jobs.validation import check_cron, check_interval, check_zone
+from runs import tasks
 from runs.admin import status_pill
 from runs.keys import format_utc
 from runs.models import JobRun
@@ -198,6 +199,12 @@ class JobAdmin(admin.ModelAdmin):
             for t in job_fire_times(job, now=timezone.now(), count=PREVIEW_COUNT)
         ]
         return _fire_times_html(times)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # The task picker beside the target field: names, docstrings and kwargs schemas
+        # of the registry this process validates against (runs.tasks).
+        extra_context = {**(extra_context or {}), "cronyard_tasks": tasks.catalog()}
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
     def save_model(self, request, obj: Job, form, change: bool) -> None:
         if not change:

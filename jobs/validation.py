@@ -16,6 +16,7 @@ from uuid import UUID
 
 from jobs import jitter, schedule
 from jobs.models import MisfirePolicy, OverlapPolicy
+from runs import tasks
 from runs.netguard import UnsafeTarget, check_url
 
 NAME_MAX = 200
@@ -229,9 +230,16 @@ def _task_target(target: dict, problems: list[str]) -> dict:
         problems.append("name: the task name is required.")
     elif len(name) > NAME_MAX or not _TASK_NAME_RE.match(name.strip()):
         problems.append(f"name: {name!r} is not a valid task name (dotted identifier).")
+    elif tasks.get(name.strip()) is None:
+        # Accepting it would only make every run fail: the executors load the same
+        # registry (EXECUTOR_TASK_MODULES), GET /api/v1/tasks/ lists it.
+        known = ", ".join(tasks.names()) or "none"
+        problems.append(f"name: no task {name.strip()!r} is registered (registered: {known}).")
     kwargs = target.get("kwargs") or {}
     if not isinstance(kwargs, dict):
         problems.append("kwargs: must be an object.")
+    elif isinstance(name, str) and tasks.get(name.strip()) is not None:
+        problems.extend(tasks.kwargs_errors(name.strip(), kwargs))
     timeout = target.get("timeout_seconds", TASK_TIMEOUT_DEFAULT)
     timeout = _check_timeout(timeout, TASK_TIMEOUT_RANGE, problems)
     return {

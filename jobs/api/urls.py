@@ -4,6 +4,7 @@ from django.urls import re_path
 from rest_framework.routers import SimpleRouter
 
 from . import schema  # noqa: F401 - registers the OpenAPI description of the token auth
+from .task_views import TaskListView
 from .views import HealthView, JobViewSet, SchedulePreviewView
 
 router = SimpleRouter()
@@ -13,6 +14,7 @@ router.register("jobs", JobViewSet, basename="job")
 
 urlpatterns = [
     re_path(r"^health/?$", HealthView.as_view(), name="health"),
+    re_path(r"^tasks/?$", TaskListView.as_view(), name="task-list"),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     *router.urls,
 ]
