@@ -20,6 +20,7 @@ from jobs.display import in_zone, relative
 from jobs.forms import VALIDATED_FIELDS, JobAdminForm
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
 from jobs.validation import check_cron, check_interval, check_zone
+from runs import tasks
 from runs.admin import status_pill
 from runs.keys import format_utc
 from runs.models import JobRun
@@ -151,6 +152,7 @@ class JobAdmin(admin.ModelAdmin):
                     "run_at",
                     "start_at",
                     "end_at",
+                    "jitter_seconds",
                     "schedule_text",
                     "next_fire_times",
                 )
@@ -197,8 +199,17 @@ class JobAdmin(admin.ModelAdmin):
     def next_fire_times(self, job: Job) -> str:
         if job.pk is None or job._state.adding:
             return "Shown after saving; the preview below the schedule fields updates as you type."
-        times = [fire_time_json(t) for t in job_fire_times(job, now=timezone.now(), count=PREVIEW_COUNT)]
+        times = [
+            fire_time_json(t, jitter_seconds=job.jitter_seconds)
+            for t in job_fire_times(job, now=timezone.now(), count=PREVIEW_COUNT)
+        ]
         return _fire_times_html(times)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        # The task picker beside the target field: names, docstrings and kwargs schemas
+        # of the registry this process validates against (runs.tasks).
+        extra_context = {**(extra_context or {}), "cronyard_tasks": tasks.catalog()}
+        return super().changeform_view(request, object_id, form_url, extra_context)
 
     def save_model(self, request, obj: Job, form, change: bool) -> None:
         if not change:

@@ -61,8 +61,19 @@ def format_local(moment: datetime) -> str:
     return moment.isoformat(timespec="microseconds" if moment.microsecond else "seconds")
 
 
-def fire_time_json(fire: schedule.FireTime) -> dict:
-    return {"utc": format_utc(fire.utc), "local": format_local(fire.local), "note": fire.note}
+def fire_time_json(fire: schedule.FireTime, *, jitter_seconds: int = 0) -> dict:
+    note = _note(fire, jitter_seconds)
+    return {"utc": format_utc(fire.utc), "local": format_local(fire.local), "note": note}
+
+
+def _note(fire: schedule.FireTime, jitter_seconds: int) -> str | None:
+    """The DST note, plus the jitter window in local time ("starts 09:00:00-09:00:30", an en dash)."""
+    if not jitter_seconds:
+        return fire.note
+    # Through UTC: local wall arithmetic would be an hour off across a DST change.
+    end = (fire.utc + timedelta(seconds=jitter_seconds)).astimezone(fire.local.tzinfo)
+    window = f"starts {fire.local:%H:%M:%S}\u2013{end:%H:%M:%S}"
+    return f"{fire.note}; {window}" if fire.note else window
 
 
 def job_fire_times(job: Job, *, now: datetime, count: int) -> list[schedule.FireTime]:
@@ -84,7 +95,13 @@ def job_fire_times(job: Job, *, now: datetime, count: int) -> list[schedule.Fire
 
 
 def preview(
-    *, cron: str | None, timezone: str, interval_seconds: int | None, after: datetime, count: int
+    *,
+    cron: str | None,
+    timezone: str,
+    interval_seconds: int | None,
+    after: datetime,
+    count: int,
+    jitter_seconds: int = 0,
 ) -> dict:
     """Fire times and text of a schedule that is not saved (API preview, admin live preview).
 
@@ -100,7 +117,7 @@ def preview(
         count=count,
     )
     return {
-        "fire_times": [fire_time_json(t) for t in times],
+        "fire_times": [fire_time_json(t, jitter_seconds=jitter_seconds) for t in times],
         "description": describe_schedule(
             cron=cron, timezone=timezone, interval_seconds=interval_seconds, run_at=None
         ),

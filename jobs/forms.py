@@ -30,6 +30,7 @@ FORM_FIELDS = (
     "retry_backoff_cap_seconds",
     "lease_seconds",
     "priority",
+    "jitter_seconds",
     "paused",
 )
 # Fields jobs.validation judges; the rest (tenant, paused) need only the form's own checks.
@@ -48,8 +49,9 @@ class JobAdminForm(forms.ModelForm):
             "time_zone": "IANA zone the cron expression is evaluated in, e.g. Europe/Berlin.",
             "interval_seconds": "Elapsed seconds between runs (DST-free).",
             "run_at": "One-time run (UTC).",
-            "target": f"JSON, e.g. {_TARGET_EXAMPLE} or "
-            '{"type": "task", "name": "noop", "kwargs": {}}',
+            "jitter_seconds": "Runs start up to this many seconds after their slot (a stable offset per "
+            "slot); at most the schedule's shortest gap.",
+            "target": f'JSON, e.g. {_TARGET_EXAMPLE} or {{"type": "task", "name": "noop", "kwargs": {{}}}}',
         }
 
     def __init__(self, *args, **kwargs):
@@ -61,6 +63,13 @@ class JobAdminForm(forms.ModelForm):
             # Secrets are write-only: the page shows "***", and an untouched "***" keeps
             # the stored value (clean() puts it back); typing a new value replaces it.
             self.initial["target"] = redact_target(self.instance.target)
+        if "jitter_seconds" in self.fields:
+            # Optional like in the API: a form posted without it (an older page) means 0.
+            self.fields["jitter_seconds"].required = False
+
+    def clean_jitter_seconds(self):
+        value = self.cleaned_data.get("jitter_seconds")
+        return 0 if value is None else value
 
     def clean(self):
         cleaned = super().clean()

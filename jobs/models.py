@@ -79,6 +79,9 @@ class Job(models.Model):
     priority = models.PositiveSmallIntegerField(
         default=0, validators=[MinValueValidator(0), MaxValueValidator(9)]
     )
+    # Runs start up to this many seconds after their slot (a stable per-slot offset,
+    # jobs/jitter.py); the slot itself, and so the run key, does not move.
+    jitter_seconds = models.PositiveIntegerField(default=0)
 
     partition_id = models.PositiveSmallIntegerField(editable=False)
     next_run_at = models.DateTimeField(null=True, blank=True)

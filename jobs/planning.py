@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from jobs import schedule
+from jobs import jitter, schedule
 from jobs.models import Job, Misfire, MisfirePolicy, SlotOutcome, SlotRange, SlotReason
 from runs.queue import NewRun
 
@@ -20,6 +20,9 @@ from runs.queue import NewRun
 # turning one dispatch batch into minutes of enumeration.
 MISFIRE_COUNT_CAP = 1_000
 _TICK = timedelta(microseconds=1)
+# Triggers whose runs start at their jittered offset. Manual runs, backfills and
+# replays were asked for by an operator, now: they start at once (not_before = now).
+JITTERED_TRIGGERS = frozenset({"schedule", "catch_up"})
 
 
 def next_slot(job: Job, *, after: datetime, anchor: datetime | None = None) -> datetime | None:
@@ -120,7 +123,15 @@ def missed_slots(job: Job, *, first: datetime, now: datetime, want: int = 0) -> 
 
 
 def run_for(job: Job, *, scheduled_at: datetime, trigger: str, overlap_check: bool = True) -> NewRun:
-    """The run row for one occurrence, carrying the snapshot the executor needs."""
+    """The run row for one occurrence, carrying the snapshot the executor needs.
+
+    Scheduled and catch-up runs get `not_before = scheduled_at + offset` (jobs/jitter.py):
+    a catch-up's slot is past, so a backlog after downtime is spread over the jitter
+    window from the slot on, and whatever part of the window is over starts at once.
+    """
+    start = None
+    if job.jitter_seconds and trigger in JITTERED_TRIGGERS:
+        start = jitter.not_before(job_id=job.id, scheduled_at=scheduled_at, jitter_seconds=job.jitter_seconds)
     return NewRun(
         job_id=job.id,
         scheduled_at=scheduled_at,
@@ -136,6 +147,7 @@ def run_for(job: Job, *, scheduled_at: datetime, trigger: str, overlap_check: bo
         retry_backoff_cap_seconds=job.retry_backoff_cap_seconds,
         lease_seconds=job.lease_seconds,
         overlap_check=overlap_check,
+        not_before=start,
     )
 
 

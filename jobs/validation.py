@@ -14,8 +14,9 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from jobs import schedule
+from jobs import jitter, schedule
 from jobs.models import MisfirePolicy, OverlapPolicy
+from runs import tasks
 from runs.netguard import UnsafeTarget, check_url
 
 NAME_MAX = 200
@@ -238,9 +239,16 @@ def _task_target(target: dict, problems: list[str]) -> dict:
         problems.append("name: the task name is required.")
     elif len(name) > NAME_MAX or not _TASK_NAME_RE.match(name.strip()):
         problems.append(f"name: {name!r} is not a valid task name (dotted identifier).")
+    elif tasks.get(name.strip()) is None:
+        # Accepting it would only make every run fail: the executors load the same
+        # registry (EXECUTOR_TASK_MODULES), GET /api/v1/tasks/ lists it.
+        known = ", ".join(tasks.names()) or "none"
+        problems.append(f"name: no task {name.strip()!r} is registered (registered: {known}).")
     kwargs = target.get("kwargs") or {}
     if not isinstance(kwargs, dict):
         problems.append("kwargs: must be an object.")
+    elif isinstance(name, str) and tasks.get(name.strip()) is not None:
+        problems.extend(tasks.kwargs_errors(name.strip(), kwargs))
     timeout = target.get("timeout_seconds", TASK_TIMEOUT_DEFAULT)
     timeout = _check_timeout(timeout, TASK_TIMEOUT_RANGE, problems)
     return {
@@ -302,6 +310,7 @@ def validate_job(
         run("target", check_target, allow_private=allow_private)
     _check_backoff(clean, errors)
     _check_trigger(values, clean, errors, now=now, changed=changed, job_id=job_id)
+    _check_jitter(values, clean, errors, now=now, job_id=job_id)
     _check_window(clean, errors, now=now, changed=changed)
     if errors:
         raise JobInvalid(errors)
@@ -336,6 +345,35 @@ def _check_trigger(values: Mapping, clean: dict, errors: dict, *, now, changed: 
             _add(errors, "interval_seconds", str(exc))
     elif "run_at" in changed and values["run_at"] <= now:
         _add(errors, "run_at", "run_at is in the past; a one-time job must be in the future.")
+
+
+def _check_jitter(values: Mapping, clean: dict, errors: dict, *, now: datetime, job_id) -> None:
+    """0 <= jitter_seconds <= the schedule's shortest gap (jobs.jitter.shortest_gap).
+
+    Judged on every validation, not only when jitter changes: shortening the schedule
+    under an existing jitter would let one slot's run start after the next slot's.
+    """
+    if "jitter_seconds" not in values:
+        return
+    value = values["jitter_seconds"]
+    if not _is_int(value) or not 0 <= value <= jitter.JITTER_MAX_SECONDS:
+        _add(errors, "jitter_seconds", f"Must be a whole number between 0 and {jitter.JITTER_MAX_SECONDS}.")
+        return
+    if value == 0 or any(f in errors for f in (*TRIGGER_FIELDS, SCHEDULE_KEY, "time_zone")):
+        return  # no schedule to measure; its own error is reported
+    gap = jitter.shortest_gap(
+        cron=clean.get("cron_expr") or None,
+        timezone=clean.get("time_zone") or "UTC",
+        interval_seconds=clean.get("interval_seconds"),
+        job_id=job_id,
+        now=now,
+    )
+    if gap is not None and value > gap:
+        _add(
+            errors,
+            "jitter_seconds",
+            f"At most the schedule's shortest gap between fire times, {gap} seconds (got {value}).",
+        )
 
 
 def _check_window(clean: dict, errors: dict, *, now, changed: set) -> None:

@@ -1,5 +1,6 @@
-"""Death alerts: a run went `dead`. Logged as one structured line, counted, and POSTed
-to SCHEDULER_ALERT_WEBHOOK_URL when set.
+"""Alerts: a run went `dead`, or names a task its executor lacks (`task.missing`).
+Logged as one structured line and POSTed to SCHEDULER_ALERT_WEBHOOK_URL when set;
+deaths are counted.
 
 Delivery runs in background tasks with its own retries, so a slow or broken webhook
 never holds up the executor. The durable record is the run row itself (status
@@ -68,6 +69,24 @@ class Alerter:
         self.counters.dead += 1
         body = self.payload(run)
         log.error("alert %s", json.dumps(body, sort_keys=True))
+        self._post(body)
+
+    def missing_task(self, *, task: str, job_id, scheduled_at, attempt: int, owner: str) -> None:
+        """A run names a task this executor has not registered: the run is retried, and
+        the operator is told which task and which executor, on every attempt."""
+        body = {
+            "event": "task.missing",
+            "task": task,
+            "run_key": run_key(job_id, scheduled_at),
+            "job_id": str(job_id),
+            "scheduled_at": format_utc(scheduled_at),
+            "attempt": attempt,
+            "executor": owner,
+        }
+        log.error("alert %s", json.dumps(body, sort_keys=True))
+        self._post(body)
+
+    def _post(self, body: dict) -> None:
         if self.webhook_url:
             task = asyncio.get_running_loop().create_task(self._deliver(body))
             self._pending.add(task)

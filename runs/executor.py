@@ -292,6 +292,14 @@ class Executor:
             result = retry.CallResult(retry.RETRY, error=retry.truncate(f"{type(exc).__name__}: {exc}"))
         if entry.lost:
             return
+        if result.missing_task:
+            self._alerter.missing_task(
+                task=result.missing_task,
+                job_id=run.job_id,
+                scheduled_at=run.scheduled_at,
+                attempt=run.attempt,
+                owner=self.owner,
+            )
         decision = retry.decide(
             result,
             attempt=run.attempt,

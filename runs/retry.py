@@ -30,6 +30,7 @@ class CallResult:
     result_code: int | None = None
     error: str = ""
     retry_after: float | None = None  # seconds the target asked us to wait
+    missing_task: str = ""  # a task target this executor has not registered (alerted)
 
 
 @dataclass(frozen=True)

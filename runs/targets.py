@@ -179,7 +179,12 @@ async def call_task(run: ClaimedRun) -> retry.CallResult:
     name = target.get("name", "")
     fn = tasks.get(name)
     if fn is None:
-        return retry.CallResult(retry.PERMANENT, error=f"unknown task '{name}'")
+        # The web process accepted the name, so it is registered there: this executor
+        # runs with other EXECUTOR_TASK_MODULES (a rolling deploy, a missing module).
+        # Retryable: another executor, or this one redeployed, can run it; the caller
+        # alerts with the task's name (Executor._execute).
+        error = f"unknown task '{name}': not registered in this executor (check EXECUTOR_TASK_MODULES)"
+        return retry.CallResult(retry.RETRY, error=error, missing_task=str(name))
     context = tasks.TaskContext(
         job_id=run.job_id,
         scheduled_at=run.scheduled_at,

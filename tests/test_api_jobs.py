@@ -97,7 +97,7 @@ def test_run_at_job_accepts_any_offset_and_answers_in_utc(api):
         job = create(
             api,
             run_at="2026-06-01T09:30:00.250000+05:30",
-            target={"type": "task", "name": "runs.builtin_tasks.noop", "kwargs": {"a": 1}},
+            target={"type": "task", "name": "echo", "kwargs": {"a": 1}},
         )
     assert job["run_at"] == "2026-06-01T04:00:00.250000Z"
     assert job["next_run_at"] == "2026-06-01T04:00:00.250000Z"
@@ -105,7 +105,7 @@ def test_run_at_job_accepts_any_offset_and_answers_in_utc(api):
     # A task target without timeout_seconds gets the default of 300 s, like HTTP's 30 s.
     assert job["target"] == {
         "type": "task",
-        "name": "runs.builtin_tasks.noop",
+        "name": "echo",
         "kwargs": {"a": 1},
         "timeout_seconds": 300,
     }

@@ -12,6 +12,7 @@ from rest_framework import serializers
 
 from jobs.describe import describe_job
 from jobs.health import overdue_seconds
+from jobs.jitter import JITTER_MAX_SECONDS
 from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
 from jobs.validation import TRIGGER_FIELDS, JobInvalid, validate_job
 from runs.selectors import redact_target, unmask_target
@@ -33,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "lease_seconds": 30,
     "priority": 0,
     "alert_after_failures": 3,
+    "jitter_seconds": 0,
     "paused": False,
     "start_at": None,
     "end_at": None,
@@ -87,6 +89,12 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     lease_seconds = StrictIntegerField(required=False)
     priority = StrictIntegerField(required=False)
     alert_after_failures = StrictIntegerField(required=False)
+    jitter_seconds = StrictIntegerField(
+        required=False,
+        help_text="Each run starts up to this many seconds after its slot, at a stable offset derived from "
+        "(job id, slot); the slot and run key do not move. 0..the schedule's shortest gap (interval, or the "
+        "smallest distance among the next 50 cron fire times), at most 86400.",
+    )
     paused = StrictBooleanField(required=False)
     start_at = UtcDateTimeField(required=False, allow_null=True)
     end_at = UtcDateTimeField(required=False, allow_null=True)
@@ -283,6 +291,13 @@ class PreviewQuerySerializer(serializers.Serializer):
     timezone = serializers.CharField(required=False, default="UTC")
     after = UtcDateTimeField(required=False)
     count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=100)
+    jitter_seconds = serializers.IntegerField(
+        required=False,
+        default=0,
+        min_value=0,
+        max_value=JITTER_MAX_SECONDS,
+        help_text="Show each fire time's start window (at most the schedule's shortest gap).",
+    )
 
 
 class PreviewCountSerializer(serializers.Serializer):

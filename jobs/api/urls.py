@@ -5,6 +5,7 @@ from rest_framework.routers import SimpleRouter
 
 from . import schema  # noqa: F401 - registers the OpenAPI description of the token auth
 from .audit import AuditListView
+from .task_views import TaskListView
 from .views import HealthView, JobViewSet, SchedulePreviewView
 
 router = SimpleRouter()
@@ -15,6 +16,7 @@ router.register("jobs", JobViewSet, basename="job")
 urlpatterns = [
     re_path(r"^health/?$", HealthView.as_view(), name="health"),
     re_path(r"^audit/?$", AuditListView.as_view(), name="audit-list"),
+    re_path(r"^tasks/?$", TaskListView.as_view(), name="task-list"),
     re_path(r"^schedules/preview/?$", SchedulePreviewView.as_view(), name="schedule-preview"),
     *router.urls,
 ]

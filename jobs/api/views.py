@@ -24,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from jobs import ledger, services
+from jobs import jitter, ledger, services
 from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.models import Job
 from jobs.schedule import ScheduleError
@@ -222,7 +222,7 @@ class JobViewSet(
         times = job_fire_times(job, now=timezone.now(), count=query.validated_data["count"])
         return Response(
             {
-                "fire_times": [fire_time_json(t) for t in times],
+                "fire_times": [fire_time_json(t, jitter_seconds=job.jitter_seconds) for t in times],
                 "description": describe_job(job),
                 "timezone": job.time_zone,
             }
@@ -345,9 +345,19 @@ class SchedulePreviewView(APIView):
         if errors:
             raise serializers.ValidationError(errors)
         after = params.get("after") or timezone.now()
+        jitter_seconds = params.get("jitter_seconds", 0)
+        gap = jitter.shortest_gap(cron=cron, timezone=zone, interval_seconds=interval, job_id=None, now=after)
+        if gap is not None and jitter_seconds > gap:
+            message = f"At most the schedule's shortest gap between fire times, {gap} seconds."
+            raise serializers.ValidationError({"jitter_seconds": [message]})
         try:
             data = preview(
-                cron=cron, timezone=zone, interval_seconds=interval, after=after, count=params["count"]
+                cron=cron,
+                timezone=zone,
+                interval_seconds=interval,
+                after=after,
+                count=params["count"],
+                jitter_seconds=jitter_seconds,
             )
         except ScheduleError as exc:
             raise serializers.ValidationError({SCHEDULE_KEY: [str(exc)]}) from None
