@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -377,9 +377,7 @@ class HealthView(APIView):
     )
     def get(self, request: Request) -> Response:
         try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT 1")
-                cursor.fetchone()
+            db.ping()
             database, code = "ok", status.HTTP_200_OK
         except Exception as exc:
             database, code = f"error: {type(exc).__name__}", status.HTTP_503_SERVICE_UNAVAILABLE
