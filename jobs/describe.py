@@ -80,11 +80,18 @@ def job_fire_times(job: Job, *, now: datetime, count: int) -> list[schedule.Fire
         job_id=job.id,
         count=count,
         until=job.end_at,
+        dst_policy=job.dst_policy,
     )
 
 
 def preview(
-    *, cron: str | None, timezone: str, interval_seconds: int | None, after: datetime, count: int
+    *,
+    cron: str | None,
+    timezone: str,
+    interval_seconds: int | None,
+    after: datetime,
+    count: int,
+    dst_policy: dict | None = None,
 ) -> dict:
     """Fire times and text of a schedule that is not saved (API preview, admin live preview).
 
@@ -98,6 +105,7 @@ def preview(
         anchor=after,
         after=after,
         count=count,
+        dst_policy=dst_policy,
     )
     return {
         "fire_times": [fire_time_json(t) for t in times],

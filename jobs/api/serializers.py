@@ -10,6 +10,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from jobs import schedule
 from jobs.describe import describe_job
 from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
 from jobs.validation import TRIGGER_FIELDS, JobInvalid, validate_job
@@ -36,6 +37,7 @@ DEFAULTS: dict[str, Any] = {
     "cron_expr": None,
     "interval_seconds": None,
     "run_at": None,
+    "dst_policy": {},
 }
 EDITABLE_MODEL_FIELDS = (*DEFAULTS, "name", "target")
 
@@ -60,6 +62,37 @@ class TargetField(serializers.JSONField):
     `{"type": "task", "name", "kwargs", "timeout_seconds"}`; validated in jobs.validation.check_target."""
 
 
+_DST_POLICY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "repeated": {
+            "type": "string",
+            "enum": list(schedule.DST_REPEATED),
+            "nullable": True,
+            "description": "A wall time that happens twice (fall back): fire at the first, the last, "
+            "or both. null: Debian cron's rule (fixed-time jobs first, elapsed-time jobs both).",
+        },
+        "missing": {
+            "type": "string",
+            "enum": list(schedule.DST_MISSING),
+            "nullable": True,
+            "description": "A wall time that does not exist (spring forward): shift to the first instant "
+            "after the gap, or skip it. null: Debian cron's rule (fixed-time shift, elapsed-time skip).",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+@extend_schema_field(_DST_POLICY_SCHEMA)
+class DstPolicyField(serializers.JSONField):
+    """Validated in jobs.validation.check_dst_policy; shown with both keys (null = not chosen)."""
+
+    def to_representation(self, value):
+        value = value or {}
+        return {"repeated": value.get("repeated"), "missing": value.get("missing")}
+
+
 class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     id = serializers.UUIDField(read_only=True)
     name = StrictCharField(max_length=None, allow_blank=True, trim_whitespace=False)
@@ -67,6 +100,11 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     interval_seconds = StrictIntegerField(required=False, allow_null=True)
     run_at = UtcDateTimeField(required=False, allow_null=True)
     timezone = StrictCharField(source="time_zone", required=False)
+    dst_policy = DstPolicyField(
+        required=False,
+        allow_null=True,
+        help_text="Per-job DST rule for cron schedules (README, DST); omitted keys keep Debian cron's rule.",
+    )
     target = TargetField()
     misfire_policy = serializers.ChoiceField(choices=MisfirePolicy.choices, required=False)
     max_catch_up = StrictIntegerField(required=False)
@@ -82,6 +120,7 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
 
     trigger_type = serializers.CharField(read_only=True)
     schedule_description = serializers.SerializerMethodField()
+    dst_policy_effective = serializers.SerializerMethodField()
     next_run_at = UtcDateTimeField(read_only=True)
     partition_id = serializers.IntegerField(read_only=True)
     created_at = UtcDateTimeField(read_only=True)
@@ -90,6 +129,27 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
 
     def get_schedule_description(self, job: Job) -> str:
         return describe_job(job)
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "repeated": {"type": "string", "enum": list(schedule.DST_REPEATED)},
+                "missing": {"type": "string", "enum": list(schedule.DST_MISSING)},
+            },
+            "description": "The DST rule the scheduler applies (dst_policy with defaults filled in); "
+            "null for interval and one-time jobs, which are DST-free.",
+        }
+    )
+    def get_dst_policy_effective(self, job: Job) -> dict | None:
+        if not job.cron_expr:
+            return None
+        try:
+            policy = schedule.dst_policy_for(job.cron_expr, job.dst_policy)
+        except schedule.ScheduleError:
+            return None
+        return {"repeated": policy.repeated, "missing": policy.missing}
 
     @extend_schema_field(
         {
@@ -257,6 +317,16 @@ class PreviewQuerySerializer(serializers.Serializer):
     timezone = serializers.CharField(required=False, default="UTC")
     after = UtcDateTimeField(required=False)
     count = serializers.IntegerField(required=False, default=10, min_value=1, max_value=100)
+    dst_repeated = serializers.ChoiceField(
+        choices=schedule.DST_REPEATED,
+        required=False,
+        help_text="dst_policy.repeated of the job being previewed (default: Debian cron's rule).",
+    )
+    dst_missing = serializers.ChoiceField(
+        choices=schedule.DST_MISSING,
+        required=False,
+        help_text="dst_policy.missing of the job being previewed (default: Debian cron's rule).",
+    )
 
 
 class PreviewCountSerializer(serializers.Serializer):

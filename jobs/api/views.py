@@ -312,7 +312,8 @@ def occurrence_json(item: ledger.Occurrence) -> dict:
 class SchedulePreviewView(APIView):
     @extend_schema(
         summary="Fire times of a schedule that is not saved",
-        description="Give `cron` (with `timezone`) or `interval_seconds` (anchored at `after`).",
+        description="Give `cron` (with `timezone`) or `interval_seconds` (anchored at `after`). "
+        "`dst_repeated` / `dst_missing` preview a job's dst_policy; entries the policy affects carry a note.",
         parameters=[PreviewQuerySerializer],
         responses=PreviewSerializer,
     )
@@ -331,7 +332,11 @@ class SchedulePreviewView(APIView):
             errors[SCHEDULE_KEY] = ["Give exactly one of cron or interval_seconds."]
         elif cron is not None:
             try:
-                cron = check_cron(cron, zone="UTC" if errors else zone)
+                cron = check_cron(
+                    cron,
+                    zone="UTC" if errors else zone,
+                    dst_policy={"repeated": params.get("dst_repeated"), "missing": params.get("dst_missing")},
+                )
             except ValueError as exc:
                 errors["cron"] = [str(exc)]
         else:
@@ -342,9 +347,15 @@ class SchedulePreviewView(APIView):
         if errors:
             raise serializers.ValidationError(errors)
         after = params.get("after") or timezone.now()
+        policy = {"repeated": params.get("dst_repeated"), "missing": params.get("dst_missing")}
         try:
             data = preview(
-                cron=cron, timezone=zone, interval_seconds=interval, after=after, count=params["count"]
+                cron=cron,
+                timezone=zone,
+                interval_seconds=interval,
+                after=after,
+                count=params["count"],
+                dst_policy=policy,
             )
         except ScheduleError as exc:
             raise serializers.ValidationError({SCHEDULE_KEY: [str(exc)]}) from None
