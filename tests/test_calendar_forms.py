@@ -201,3 +201,31 @@ def test_api_refuses_bad_forms_naming_cron(api, expr: str) -> None:
     response = api.post("/api/v1/jobs/", body, format="json")
     assert response.status_code == 400, response.content
     assert list(response.json()) == ["cron"]
+
+
+@pytest.mark.parametrize(("expr", "message"), [("0 0 30W 2 *", "can never fire"), ("0 0 * * 1#9", "1-5")])
+def test_admin_form_refuses_bad_forms_on_the_cron_field(
+    admin_client, settings, tenant, expr, message
+) -> None:
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    data = {
+        "tenant": tenant.pk,
+        "name": "from admin",
+        "cron_expr": expr,
+        "time_zone": "UTC",
+        "dst_policy": "",
+        "interval_seconds": "",
+        "target": '{"type": "http", "url": "https://example.com/hook"}',
+        "misfire_policy": "run_once",
+        "max_catch_up": "100",
+        "overlap_policy": "skip",
+        "max_attempts": "5",
+        "retry_backoff_seconds": "10",
+        "retry_backoff_cap_seconds": "3600",
+        "lease_seconds": "30",
+        "priority": "0",
+    }
+    response = admin_client.post("/admin/jobs/job/add/", data)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["cron_expr"] and message in str(errors["cron_expr"])
