@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from django.conf import settings
@@ -19,7 +20,7 @@ from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
 from jobs.forms import VALIDATED_FIELDS, JobAdminForm
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
-from jobs.validation import check_cron, check_interval, check_zone
+from jobs.validation import check_cron, check_dst_policy, check_interval, check_zone
 from runs import tasks
 from runs.admin import status_pill
 from runs.keys import format_utc
@@ -148,6 +149,7 @@ class JobAdmin(admin.ModelAdmin):
                 "fields": (
                     "cron_expr",
                     "time_zone",
+                    "dst_policy",
                     "interval_seconds",
                     "run_at",
                     "start_at",
@@ -274,8 +276,9 @@ class JobAdmin(admin.ModelAdmin):
         zone = request.GET.get("time_zone", "").strip() or "UTC"
         try:
             check_zone(zone)
+            policy = _policy_param(request.GET.get("dst_policy", ""))
             if cron and not interval_text:
-                cron = check_cron(cron, zone=zone)
+                cron = check_cron(cron, zone=zone, dst_policy=policy)
                 interval = None
             elif interval_text and not cron:
                 interval = check_interval(int(interval_text) if interval_text.isdigit() else interval_text)
@@ -285,8 +288,29 @@ class JobAdmin(admin.ModelAdmin):
             return JsonResponse({"error": str(exc)}, status=400)
         now = timezone.now().replace(microsecond=0)  # whole seconds, as create_job anchors an interval
         return JsonResponse(
-            preview(cron=cron, timezone=zone, interval_seconds=interval, after=now, count=PREVIEW_COUNT)
+            preview(
+                cron=cron,
+                timezone=zone,
+                interval_seconds=interval,
+                after=now,
+                count=PREVIEW_COUNT,
+                dst_policy=policy,
+            )
         )
+
+
+def _policy_param(text: str) -> dict:
+    """The dst_policy field as typed (JSON text; empty = Debian cron's rule)."""
+    if not text.strip():
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise ValueError("dst_policy: not valid JSON.") from None
+    try:
+        return check_dst_policy(value)
+    except ValueError as exc:
+        raise ValueError("dst_policy: " + " ".join(map(str, exc.args))) from None
 
 
 class ApiTokenInline(admin.TabularInline):
@@ -400,6 +424,7 @@ class SchedulerNodeAdmin(ReadOnlyAdmin):
     @admin.display(description="partitions")
     def partition_count(self, node: SchedulerNode) -> int:
         return len(node.partitions or [])
+
 
 # The audit log has its own module; importing it registers it with the admin site.
 from jobs import audit_admin  # noqa: E402, F401

@@ -91,6 +91,7 @@ def job_fire_times(job: Job, *, now: datetime, count: int) -> list[schedule.Fire
         job_id=job.id,
         count=count,
         until=job.end_at,
+        dst_policy=job.dst_policy,
     )
 
 
@@ -102,6 +103,7 @@ def preview(
     after: datetime,
     count: int,
     jitter_seconds: int = 0,
+    dst_policy: dict | None = None,
 ) -> dict:
     """Fire times and text of a schedule that is not saved (API preview, admin live preview).
 
@@ -115,6 +117,7 @@ def preview(
         anchor=after,
         after=after,
         count=count,
+        dst_policy=dst_policy,
     )
     return {
         "fire_times": [fire_time_json(t, jitter_seconds=jitter_seconds) for t in times],

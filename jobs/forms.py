@@ -17,6 +17,7 @@ FORM_FIELDS = (
     "name",
     "cron_expr",
     "time_zone",
+    "dst_policy",
     "interval_seconds",
     "run_at",
     "start_at",
@@ -47,6 +48,9 @@ class JobAdminForm(forms.ModelForm):
             "cron_expr": "5 fields, names (MON, JAN), @daily-style aliases, H hashed per job. "
             "Set exactly one of cron, interval and run at.",
             "time_zone": "IANA zone the cron expression is evaluated in, e.g. Europe/Berlin.",
+            "dst_policy": 'JSON, e.g. {"repeated": "last", "missing": "skip"}: a wall time that happens '
+            "twice fires at the first / last / both; one that does not exist is shifted past the gap "
+            "or skipped. Empty or an omitted key: Debian cron's rule for the job's kind.",
             "interval_seconds": "Elapsed seconds between runs (DST-free).",
             "run_at": "One-time run (UTC).",
             "jitter_seconds": "Runs start up to this many seconds after their slot (a stable offset per "

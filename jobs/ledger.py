@@ -114,5 +114,6 @@ def _schedule_of(job: Job, rng: SlotRange) -> Job:
         time_zone=rng.time_zone,
         interval_seconds=rng.interval_seconds,
         run_at=rng.run_at,
+        dst_policy=rng.dst_policy,
         next_run_at=rng.anchor,
     )

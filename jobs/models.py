@@ -62,6 +62,9 @@ class Job(models.Model):
     time_zone = models.CharField(max_length=64, default="UTC")
     interval_seconds = models.PositiveIntegerField(null=True, blank=True)
     run_at = models.DateTimeField(null=True, blank=True)
+    # {"repeated": "first"|"last"|"both", "missing": "shift"|"skip"}, keys optional: an
+    # unset key keeps Debian cron's rule for the job's kind (jobs.schedule.effective_dst_policy).
+    dst_policy = models.JSONField(default=dict, blank=True)
 
     target = models.JSONField()
 
@@ -211,6 +214,7 @@ class SlotRange(models.Model):
     time_zone = models.CharField(max_length=64, default="UTC")
     interval_seconds = models.PositiveIntegerField(null=True, blank=True)
     run_at = models.DateTimeField(null=True, blank=True)
+    dst_policy = models.JSONField(default=dict, blank=True)
     anchor = models.DateTimeField(help_text="A slot of the schedule (the interval grid's anchor).")
     recorded_at = models.DateTimeField(auto_now_add=True)
 

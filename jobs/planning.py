@@ -38,6 +38,7 @@ def next_slot(job: Job, *, after: datetime, anchor: datetime | None = None) -> d
         anchor=anchor or job.next_run_at or after,
         after=after,
         job_id=job.id,
+        dst_policy=job.dst_policy,
     )
     if moment is not None and job.end_at and moment > job.end_at:
         return None
@@ -62,6 +63,7 @@ def slots_between(job: Job, *, after: datetime, until: datetime, limit: int) -> 
         job_id=job.id,
         until=until,
         limit=limit,
+        dst_policy=job.dst_policy,
     )
     out = [t.utc for t in times]
     if job.start_at:
@@ -163,6 +165,7 @@ def slot_range(job: Job, *, first: datetime, last: datetime, outcome: str, reaso
         time_zone=job.time_zone,
         interval_seconds=job.interval_seconds,
         run_at=job.run_at,
+        dst_policy=job.dst_policy,
         anchor=job.next_run_at or first,
     )
 

@@ -14,6 +14,13 @@ DST handling follows Debian/Vixie cron:
 * An *elapsed-time* job fires at every real instant whose local wall time
   matches, so gap slots do not exist and overlap slots fire twice.
 
+A job's ``dst_policy`` (``{"repeated": "first"|"last"|"both", "missing":
+"shift"|"skip"}``) overrides either half of that rule; an unset key keeps the
+rule of the job's kind (fixed-time: first/shift, elapsed-time: both/skip).
+
+Calendar forms: ``L``, ``LW`` and ``nW`` in day-of-month, ``5L`` and ``1#2`` in
+day-of-week.  cronsim 2.8 knows all but ``nW``; ``_Calendar`` adds that one.
+
 cronsim is used only as a *naive* wall-clock calendar (which local wall times
 match the expression).  Mapping those wall times to instants is done here with
 zoneinfo's ``fold`` instead of relying on cronsim's aware iteration: that keeps
@@ -23,21 +30,28 @@ bounded by a step count and a horizon so no expression/zone can hang a worker.
 
 from __future__ import annotations
 
+import calendar
 import functools
 import hashlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from importlib import resources
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
+from cronsim.cronsim import Field
 
 __all__ = [
+    "DST_MISSING",
+    "DST_REPEATED",
+    "DstPolicy",
     "FireTime",
     "ScheduleError",
+    "dst_policy_for",
+    "effective_dst_policy",
     "expand_cron",
     "fire_times",
     "is_fixed_time",
@@ -88,6 +102,13 @@ _ALIASES = {
 }
 
 _HASH_RE = re.compile(r"^H(?:\((\d+)-(\d+)\))?(?:/(\d+))?$")
+# Calendar forms (Quartz syntax, as cronsim and croniter read it).
+_DOM_SPECIAL_RE = re.compile(r"^(?:L|LW|(\d+)W)$")
+_NEAREST_RE = re.compile(r"^(\d+)W$")
+_DOW_SPECIAL_RE = re.compile(r"^([0-9A-Z]+)(?:(L)|#(\d+))$")
+# A stand-in "day" for L and LW in existence checks: every month has a last day
+# (and a last weekday), and every month has a day 28.
+_ALWAYS_EXISTS = 28
 _TERM_RE = re.compile(r"^(\*|[0-9A-Z]+(?:-[0-9A-Z]+)?)(?:/(\d+))?$")
 # Keys the tzdata package ships that do not name a place: "Factory" is the
 # "local time zone must be set" placeholder (abbreviation -00). Hosts also have
@@ -107,6 +128,41 @@ class FireTime:
     utc: datetime  # aware, UTC
     local: datetime  # aware, in the job's zone
     note: str | None  # DST remark for previews, None for ordinary slots
+
+
+DST_REPEATED = ("first", "last", "both")
+DST_MISSING = ("shift", "skip")
+
+
+@dataclass(frozen=True)
+class DstPolicy:
+    """What a slot does when its wall time happens twice (`repeated`) or not at all (`missing`)."""
+
+    repeated: str  # first | last | both
+    missing: str  # shift | skip
+
+
+# Debian cron's rule per job kind: what an unset key of a job's dst_policy means.
+_FIXED_DEFAULT = DstPolicy(repeated="first", missing="shift")
+_ELAPSED_DEFAULT = DstPolicy(repeated="both", missing="skip")
+
+
+def effective_dst_policy(policy: Mapping[str, str | None] | None, *, fixed_time: bool) -> DstPolicy:
+    """The policy a job runs with: its explicit keys, the Debian rule of its kind for the rest."""
+    base = _FIXED_DEFAULT if fixed_time else _ELAPSED_DEFAULT
+    policy = policy or {}
+    repeated = policy.get("repeated") or base.repeated
+    missing = policy.get("missing") or base.missing
+    if repeated not in DST_REPEATED:
+        raise ScheduleError(f"dst_policy.repeated must be one of {', '.join(DST_REPEATED)}, not {repeated!r}")
+    if missing not in DST_MISSING:
+        raise ScheduleError(f"dst_policy.missing must be one of {', '.join(DST_MISSING)}, not {missing!r}")
+    return DstPolicy(repeated=repeated, missing=missing)
+
+
+def dst_policy_for(expr: str, policy: Mapping[str, str | None] | None) -> DstPolicy:
+    """The effective policy of a cron expression (fixed-time or elapsed-time) with `policy`."""
+    return effective_dst_policy(policy, fixed_time=is_fixed_time(expr))
 
 
 # --------------------------------------------------------------------------
@@ -264,6 +320,12 @@ def _field_values(
             out_terms.append(",".join(str(v) for v in picked))
             values.update(picked)
             continue
+        special = _special_term(expr, field, term)
+        if special is not None:
+            rewritten, exists = special
+            out_terms.append(rewritten)
+            values.update(exists)
+            continue
         plain = _TERM_RE.match(term)
         if not plain:
             raise _invalid(expr, f"cannot parse {_FIELD_NAMES[field]} field item {term!r}")
@@ -289,6 +351,40 @@ def _field_values(
         values.update(range(start, end + 1, step))
         out_terms.append(term)
     return ",".join(out_terms), values
+
+
+def _special_term(expr: str, field: int, term: str) -> tuple[str, set[int]] | None:
+    """A calendar form (L, LW, nW, nL, n#k): (term as cronsim reads it, days it needs).
+
+    The returned day set is only used to decide whether the field can match in a
+    month (a day-of-week form needs no particular day); None for an ordinary term.
+    """
+    if field == _DAY:
+        match = _DOM_SPECIAL_RE.match(term)
+        if match is None:
+            return None
+        if match.group(1) is None:
+            return term, {_ALWAYS_EXISTS}
+        day = int(match.group(1))
+        if not 1 <= day <= 31:
+            raise _invalid(expr, f"day-of-month {term}: day {day} is out of range 1-31")
+        # A day a month does not have has no nearest weekday there (like a plain 31).
+        return f"{day}W", {day}
+    if field != 4:
+        return None
+    if term == "L":
+        raise _invalid(expr, "day-of-week L needs a weekday before it (5L = the last Friday)")
+    match = _DOW_SPECIAL_RE.match(term)
+    if match is None:
+        return None
+    weekday = _parse_value(expr, field, match.group(1))
+    if match.group(2):
+        # cronsim reads only a number before L; names are rewritten to it.
+        return f"{weekday}L", set()
+    nth = int(match.group(3))
+    if not 1 <= nth <= 5:
+        raise _invalid(expr, f"day-of-week {term}: the occurrence after # must be 1-5 (got {nth})")
+    return f"{weekday}#{nth}", set()
 
 
 def _possible_months(expr: str, text: str) -> set[int]:
@@ -385,7 +481,7 @@ def _expand_cached(expr: str, seed: str) -> tuple[str, bool]:
     day_and = fields[2].startswith("*") or fields[4].startswith("*")
     can_fire = not day_and or any(day <= _DAYS_IN_MONTH[month] for day in days for month in months)
     try:
-        CronSim(expanded, datetime(2000, 1, 1))
+        _Calendar(expanded, datetime(2000, 1, 1))
     except CronSimError as exc:
         if can_fire:
             raise _invalid(expr, str(exc)) from None
@@ -437,10 +533,59 @@ def _compiled_for(expanded: str) -> _Compiled:
 # --------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
+def _nearest_weekday(year: int, month: int, day: int) -> int | None:
+    """The weekday (Mon-Fri) nearest to `day` inside the month; None if the month is shorter.
+
+    Quartz rule: a Saturday moves back to Friday and a Sunday on to Monday, never
+    across the month's edge (1W on a Saturday is Monday the 3rd, 31W on a Sunday is
+    Friday the 29th).
+    """
+    first_weekday, last = calendar.monthrange(year, month)
+    if day > last:
+        return None
+    weekday = (first_weekday + day - 1) % 7  # Monday = 0
+    if weekday == 5:
+        return day - 1 if day > 1 else day + 2
+    if weekday == 6:
+        return day + 1 if day < last else day - 2
+    return day
+
+
+class _Calendar(CronSim):
+    """cronsim as a naive wall-clock calendar, plus `nW` in day-of-month.
+
+    The nW terms are taken out of the expression before cronsim parses it (it
+    refuses them) and matched here; everything else is cronsim's.
+    """
+
+    def __init__(self, expanded: str, start: datetime):
+        parts = expanded.split(" ")
+        dom_terms = parts[_DAY].split(",")
+        nearest = frozenset(int(m.group(1)) for t in dom_terms if (m := _NEAREST_RE.match(t)))
+        rest = [t for t in dom_terms if not _NEAREST_RE.match(t)]
+        if nearest:
+            # cronsim sees a stand-in ("L") and the rest of the field is parsed below:
+            # its own "day 31 in February" check must not judge a field whose nW
+            # terms can still fire.
+            parts[_DAY] = "L"
+        super().__init__(" ".join(parts), start)
+        self.nearest = nearest
+        if nearest:
+            self.days = Field.DAY.parse(",".join(rest)) if rest else set()
+            # AND/OR is decided on the field as written, not on what is left of it.
+            self.day_and = dom_terms[0].startswith("*") or parts[4].startswith("*")
+
+    def match_dom(self, d: date) -> bool:
+        if super().match_dom(d):
+            return True
+        return any(_nearest_weekday(d.year, d.month, n) == d.day for n in self.nearest)
+
+
 def _walls(expanded: str, after_wall: datetime) -> Iterator[datetime]:
     """Naive local wall times matching ``expanded``, strictly after ``after_wall``."""
     # A naive start makes cronsim a pure calendar: no DST logic of its own.
-    return CronSim(expanded, after_wall)
+    return _Calendar(expanded, after_wall)
 
 
 def _offset(zone: ZoneInfo, instant: datetime) -> timedelta:
@@ -492,68 +637,88 @@ def _fmt(wall: datetime) -> str:
     return wall.strftime("%H:%M") if wall.second == 0 else wall.strftime("%H:%M:%S")
 
 
-def _next_fixed(compiled: _Compiled, zone: ZoneInfo, after: datetime) -> tuple[datetime, str | None] | None:
-    start_wall = _wall_of(zone, after)
-    horizon = start_wall + HORIZON
-    walls = _walls(compiled.expanded, start_wall)
-    for _ in range(MAX_STEPS):
-        wall = next(walls, None)
-        if wall is None or wall > horizon:
+def _overlap_note(wall: datetime, instances: tuple[datetime, ...], fired: datetime, policy: DstPolicy) -> str:
+    head = f"DST overlap: {_fmt(wall)} happens twice on {wall.date().isoformat()}; policy '{policy.repeated}'"
+    which = "first" if fired == instances[0] else "second"
+    if policy.repeated == "both":
+        return f"{head}: fired at both, this is the {which}, {_fmt_utc(fired)}"
+    return f"{head}: fired at the {which}, {_fmt_utc(fired)}"
+
+
+def _gap_note(wall: datetime, policy: DstPolicy, fired: datetime | None, zone: ZoneInfo) -> str:
+    head = f"DST gap: {_fmt(wall)} does not exist on {wall.date().isoformat()}; policy '{policy.missing}'"
+    if fired is None:
+        return f"{head}: that slot was not fired"
+    return f"{head}: fired at {_fmt(_wall_of(zone, fired))}, {_fmt_utc(fired)}"
+
+
+def _fmt_utc(instant: datetime) -> str:
+    return _fmt(instant.astimezone(UTC).replace(tzinfo=None)) + "Z"
+
+
+def _candidates(
+    zone: ZoneInfo, wall: datetime, policy: DstPolicy
+) -> list[tuple[datetime, str | None]] | None:
+    """The instants a matching wall time fires at under `policy`, oldest first.
+
+    None for a gap slot the policy skips (the caller notes it on the next fire time).
+    """
+    instances = _instances(zone, wall)
+    if not instances:
+        if policy.missing == "skip":
             return None
-        instances = _instances(zone, wall)
-        note: str | None = None
-        if not instances:
-            fired = _gap_end(zone, wall)
-            note = f"DST gap: {_fmt(wall)} does not exist, fired at {_fmt(_wall_of(zone, fired))}"
-        else:
-            fired = instances[0]
-            if len(instances) > 1:
-                note = f"DST overlap: first of two {_fmt(wall)}"
-        # Walls after `after`'s wall can still map to instants <= after when
-        # `after` sits in the second half of an overlap (first instance is
-        # already past) or a gap slot was merged into `after` itself.
-        if fired > after:
-            return fired, note
-    return None
+        fired = _gap_end(zone, wall)
+        return [(fired, _gap_note(wall, policy, fired, zone))]
+    if len(instances) == 1:
+        return [(instances[0], None)]
+    chosen = {"first": instances[:1], "last": instances[1:], "both": instances}[policy.repeated]
+    return [(i, _overlap_note(wall, instances, i, policy)) for i in chosen]
 
 
-def _overlap_note(zone: ZoneInfo, wall: datetime, instant: datetime, first: bool) -> str:
-    label = "first" if first else "second"
-    abbr = instant.astimezone(zone).tzname()
-    return f"DST overlap: {label} {_fmt(wall)} ({abbr})"
-
-
-def _next_elapsed(compiled: _Compiled, zone: ZoneInfo, after: datetime) -> tuple[datetime, str | None] | None:
+def _next_in_zone(
+    compiled: _Compiled, zone: ZoneInfo, after: datetime, policy: DstPolicy
+) -> tuple[datetime, str | None] | None:
+    """First fire time strictly after `after` under `policy` (bounded search)."""
     start_wall = _wall_of(zone, after)
     horizon = start_wall + HORIZON
     best: tuple[datetime, str | None] | None = None
+    skipped: tuple[datetime, str] | None = None  # first gap slot the policy skipped
 
     walls = _walls(compiled.expanded, start_wall)
     for _ in range(MAX_STEPS):
         wall = next(walls, None)
         if wall is None or wall > horizon:
             break
-        instances = _instances(zone, wall)
-        later = [i for i in instances if i > after]
-        if not later:
-            continue  # gap slot, or first instance already passed
-        fired = later[0]
-        note = None
-        if len(instances) > 1:
-            note = _overlap_note(zone, wall, fired, first=fired == instances[0])
-        best = (fired, note)
-        break
+        candidates = _candidates(zone, wall, policy)
+        if candidates is None:
+            if skipped is None:
+                end = _gap_end(zone, wall)
+                if end > after:
+                    skipped = (end, _gap_note(wall, policy, None, zone))
+            continue
+        # Walls after `after`'s wall can still map to instants <= after: `after` sits
+        # in the second half of an overlap (the first instance is past), or a gap slot
+        # was merged into `after` itself. Within the walk, the first wall with a later
+        # instant holds the earliest one (second instances of later walls come later).
+        later = [c for c in candidates if c[0] > after]
+        if later:
+            best = later[0]
+            break
 
-    # The forward wall walk cannot see walls *earlier* than `after`'s wall
-    # that the clock will show again after an imminent fall-back.
-    repeat = _repeat_after_fallback(compiled, zone, after, start_wall)
-    if repeat is not None and (best is None or repeat[0] < best[0]):
-        best = repeat
+    if policy.repeated != "first":
+        # The forward wall walk cannot see walls *earlier* than `after`'s wall that the
+        # clock will show again after an imminent fall-back.
+        repeat = _repeat_after_fallback(compiled, zone, after, start_wall, policy)
+        if repeat is not None and (best is None or repeat[0] < best[0]):
+            best = repeat
+    if best is not None and best[1] is None and skipped is not None and skipped[0] <= best[0]:
+        # A skipped gap slot has no entry of its own: the next fire time says so.
+        best = (best[0], skipped[1])
     return best
 
 
 def _repeat_after_fallback(
-    compiled: _Compiled, zone: ZoneInfo, after: datetime, start_wall: datetime
+    compiled: _Compiled, zone: ZoneInfo, after: datetime, start_wall: datetime, policy: DstPolicy
 ) -> tuple[datetime, str | None] | None:
     before = _offset(zone, after)
     if _offset(zone, after + _MAX_OVERLAP) >= before:
@@ -569,16 +734,16 @@ def _repeat_after_fallback(
             return None
         instant = (wall - new_offset).replace(tzinfo=UTC)
         if instant > after and _wall_of(zone, instant) == wall:
-            return instant, _overlap_note(zone, wall, instant, first=False)
+            return instant, _overlap_note(wall, _instances(zone, wall), instant, policy)
     return None
 
 
-def _next_cron(compiled: _Compiled, zone: ZoneInfo, after: datetime) -> tuple[datetime, str | None] | None:
+def _next_cron(
+    compiled: _Compiled, zone: ZoneInfo, after: datetime, policy: DstPolicy
+) -> tuple[datetime, str | None] | None:
     after = after.astimezone(UTC)
     try:
-        if compiled.fixed_time:
-            return _next_fixed(compiled, zone, after)
-        return _next_elapsed(compiled, zone, after)
+        return _next_in_zone(compiled, zone, after, policy)
     except OverflowError:
         # Searching past datetime.max (year 9999): nothing can fire there.
         return None
@@ -589,19 +754,33 @@ def _next_cron(compiled: _Compiled, zone: ZoneInfo, after: datetime) -> tuple[da
 # --------------------------------------------------------------------------
 
 
-def validate_cron(expr: str, tz: str = "UTC", job_id: str | UUID | None = None) -> None:
+def validate_cron(
+    expr: str,
+    tz: str = "UTC",
+    job_id: str | UUID | None = None,
+    dst_policy: Mapping[str, str | None] | None = None,
+) -> None:
     """Raise ScheduleError for bad syntax, an unknown zone, or a dead expression."""
     zone = load_zone(tz)
     compiled = _compile(expr, job_id)
+    policy = effective_dst_policy(dst_policy, fixed_time=compiled.fixed_time)
     now = datetime.now(UTC)
-    if _next_cron(compiled, zone, now) is None:
+    if _next_cron(compiled, zone, now, policy) is None:
         raise _invalid(expr, "it does not fire within the next 10 years")
 
 
-def next_cron_time(expr: str, tz: str, after: datetime, job_id: str | UUID | None = None) -> datetime | None:
+def next_cron_time(
+    expr: str,
+    tz: str,
+    after: datetime,
+    job_id: str | UUID | None = None,
+    dst_policy: Mapping[str, str | None] | None = None,
+) -> datetime | None:
     """First fire time strictly after ``after`` (UTC), or None within the horizon."""
     _require_aware(after, "after")
-    found = _next_cron(_compile(expr, job_id), load_zone(tz), after)
+    compiled = _compile(expr, job_id)
+    policy = effective_dst_policy(dst_policy, fixed_time=compiled.fixed_time)
+    found = _next_cron(compiled, load_zone(tz), after, policy)
     return found[0] if found else None
 
 
@@ -654,13 +833,17 @@ def next_fire_time(
     anchor: datetime | None,
     after: datetime,
     job_id: str | UUID | None = None,
+    dst_policy: Mapping[str, str | None] | None = None,
 ) -> datetime | None:
-    """Next fire time strictly after ``after`` for any trigger kind (UTC)."""
+    """Next fire time strictly after ``after`` for any trigger kind (UTC).
+
+    ``dst_policy`` applies to cron only: interval and one-time triggers are DST-free.
+    """
     _require_aware(after, "after")
     kind = _trigger_kind(cron, interval_seconds, run_at)
     if kind == "cron":
         assert cron is not None
-        return next_cron_time(cron, timezone, after, job_id)
+        return next_cron_time(cron, timezone, after, job_id, dst_policy)
     if kind == "interval_seconds":
         assert interval_seconds is not None
         if anchor is None:
@@ -683,6 +866,7 @@ def fire_times(
     count: int | None = None,
     until: datetime | None = None,
     limit: int = 10_000,
+    dst_policy: Mapping[str, str | None] | None = None,
 ) -> list[FireTime]:
     """Successive fire times strictly after ``after``.
 
@@ -728,9 +912,10 @@ def fire_times(
 
     assert cron is not None
     compiled = _compile(cron, job_id)
+    policy = effective_dst_policy(dst_policy, fixed_time=compiled.fixed_time)
     cursor = after.astimezone(UTC)
     while True:
-        found = _next_cron(compiled, zone, cursor)
+        found = _next_cron(compiled, zone, cursor, policy)
         if found is None or not emit(*found):
             return out
         cursor = found[0]

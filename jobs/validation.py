@@ -30,6 +30,7 @@ TARGET_TYPES = ("http", "task")
 TRIGGER_FIELDS = ("cron_expr", "interval_seconds", "run_at")
 # Error key for "none or several of cron / interval_seconds / run_at".
 SCHEDULE_KEY = "schedule"
+DST_POLICY_CHOICES = {"repeated": schedule.DST_REPEATED, "missing": schedule.DST_MISSING}
 
 # (min, max) of every bounded integer field.
 RANGES: dict[str, tuple[int, int]] = {
@@ -110,15 +111,45 @@ def check_zone(name: Any) -> str:
     return name
 
 
-def check_cron(expr: Any, *, zone: str = "UTC", job_id: UUID | None = None) -> str:
-    """Syntax and "does it ever fire" (`0 0 30 2 *` does not)."""
+def check_dst_policy(value: Any) -> dict:
+    """`{"repeated": "first"|"last"|"both", "missing": "shift"|"skip"}`, keys optional.
+
+    Returns only the keys that are set: an absent or null key means Debian cron's rule
+    for the job's kind, so the stored value keeps saying "not chosen" (see README, DST).
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError('Must be an object like {"repeated": "first", "missing": "shift"}.')
+    problems: list[str] = []
+    unknown = sorted(str(key) for key in set(value) - set(DST_POLICY_CHOICES))
+    if unknown:
+        problems.append(f"Unknown keys: {', '.join(unknown)} (use repeated, missing).")
+    clean: dict[str, str] = {}
+    for key, choices in DST_POLICY_CHOICES.items():
+        item = value.get(key)
+        if item is None:
+            continue
+        if not isinstance(item, str) or item not in choices:
+            problems.append(f"{key}: must be one of {', '.join(choices)} or null (got {item!r}).")
+        else:
+            clean[key] = item
+    if problems:
+        raise ValueError(*problems)
+    return clean
+
+
+def check_cron(
+    expr: Any, *, zone: str = "UTC", job_id: UUID | None = None, dst_policy: dict | None = None
+) -> str:
+    """Syntax and "does it ever fire" (`0 0 30 2 *` does not), under the job's DST policy."""
     if not isinstance(expr, str) or not expr.strip():
         raise ValueError("A cron expression is required.")
     expr = " ".join(expr.split())
     if len(expr) > CRON_MAX:
         raise ValueError(f"A cron expression is at most {CRON_MAX} characters.")
     try:
-        schedule.validate_cron(expr, zone, job_id)
+        schedule.validate_cron(expr, zone, job_id, dst_policy)
     except schedule.ScheduleError as exc:
         raise ValueError(str(exc)) from None
     return expr
@@ -296,6 +327,7 @@ def validate_job(
 
     run("name", check_name)
     run("time_zone", check_zone)
+    run("dst_policy", check_dst_policy)
     for field in RANGES:
         run(field, lambda v, f=field: check_int(f, v))
     if "misfire_policy" in values and values["misfire_policy"] not in MisfirePolicy.values:
@@ -334,8 +366,9 @@ def _check_trigger(values: Mapping, clean: dict, errors: dict, *, now, changed: 
     field = present[0]
     if field == "cron_expr":
         zone = clean.get("time_zone", "UTC") if "time_zone" not in errors else "UTC"
+        policy = clean.get("dst_policy") if "dst_policy" not in errors else None
         try:
-            clean["cron_expr"] = check_cron(values["cron_expr"], zone=zone, job_id=job_id)
+            clean["cron_expr"] = check_cron(values["cron_expr"], zone=zone, job_id=job_id, dst_policy=policy)
         except ValueError as exc:
             _add(errors, "cron_expr", str(exc))
     elif field == "interval_seconds":

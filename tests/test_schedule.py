@@ -208,16 +208,20 @@ def test_lord_howe_transition_dates_are_what_the_table_assumes() -> None:
 
 def test_gap_and_overlap_notes() -> None:
     (gap,) = cron_times("30 2 * * *", NY, z(2026, 3, 8), z(2026, 3, 8, 12))
-    assert gap.note == "DST gap: 02:30 does not exist, fired at 03:00"
+    assert gap.note == "DST gap: 02:30 does not exist on 2026-03-08; policy 'shift': fired at 03:00, 07:00Z"
     assert gap.local == datetime(2026, 3, 8, 3, 0, tzinfo=ZoneInfo(NY))
 
     (first,) = cron_times("30 1 * * *", NY, z(2026, 11, 1), z(2026, 11, 1, 12))
-    assert first.note == "DST overlap: first of two 01:30"
+    assert first.note == (
+        "DST overlap: 01:30 happens twice on 2026-11-01; policy 'first': fired at the first, 05:30Z"
+    )
 
     hourly = cron_times("0 * * * *", NY, z(2026, 11, 1, 4, 30), z(2026, 11, 1, 7))
     assert [f.note for f in hourly] == [
-        "DST overlap: first 01:00 (EDT)",
-        "DST overlap: second 01:00 (EST)",
+        "DST overlap: 01:00 happens twice on 2026-11-01; policy 'both': fired at both, this is the first, "
+        "05:00Z",
+        "DST overlap: 01:00 happens twice on 2026-11-01; policy 'both': fired at both, this is the second, "
+        "06:00Z",
         None,
     ]
     plain = cron_times("0 12 * * *", NY, z(2026, 6, 1), z(2026, 6, 2))
@@ -330,7 +334,9 @@ def test_whole_day_gap_is_bounded() -> None:
     # (00:00 on 12-31, 10:00Z); the zone is then +14.
     got = cron_times("30 12 * * *", "Pacific/Apia", z(2011, 12, 29, 12), z(2011, 12, 31, 12))
     assert [f.utc for f in got] == [z(2011, 12, 29, 22, 30), z(2011, 12, 30, 10), z(2011, 12, 30, 22, 30)]
-    assert got[1].note == "DST gap: 12:30 does not exist, fired at 00:00"
+    assert got[1].note == (
+        "DST gap: 12:30 does not exist on 2011-12-30; policy 'shift': fired at 00:00, 10:00Z"
+    )
 
 
 def test_day_31_skips_short_months() -> None:
@@ -473,7 +479,7 @@ def test_hashed_job_fire_times() -> None:
         ("0 0 * * FRI-MON", "backwards"),
         ("0 0 * JAN-FOO *", "not a number"),
         ("0 0 * * JAN", "not a number"),
-        ("0 0 L * *", "not a number"),
+        ("0 0 L-2 * *", "not a number"),  # L is a calendar form now; offsets from it are not
         ("a b c d e", "not a number"),
         ("1,,2 * * * *", "empty list item"),
         ("H(30-70) * * * *", "must lie within 0-59"),

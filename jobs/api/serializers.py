@@ -10,6 +10,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from jobs import schedule
 from jobs.describe import describe_job
 from jobs.health import overdue_seconds
 from jobs.jitter import JITTER_MAX_SECONDS
@@ -41,6 +42,7 @@ DEFAULTS: dict[str, Any] = {
     "cron_expr": None,
     "interval_seconds": None,
     "run_at": None,
+    "dst_policy": {},
 }
 EDITABLE_MODEL_FIELDS = (*DEFAULTS, "name", "target")
 
@@ -72,6 +74,37 @@ class TargetField(serializers.JSONField):
         return redact_target(value)
 
 
+_DST_POLICY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "repeated": {
+            "type": "string",
+            "enum": list(schedule.DST_REPEATED),
+            "nullable": True,
+            "description": "A wall time that happens twice (fall back): fire at the first, the last, "
+            "or both. null: Debian cron's rule (fixed-time jobs first, elapsed-time jobs both).",
+        },
+        "missing": {
+            "type": "string",
+            "enum": list(schedule.DST_MISSING),
+            "nullable": True,
+            "description": "A wall time that does not exist (spring forward): shift to the first instant "
+            "after the gap, or skip it. null: Debian cron's rule (fixed-time shift, elapsed-time skip).",
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+@extend_schema_field(_DST_POLICY_SCHEMA)
+class DstPolicyField(serializers.JSONField):
+    """Validated in jobs.validation.check_dst_policy; shown with both keys (null = not chosen)."""
+
+    def to_representation(self, value):
+        value = value or {}
+        return {"repeated": value.get("repeated"), "missing": value.get("missing")}
+
+
 class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     id = serializers.UUIDField(read_only=True)
     name = StrictCharField(max_length=None, allow_blank=True, trim_whitespace=False)
@@ -79,6 +112,11 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     interval_seconds = StrictIntegerField(required=False, allow_null=True)
     run_at = UtcDateTimeField(required=False, allow_null=True)
     timezone = StrictCharField(source="time_zone", required=False)
+    dst_policy = DstPolicyField(
+        required=False,
+        allow_null=True,
+        help_text="Per-job DST rule for cron schedules (README, DST); omitted keys keep Debian cron's rule.",
+    )
     target = TargetField()
     misfire_policy = serializers.ChoiceField(choices=MisfirePolicy.choices, required=False)
     max_catch_up = StrictIntegerField(required=False)
@@ -101,6 +139,7 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
 
     trigger_type = serializers.CharField(read_only=True)
     schedule_description = serializers.SerializerMethodField()
+    dst_policy_effective = serializers.SerializerMethodField()
     next_run_at = UtcDateTimeField(read_only=True)
     partition_id = serializers.IntegerField(read_only=True)
     created_at = UtcDateTimeField(read_only=True)
@@ -121,6 +160,27 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
 
     def get_schedule_description(self, job: Job) -> str:
         return describe_job(job)
+
+    @extend_schema_field(
+        {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "repeated": {"type": "string", "enum": list(schedule.DST_REPEATED)},
+                "missing": {"type": "string", "enum": list(schedule.DST_MISSING)},
+            },
+            "description": "The DST rule the scheduler applies (dst_policy with defaults filled in); "
+            "null for interval and one-time jobs, which are DST-free.",
+        }
+    )
+    def get_dst_policy_effective(self, job: Job) -> dict | None:
+        if not job.cron_expr:
+            return None
+        try:
+            policy = schedule.dst_policy_for(job.cron_expr, job.dst_policy)
+        except schedule.ScheduleError:
+            return None
+        return {"repeated": policy.repeated, "missing": policy.missing}
 
     @extend_schema_field(
         {
@@ -297,6 +357,16 @@ class PreviewQuerySerializer(serializers.Serializer):
         min_value=0,
         max_value=JITTER_MAX_SECONDS,
         help_text="Show each fire time's start window (at most the schedule's shortest gap).",
+    )
+    dst_repeated = serializers.ChoiceField(
+        choices=schedule.DST_REPEATED,
+        required=False,
+        help_text="dst_policy.repeated of the job being previewed (default: Debian cron's rule).",
+    )
+    dst_missing = serializers.ChoiceField(
+        choices=schedule.DST_MISSING,
+        required=False,
+        help_text="dst_policy.missing of the job being previewed (default: Debian cron's rule).",
     )
 
 

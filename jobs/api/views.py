@@ -315,7 +315,8 @@ def occurrence_json(item: ledger.Occurrence) -> dict:
 class SchedulePreviewView(APIView):
     @extend_schema(
         summary="Fire times of a schedule that is not saved",
-        description="Give `cron` (with `timezone`) or `interval_seconds` (anchored at `after`).",
+        description="Give `cron` (with `timezone`) or `interval_seconds` (anchored at `after`). "
+        "`dst_repeated` / `dst_missing` preview a job's dst_policy; entries the policy affects carry a note.",
         parameters=[PreviewQuerySerializer],
         responses=PreviewSerializer,
     )
@@ -334,7 +335,11 @@ class SchedulePreviewView(APIView):
             errors[SCHEDULE_KEY] = ["Give exactly one of cron or interval_seconds."]
         elif cron is not None:
             try:
-                cron = check_cron(cron, zone="UTC" if errors else zone)
+                cron = check_cron(
+                    cron,
+                    zone="UTC" if errors else zone,
+                    dst_policy={"repeated": params.get("dst_repeated"), "missing": params.get("dst_missing")},
+                )
             except ValueError as exc:
                 errors["cron"] = [str(exc)]
         else:
@@ -350,6 +355,7 @@ class SchedulePreviewView(APIView):
         if gap is not None and jitter_seconds > gap:
             message = f"At most the schedule's shortest gap between fire times, {gap} seconds."
             raise serializers.ValidationError({"jitter_seconds": [message]})
+        policy = {"repeated": params.get("dst_repeated"), "missing": params.get("dst_missing")}
         try:
             data = preview(
                 cron=cron,
@@ -358,6 +364,7 @@ class SchedulePreviewView(APIView):
                 after=after,
                 count=params["count"],
                 jitter_seconds=jitter_seconds,
+                dst_policy=policy,
             )
         except ScheduleError as exc:
             raise serializers.ValidationError({SCHEDULE_KEY: [str(exc)]}) from None
