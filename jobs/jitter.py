@@ -56,6 +56,7 @@ def shortest_gap(
     interval_seconds: int | None,
     job_id: UUID | str | None,
     now: datetime,
+    dst_policy: dict | None = None,
 ) -> int | None:
     """Whole seconds between the closest two fire times, or None when there is no gap.
 
@@ -76,6 +77,8 @@ def shortest_gap(
         after=now,
         job_id=job_id,
         count=GAP_SAMPLE,
+        # `both` fires a repeated wall time twice, an hour (or 30 minutes) apart.
+        dst_policy=dst_policy,
     )
     gaps = [(b.utc - a.utc) // timedelta(seconds=1) for a, b in itertools.pairwise(times)]
     return min(gaps) if gaps else None

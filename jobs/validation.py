@@ -400,6 +400,7 @@ def _check_jitter(values: Mapping, clean: dict, errors: dict, *, now: datetime, 
         interval_seconds=clean.get("interval_seconds"),
         job_id=job_id,
         now=now,
+        dst_policy=clean.get("dst_policy"),
     )
     if gap is not None and value > gap:
         _add(

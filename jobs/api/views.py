@@ -350,12 +350,14 @@ class SchedulePreviewView(APIView):
         if errors:
             raise serializers.ValidationError(errors)
         after = params.get("after") or timezone.now()
+        policy = {"repeated": params.get("dst_repeated"), "missing": params.get("dst_missing")}
         jitter_seconds = params.get("jitter_seconds", 0)
-        gap = jitter.shortest_gap(cron=cron, timezone=zone, interval_seconds=interval, job_id=None, now=after)
+        gap = jitter.shortest_gap(
+            cron=cron, timezone=zone, interval_seconds=interval, job_id=None, now=after, dst_policy=policy
+        )
         if gap is not None and jitter_seconds > gap:
             message = f"At most the schedule's shortest gap between fire times, {gap} seconds."
             raise serializers.ValidationError({"jitter_seconds": [message]})
-        policy = {"repeated": params.get("dst_repeated"), "missing": params.get("dst_missing")}
         try:
             data = preview(
                 cron=cron,
