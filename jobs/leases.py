@@ -70,6 +70,7 @@ from uuid import UUID
 import psycopg
 
 from scheduler_project import db
+from scheduler_project.outage import OutageLog
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,8 @@ class LeaseManager:
         default_factory=lambda: LeaseSnapshot(None, frozenset(), 0.0, 0), init=False
     )
     live_nodes: tuple[str, ...] = field(default=(), init=False)
+    # Shared with the dispatch loop: one "away" and one "back" line per outage.
+    outage: OutageLog = field(default_factory=lambda: OutageLog(name="scheduler"))
 
     @property
     def tick_seconds(self) -> float:
@@ -217,12 +220,16 @@ class LeaseManager:
                 self._connect()
             self._tick()
         except psycopg.Error as exc:
+            self.outage.failed(exc)
             self._lost(exc)
+            return
         except Exception as exc:
             # A bug here must not kill the thread silently: the lease would look
             # stale forever and the node would never dispatch again.
             log.exception("lease heartbeat failed")
             self._lost(exc)
+            return
+        self.outage.ok()
 
     # -- internals ---------------------------------------------------------------
 
@@ -236,13 +243,16 @@ class LeaseManager:
     def _lost(self, exc: Exception) -> None:
         old = self.snapshot
         self.snapshot = LeaseSnapshot(None, frozenset(), 0.0, old.generation)
-        log.warning(
-            "lease lost node=%s session_pid=%s partitions=%d: %s; reconnecting",
-            self.node_id,
-            old.session_pid,
-            len(old.owned),
-            str(exc).strip().splitlines()[0] if str(exc) else exc,
-        )
+        # Without a session there was nothing to lose: a reconnect attempt failed,
+        # and the OutageLog reports that once per outage, not once per tick.
+        if old.session_pid is not None:
+            log.warning(
+                "lease lost node=%s session_pid=%s partitions=%d: %s; reconnecting",
+                self.node_id,
+                old.session_pid,
+                len(old.owned),
+                str(exc).strip().splitlines()[0] if str(exc) else exc,
+            )
         if self._conn is not None:
             try:
                 self._conn.close()

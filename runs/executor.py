@@ -37,6 +37,7 @@ import psycopg
 from runs import queue, retry, targets, tasks
 from runs.alerts import Alerter, DeadRun
 from runs.keys import format_utc, run_key
+from scheduler_project.outage import OutageLog
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ class Executor:
         self._calls = 0  # runs of _inflight whose call has not returned yet
         self._results: list[tuple[InFlight, queue.Completion]] = []
         self._alerter = Alerter(webhook_url=self.webhook_url)
+        # All connections report here: one "away" and one "back" line per outage.
+        self._outage = OutageLog(name="executor")
 
     @classmethod
     def from_settings(cls, **overrides) -> Executor:
@@ -210,9 +213,10 @@ class Executor:
                         next_reap = time.monotonic() + REAP_EVERY_SECONDS
                     claimed = await queue.claim_runs(self._claim_conn, owner=self.owner, limit=limit)
                 except psycopg.Error as exc:
-                    log.warning("claim failed (%s); reconnecting", exc)
+                    self._outage.failed(exc)
                     self._claim_conn = await self._reconnect(self._claim_conn)
                     continue
+                self._outage.ok()
                 if not claimed:
                     # Plans made now see an empty queue; make them again when work comes.
                     next_replan = 0.0
@@ -353,7 +357,7 @@ class Executor:
                     # fail forever and stop this executor recording anything.
                     written = await self._write_one_by_one(batch, exc)
                 except psycopg.Error as exc:
-                    log.warning("writing %d outcome(s) failed (%s); retrying", len(batch), exc)
+                    self._outage.failed(exc)
                     self._results[:0] = batch
                     self._write_conn = await self._reconnect(self._write_conn)
                     continue
@@ -436,7 +440,7 @@ class Executor:
             try:
                 held = await queue.heartbeat_runs(self._beat_conn, keys)
             except psycopg.Error as exc:
-                log.warning("heartbeat failed (%s); reconnecting", exc)
+                self._outage.failed(exc)
                 self._beat_conn = await self._reconnect(self._beat_conn)
                 self._next_beat = time.monotonic()
                 continue
@@ -458,13 +462,13 @@ class Executor:
             conn = None
             try:
                 conn = await queue.listen_connection(self.conninfo)
+                self._outage.ok()
                 self._wake.set()  # anything queued while we were not listening
                 async for _ in conn.notifies():
                     self._wake.set()
             except psycopg.Error as exc:
-                log.warning(
-                    "LISTEN connection lost (%s); polling every %.1fs meanwhile", exc, self.poll_seconds
-                )
+                # Claims poll every poll_seconds meanwhile, so nothing is missed.
+                self._outage.failed(exc)
                 await asyncio.sleep(RECONNECT_DELAY_SECONDS)
             finally:
                 if conn is not None:
@@ -478,9 +482,12 @@ class Executor:
         while True:
             await asyncio.sleep(RECONNECT_DELAY_SECONDS)
             try:
-                return await queue.connect_async(self.conninfo)
+                conn = await queue.connect_async(self.conninfo)
             except psycopg.Error as exc:
-                log.warning("database unreachable (%s); retrying", exc)
+                self._outage.failed(exc)
+                continue
+            self._outage.ok()
+            return conn
 
     # --- shutdown ------------------------------------------------------------------
 
