@@ -28,8 +28,12 @@ class Reply:
 
 
 class HttpTarget:
-    def __init__(self) -> None:
+    def __init__(self, *, keep_requests: bool = True) -> None:
+        # A chaos run makes ~10^5 requests: it keeps only (idempotency key, attempt).
+        self.keep_requests = keep_requests
         self.requests: list[Received] = []
+        self.keys: set[tuple[str, str]] = set()
+        self.count = 0
         self._scripts: dict[str, list[Reply]] = {}
         self._default: dict[str, Reply] = {}
         self._lock = threading.Lock()
@@ -46,15 +50,20 @@ class HttpTarget:
                 body = self.rfile.read(length) if length else b""
                 path = self.path.split("?")[0]
                 with target._lock:
-                    target.requests.append(
-                        Received(
-                            path,
-                            self.command,
-                            {k.lower(): v for k, v in self.headers.items()},
-                            body,
-                            time.time(),
+                    target.count += 1
+                    key = self.headers.get("Idempotency-Key")
+                    if key is not None:
+                        target.keys.add((key, self.headers.get("X-Run-Attempt", "")))
+                    if target.keep_requests:
+                        target.requests.append(
+                            Received(
+                                path,
+                                self.command,
+                                {k.lower(): v for k, v in self.headers.items()},
+                                body,
+                                time.time(),
+                            )
                         )
-                    )
                     script = target._scripts.get(path)
                     reply = script.pop(0) if script else target._default.get(path, Reply())
                 if reply.delay:
