@@ -4,6 +4,7 @@ answers from a per-path script (status codes, delays, headers)."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +26,13 @@ class Reply:
     delay: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b"ok"
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # A SIGKILLed executor resets its connections: expected in chaos runs, not news.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class HttpTarget:
@@ -80,7 +88,7 @@ class HttpTarget:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
