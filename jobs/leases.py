@@ -182,10 +182,11 @@ class LeaseManager:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self, *, thread: bool = True) -> None:
-        """Connect, register and take a first share synchronously; then heartbeat in a thread."""
+        """Connect, register and take a first share now if the database answers; then heartbeat."""
         with self._lock:
-            self._connect()
-            self._tick()
+            # Errors are reported, not raised: a scheduler (re)started while the
+            # database is down keeps retrying at every tick, like a running one.
+            self._beat()
         if thread:
             self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
             self._thread.start()

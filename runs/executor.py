@@ -162,9 +162,11 @@ class Executor:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self._on_signal, signum)
         tasks.load_modules(self.task_modules)
-        self._claim_conn = await queue.connect_async(self.conninfo)
-        self._write_conn = await queue.connect_async(self.conninfo)
-        self._beat_conn = await queue.connect_async(self.conninfo)
+        # A process (re)started while the database is down waits for it, like one
+        # that was already running, instead of exiting.
+        self._claim_conn = await self._connect(wait_first=False)
+        self._write_conn = await self._connect(wait_first=False)
+        self._beat_conn = await self._connect(wait_first=False)
         self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="cronyard-task")
         writer = asyncio.create_task(self._writer(), name="writer")
@@ -479,8 +481,13 @@ class Executor:
             await conn.close()
         except psycopg.Error:
             pass
+        return await self._connect(wait_first=True)
+
+    async def _connect(self, *, wait_first: bool):
         while True:
-            await asyncio.sleep(RECONNECT_DELAY_SECONDS)
+            if wait_first:
+                await asyncio.sleep(RECONNECT_DELAY_SECONDS)
+            wait_first = True
             try:
                 conn = await queue.connect_async(self.conninfo)
             except psycopg.Error as exc:

@@ -61,21 +61,60 @@ def test_one_broken_connection_replaced_at_once_is_not_an_outage(caplog):
     assert lines(caplog, AWAY) == [] and lines(caplog, BACK) == []
 
 
+def child_env(pg: PrivatePg) -> dict:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=pg.url,
+        DJANGO_SETTINGS_MODULE="scheduler_project.settings",
+        PYTHONUNBUFFERED="1",
+        SCHEDULER_POLL_SECONDS="0.2",
+        EXECUTOR_POLL_SECONDS="0.2",
+        SCHEDULER_LEASE_SECONDS="3",
+        CONN_MAX_AGE="0",
+    )
+    env.pop("TEST_DB_SUFFIX", None)
+    return env
+
+
+@pytest.mark.processes
+def test_processes_started_while_the_database_is_down_wait_for_it(tmp_path):
+    pg = PrivatePg()
+    try:
+        pg.start()
+        env = child_env(pg)
+        pg.migrate(env)
+        pg.stop()
+        wait_port_closed(pg.url)
+        processes = Processes(env, tmp_path)
+        try:
+            scheduler = processes.start("run_scheduler")
+            executor = processes.start("run_executor")
+            for proc in (scheduler, executor):
+                wait_until(
+                    lambda p=proc: AWAY in processes.log_of(p) or p.poll() is not None,
+                    timeout=90,
+                    what="the away line",
+                )
+                assert proc.poll() is None, processes.log_of(proc)[-3000:]
+            pg.start()
+            wait_until(lambda: "partitions node=" in processes.log_of(scheduler), timeout=60, what="a lease")
+            wait_until(lambda: "started: concurrency" in processes.log_of(executor), timeout=60, what="start")
+            for proc in (scheduler, executor):
+                wait_until(lambda p=proc: BACK in processes.log_of(p), timeout=60, what="the back line")
+                assert proc.poll() is None, processes.log_of(proc)[-3000:]
+                assert processes.log_of(proc).count(AWAY) == 1
+        finally:
+            processes.stop_all()
+    finally:
+        pg.destroy()
+
+
 @pytest.mark.processes
 def test_processes_log_one_away_and_one_back_line_per_outage(tmp_path):
     pg = PrivatePg()
     try:
-        env = dict(os.environ)
-        env.update(
-            DATABASE_URL=pg.start(),
-            DJANGO_SETTINGS_MODULE="scheduler_project.settings",
-            PYTHONUNBUFFERED="1",
-            SCHEDULER_POLL_SECONDS="0.2",
-            EXECUTOR_POLL_SECONDS="0.2",
-            SCHEDULER_LEASE_SECONDS="3",
-            CONN_MAX_AGE="0",
-        )
-        env.pop("TEST_DB_SUFFIX", None)
+        pg.start()
+        env = child_env(pg)
         pg.migrate(env)
         processes = Processes(env, tmp_path)
         try:
