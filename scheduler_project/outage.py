@@ -11,7 +11,9 @@ loop of a process reports to the same `OutageLog` instead:
   at the next attempt, and that is not an outage;
 * failures that go on for `grace_seconds` without an `ok()` in between are an
   outage: ONE warning, "database unreachable since ...";
-* the first `ok()` after that: ONE info line, "database reachable again after N s".
+* the first `ok()` after that: ONE info line, "database reachable again after N s";
+* an error that is not about the connection (a bad statement, refused data) is no
+  outage: it is logged as a warning every time, as before.
 
 Thread-safe: the scheduler's heartbeat thread and its dispatch loop share one.
 """
@@ -23,9 +25,14 @@ import threading
 import time
 from collections.abc import Callable
 
+import psycopg
+
 log = logging.getLogger(__name__)
 
 AWAY = "database unreachable"
+# What a lost or refused connection raises (psycopg; Django wraps them in its own
+# OperationalError/InterfaceError, which the loops here do not use).
+CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, OSError)
 BACK = "database reachable again"
 
 
@@ -57,6 +64,9 @@ class OutageLog:
 
     def failed(self, exc: BaseException) -> None:
         """A database call failed; the caller retries on its own schedule."""
+        if not isinstance(exc, CONNECTION_ERRORS):
+            log.warning("%s: database call failed (%s); retrying", self.name, _first_line(exc))
+            return
         with self._lock:
             now = self._clock()
             if self._failing_since is None:

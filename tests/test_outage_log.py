@@ -12,6 +12,7 @@ import os
 import re
 import time
 
+import psycopg
 import pytest
 
 from scheduler_project.outage import AWAY, BACK, OutageLog
@@ -74,6 +75,18 @@ def child_env(pg: PrivatePg) -> dict:
     )
     env.pop("TEST_DB_SUFFIX", None)
     return env
+
+
+def test_an_error_that_is_not_about_the_connection_is_logged_every_time(caplog):
+    caplog.set_level(logging.DEBUG, logger="scheduler_project.outage")
+    clock = FakeClock()
+    outage = OutageLog(name="executor", clock=clock)
+    for _ in range(3):
+        outage.failed(psycopg.errors.UndefinedColumn('column "x" does not exist'))
+        clock.now += 1
+        outage.ok()
+    assert len(lines(caplog, 'column "x" does not exist')) == 3
+    assert not outage.away and lines(caplog, AWAY) == []
 
 
 @pytest.mark.processes
