@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test bench lint db-stop clean
+.PHONY: run test chaos bench lint db-stop clean
 
 # The stamp makes a second `make run` skip pip unless requirements changed.
 $(VENV)/.installed: requirements.txt
@@ -18,6 +18,13 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	@bash scripts/ensure_chromium.sh
 	@$(BIN)/python scripts/dev.py test $(PYTEST_ARGS)
+
+# About 15 minutes, not part of `make test` (which runs its short form, tests/test_chaos.py):
+# 2 schedulers, 3 executors, 5,000 interval jobs, kills, stalls and database outages on a
+# private cluster; prints the counts and writes them to var/chaos-report.json.
+# CHAOS_ARGS e.g. '--duration 300 --jobs 2000' (python -m tests.chaos --help).
+chaos: $(VENV)/.installed
+	@$(BIN)/python -m tests.chaos --report var/chaos-report.json $(CHAOS_ARGS)
 
 bench: $(VENV)/.installed
 	@$(BIN)/python scripts/dev.py bench $(BENCH_ARGS)

@@ -73,6 +73,7 @@ from uuid import UUID
 import psycopg
 
 from scheduler_project import db
+from scheduler_project.outage import OutageLog
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +175,8 @@ class LeaseManager:
         default_factory=lambda: LeaseSnapshot(None, frozenset(), 0.0, 0), init=False
     )
     live_nodes: tuple[str, ...] = field(default=(), init=False)
+    # Shared with the dispatch loop: one "away" and one "back" line per outage.
+    outage: OutageLog = field(default_factory=lambda: OutageLog(name="scheduler"))
 
     @property
     def tick_seconds(self) -> float:
@@ -182,10 +185,11 @@ class LeaseManager:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self, *, thread: bool = True) -> None:
-        """Connect, register and take a first share synchronously; then heartbeat in a thread."""
+        """Connect, register and take a first share now if the database answers; then heartbeat."""
         with self._lock:
-            self._connect()
-            self._tick()
+            # Errors are reported, not raised: a scheduler (re)started while the
+            # database is down keeps retrying at every tick, like a running one.
+            self._beat()
         if thread:
             self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
             self._thread.start()
@@ -220,12 +224,16 @@ class LeaseManager:
                 self._connect()
             self._tick()
         except psycopg.Error as exc:
+            self.outage.failed(exc)
             self._lost(exc)
+            return
         except Exception as exc:
             # A bug here must not kill the thread silently: the lease would look
             # stale forever and the node would never dispatch again.
             log.exception("lease heartbeat failed")
             self._lost(exc)
+            return
+        self.outage.ok()
 
     # -- internals ---------------------------------------------------------------
 
@@ -239,13 +247,16 @@ class LeaseManager:
     def _lost(self, exc: Exception) -> None:
         old = self.snapshot
         self.snapshot = LeaseSnapshot(None, frozenset(), 0.0, old.generation)
-        log.warning(
-            "lease lost node=%s session_pid=%s partitions=%d: %s; reconnecting",
-            self.node_id,
-            old.session_pid,
-            len(old.owned),
-            str(exc).strip().splitlines()[0] if str(exc) else exc,
-        )
+        # Without a session there was nothing to lose: a reconnect attempt failed,
+        # and the OutageLog reports that once per outage, not once per tick.
+        if old.session_pid is not None:
+            log.warning(
+                "lease lost node=%s session_pid=%s partitions=%d: %s; reconnecting",
+                self.node_id,
+                old.session_pid,
+                len(old.owned),
+                str(exc).strip().splitlines()[0] if str(exc) else exc,
+            )
         if self._conn is not None:
             try:
                 self._conn.close()

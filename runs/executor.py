@@ -36,6 +36,7 @@ import psycopg
 from runs import queue, retry, targets, tasks
 from runs.alerts import Alerter, DeadRun
 from runs.keys import format_utc, run_key
+from scheduler_project.outage import OutageLog
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,8 @@ class Executor:
         self._calls = 0  # runs of _inflight whose call has not returned yet
         self._results: list[tuple[InFlight, queue.Completion]] = []
         self._alerter = Alerter(webhook_url=self.webhook_url)
+        # All connections report here: one "away" and one "back" line per outage.
+        self._outage = OutageLog(name="executor")
 
     @classmethod
     def from_settings(cls, **overrides) -> Executor:
@@ -158,9 +161,11 @@ class Executor:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self._on_signal, signum)
         tasks.load_modules(self.task_modules)
-        self._claim_conn = await queue.connect_async(self.conninfo)
-        self._write_conn = await queue.connect_async(self.conninfo)
-        self._beat_conn = await queue.connect_async(self.conninfo)
+        # A process (re)started while the database is down waits for it, like one
+        # that was already running, instead of exiting.
+        self._claim_conn = await self._connect(wait_first=False)
+        self._write_conn = await self._connect(wait_first=False)
+        self._beat_conn = await self._connect(wait_first=False)
         self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
         writer = asyncio.create_task(self._writer(), name="writer")
         background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
@@ -215,9 +220,10 @@ class Executor:
                         next_replan = time.monotonic() + REPLAN_SECONDS
                     claimed = await queue.claim_runs(self._claim_conn, owner=self.owner, limit=limit)
                 except psycopg.Error as exc:
-                    log.warning("claim failed (%s); reconnecting", exc)
+                    self._outage.failed(exc)
                     self._claim_conn = await self._reconnect(self._claim_conn)
                     continue
+                self._outage.ok()
                 if not claimed:
                     # Plans made now see an empty queue; make them again when work comes.
                     next_replan = 0.0
@@ -364,7 +370,7 @@ class Executor:
                     # fail forever and stop this executor recording anything.
                     written = await self._write_one_by_one(batch, exc)
                 except psycopg.Error as exc:
-                    log.warning("writing %d outcome(s) failed (%s); retrying", len(batch), exc)
+                    self._outage.failed(exc)
                     self._results[:0] = batch
                     self._write_conn = await self._reconnect(self._write_conn)
                     continue
@@ -448,7 +454,7 @@ class Executor:
             try:
                 held = await queue.heartbeat_runs(self._beat_conn, keys)
             except psycopg.Error as exc:
-                log.warning("heartbeat failed (%s); reconnecting", exc)
+                self._outage.failed(exc)
                 self._beat_conn = await self._reconnect(self._beat_conn)
                 self._next_beat = time.monotonic()
                 continue
@@ -470,13 +476,13 @@ class Executor:
             conn = None
             try:
                 conn = await queue.listen_connection(self.conninfo)
+                self._outage.ok()
                 self._wake.set()  # anything queued while we were not listening
                 async for _ in conn.notifies():
                     self._wake.set()
             except psycopg.Error as exc:
-                log.warning(
-                    "LISTEN connection lost (%s); polling every %.1fs meanwhile", exc, self.poll_seconds
-                )
+                # Claims poll every poll_seconds meanwhile, so nothing is missed.
+                self._outage.failed(exc)
                 await asyncio.sleep(RECONNECT_DELAY_SECONDS)
             finally:
                 if conn is not None:
@@ -487,12 +493,20 @@ class Executor:
             await conn.close()
         except psycopg.Error:
             pass
+        return await self._connect(wait_first=True)
+
+    async def _connect(self, *, wait_first: bool):
         while True:
-            await asyncio.sleep(RECONNECT_DELAY_SECONDS)
+            if wait_first:
+                await asyncio.sleep(RECONNECT_DELAY_SECONDS)
+            wait_first = True
             try:
-                return await queue.connect_async(self.conninfo)
+                conn = await queue.connect_async(self.conninfo)
             except psycopg.Error as exc:
-                log.warning("database unreachable (%s); retrying", exc)
+                self._outage.failed(exc)
+                continue
+            self._outage.ok()
+            return conn
 
     # --- shutdown ------------------------------------------------------------------
 

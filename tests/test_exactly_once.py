@@ -14,15 +14,14 @@ import os
 import random
 import signal
 import time
-from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db.models import Q
 
 from jobs.models import Job
-from runs.keys import run_key
 from runs.models import ACTIVE_STATUSES, JobRun
+from tests.support.exactly_once import RUN_FIELDS, audit
 from tests.support.http_target import Reply
 from tests.support.scheduler import bulk_interval_jobs, expected_interval_slots, wait_until
 
@@ -30,9 +29,6 @@ pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 LEASE = 3
 ENV = {"SCHEDULER_LEASE_SECONDS": str(LEASE)}
-# Outcomes only the worker holding an attempt writes; "lease expired" is written by
-# whoever reclaimed the run, "cancelled" by a canceller.
-WORKER_OUTCOMES = {"succeeded", "retry", "dead", "handed back"}
 
 
 def make_jobs(tenant, http_target) -> list[Job]:
@@ -114,44 +110,30 @@ def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tena
     for proc in executors:
         assert proc.wait(timeout=30) == 0, processes.log_of(proc)[-3000:]
 
-    runs = list(
-        JobRun.objects.filter(job_id__in=job_ids).values_list(
-            "job_id", "scheduled_at", "status", "attempt", "trigger", "attempts"
-        )
-    )
-    keys = Counter((job_id, at) for job_id, at, *_ in runs)
+    runs = list(JobRun.objects.filter(job_id__in=job_ids).values_list(*RUN_FIELDS))
+    seen = {(r.headers["idempotency-key"], r.headers["x-run-attempt"]) for r in http_target.received()}
+    # Slots up to 30 s past the chaos may or may not have fired; none may be off the grid.
+    grid_end = expected_interval_slots(jobs, cutoff=chaos_ended + timedelta(seconds=30))
+    result = audit(runs, expected=grid_end, seen=seen)
 
     # Exactly once: nothing duplicated, nothing missing up to the cutoff, nothing off the grid.
-    assert not [k for k, n in keys.items() if n > 1]
+    assert result.duplicates == []
     expected = expected_interval_slots(jobs, cutoff=cutoff)
     assert len(expected) > 3000
-    assert expected - set(keys) == set(), "missing occurrences"
-    grid_end = expected_interval_slots(jobs, cutoff=chaos_ended + timedelta(seconds=30))
-    assert set(keys) - grid_end == set(), "occurrences that are not slots of their job"
-    assert {r[4] for r in runs} == {"schedule"}
+    assert expected - {(r[0], r[1]) for r in runs} == set(), "missing occurrences"
+    assert result.extra == [], "occurrences that are not slots of their job"
+    assert set(result.triggers) == {"schedule"}
 
     # Every run finished well, and its stored result is its final attempt's.
-    assert Counter(r[2] for r in runs) == {"succeeded": len(runs)}
-    reclaimed = 0
-    for job_id, at, _status, attempt, _trigger, history in runs:
-        numbers = [e["attempt"] for e in history]
-        assert numbers == sorted(set(numbers)), (job_id, at, history)
-        expired = {e["attempt"] for e in history if e["outcome"] == "lease expired"}
-        reclaimed += len(expired)
-        written_by_worker = {e["attempt"] for e in history if e["outcome"] in WORKER_OUTCOMES}
-        assert not expired & written_by_worker, f"a fenced-off attempt wrote a result: {history}"
-        successes = [e for e in history if e["outcome"] == "succeeded"]
-        assert [e["attempt"] for e in successes] == [attempt], (job_id, at, history)
+    assert result.statuses == {"succeeded": len(runs)}
+    assert result.bad_histories == []
+    assert result.fenced_writes == [], "a fenced-off attempt wrote a result"
 
     # The chaos really fenced executors off: attempts were reclaimed, and the stalled
     # executors noticed after SIGCONT instead of writing.
-    assert reclaimed > 0
+    assert result.reclaimed_attempts > 0
     assert any("fenced" in processes.log_of(p) for p in stalled_executors)
 
     # The target saw every final attempt under the run's idempotency key.
-    seen = {(r.headers["idempotency-key"], int(r.headers["x-run-attempt"])) for r in http_target.received()}
-    missing = [
-        (job_id, at) for job_id, at, _s, attempt, *_ in runs if (run_key(job_id, at), attempt) not in seen
-    ]
-    assert missing == []
+    assert result.final_attempt_not_at_target == []
     assert not JobRun.objects.filter(Q(job_id__in=job_ids) & ~Q(trigger="schedule")).exists()

@@ -4,6 +4,7 @@ answers from a per-path script (status codes, delays, headers)."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,9 +28,20 @@ class Reply:
     body: bytes = b"ok"
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # A SIGKILLed executor resets its connections: expected in chaos runs, not news.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class HttpTarget:
-    def __init__(self) -> None:
+    def __init__(self, *, keep_requests: bool = True) -> None:
+        # A chaos run makes ~10^5 requests: it keeps only (idempotency key, attempt).
+        self.keep_requests = keep_requests
         self.requests: list[Received] = []
+        self.keys: set[tuple[str, str]] = set()
+        self.count = 0
         self._scripts: dict[str, list[Reply]] = {}
         self._default: dict[str, Reply] = {}
         self._lock = threading.Lock()
@@ -46,15 +58,20 @@ class HttpTarget:
                 body = self.rfile.read(length) if length else b""
                 path = self.path.split("?")[0]
                 with target._lock:
-                    target.requests.append(
-                        Received(
-                            path,
-                            self.command,
-                            {k.lower(): v for k, v in self.headers.items()},
-                            body,
-                            time.time(),
+                    target.count += 1
+                    key = self.headers.get("Idempotency-Key")
+                    if key is not None:
+                        target.keys.add((key, self.headers.get("X-Run-Attempt", "")))
+                    if target.keep_requests:
+                        target.requests.append(
+                            Received(
+                                path,
+                                self.command,
+                                {k.lower(): v for k, v in self.headers.items()},
+                                body,
+                                time.time(),
+                            )
                         )
-                    )
                     script = target._scripts.get(path)
                     reply = script.pop(0) if script else target._default.get(path, Reply())
                 if reply.delay:
@@ -71,7 +88,7 @@ class HttpTarget:
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _handle
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = _QuietServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)

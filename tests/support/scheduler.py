@@ -34,6 +34,7 @@ def make_job(tenant: Tenant, *, next_run_at: datetime | None, **fields) -> Job:
 def bulk_interval_jobs(
     tenant: Tenant, *, anchors_and_intervals: Iterable[tuple[datetime, int]], **fields
 ) -> list[Job]:
+    fields.setdefault("target", TARGET)
     jobs = []
     for i, (anchor, interval) in enumerate(anchors_and_intervals):
         job_id = uuid.uuid4()
@@ -43,7 +44,6 @@ def bulk_interval_jobs(
                 tenant=tenant,
                 name=f"j{i}",
                 interval_seconds=interval,
-                target=TARGET,
                 partition_id=partition_for(job_id),
                 next_run_at=anchor,
                 **fields,

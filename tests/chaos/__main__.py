@@ -1,0 +1,5 @@
+import sys
+
+from tests.chaos.driver import main
+
+sys.exit(main())

@@ -1,0 +1,397 @@
+"""Chaos driver: real schedulers and executors on a private PostgreSQL cluster, killed,
+stalled and cut off from the database while interval jobs fire against a local HTTP
+target; afterwards every expected (job, slot) must exist exactly once and succeed.
+
+    python -m tests.chaos --duration 720 --jobs 5000        # make chaos
+    python -m tests.chaos --short                           # the form in make test
+
+The window of slots is closed with end_at (set when the jobs are made), so the
+expected set is exact: every anchor + k*interval <= end_at, nothing else. Jobs use
+misfire_policy catch_up with a threshold far above the outages, so a late slot is
+fired late, never dropped. Exit status 0 when every check holds; the counts are
+printed either way and written as JSON (--report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from tests.support.http_target import HttpTarget, Reply
+from tests.support.private_pg import PrivatePg, wait_port_closed
+from tests.support.processes import ROOT, Processes
+
+
+@dataclass
+class Params:
+    duration: float = 720.0  # seconds of slots (the end_at window)
+    jobs: int = 5000
+    schedulers: int = 2
+    executors: int = 3
+    concurrency: int = 64
+    interval_min: int = 5
+    interval_max: int = 10
+    lease: int = 5
+    chaos_every: float = 12.0  # seconds between random kills/stalls
+    db_outage: float = 20.0  # the one long stop of PostgreSQL
+    drain_timeout: float = 600.0
+    seed: int = 1
+    slow_share: float = 0.1  # jobs whose call takes 2 s: kills and stalls catch them in flight
+    script: list[tuple[float, str]] | None = None  # fixed (at, action) list instead of random chaos
+
+
+SHORT = dict(
+    duration=70.0,
+    jobs=200,
+    schedulers=2,
+    executors=2,
+    concurrency=16,
+    interval_min=3,
+    interval_max=6,
+    lease=3,
+    db_outage=5.0,
+    drain_timeout=120.0,
+    # One of each kind, spaced so that the system is back to normal in between.
+    script=[
+        (8, "kill scheduler"),
+        (14, "kill executor"),
+        (20, "stall executor"),
+        (30, "stall scheduler"),
+        (40, "restart database"),
+        (50, "stop database"),
+    ],
+)
+
+
+@dataclass
+class Record:
+    actions: Counter = field(default_factory=Counter)
+    unexpected_exits: list[str] = field(default_factory=list)
+    timeline: list[str] = field(default_factory=list)
+
+
+def say(message: str) -> None:
+    print(f"chaos {datetime.now(UTC):%H:%M:%S} {message}", flush=True)
+
+
+class Cluster:
+    """The processes under test, replaced when killed."""
+
+    def __init__(self, processes: Processes, params: Params, record: Record) -> None:
+        self.processes = processes
+        self.params = params
+        self.record = record
+        self.schedulers = [self._start("scheduler") for _ in range(params.schedulers)]
+        self.executors = [self._start("executor") for _ in range(params.executors)]
+
+    def _start(self, kind: str) -> subprocess.Popen:
+        if kind == "scheduler":
+            return self.processes.start("run_scheduler")
+        return self.processes.start("run_executor", "--concurrency", str(self.params.concurrency))
+
+    def group(self, kind: str) -> list[subprocess.Popen]:
+        return self.schedulers if kind == "scheduler" else self.executors
+
+    def kill(self, kind: str, rng: random.Random) -> None:
+        group = self.group(kind)
+        i = rng.randrange(len(group))
+        group[i].kill()  # SIGKILL: mid-batch, mid-call, whatever it was doing
+        group[i].wait()
+        group[i] = self._start(kind)
+
+    def stall(self, kind: str, rng: random.Random, seconds: float) -> None:
+        proc = rng.choice(self.group(kind))
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(seconds)
+        os.kill(proc.pid, signal.SIGCONT)
+
+    def check_alive(self) -> None:
+        """A process that died on its own is a finding; replace it so the run goes on."""
+        for kind in ("scheduler", "executor"):
+            group = self.group(kind)
+            for i, proc in enumerate(group):
+                if proc.poll() is not None:
+                    tail = self.processes.log_of(proc)[-1500:]
+                    self.record.unexpected_exits.append(f"{kind} exited {proc.returncode}: {tail}")
+                    say(f"{kind} pid {proc.pid} exited on its own ({proc.returncode}); restarting")
+                    group[i] = self._start(kind)
+
+    def all(self) -> list[subprocess.Popen]:
+        return self.schedulers + self.executors
+
+
+def make_jobs(params: Params, target: HttpTarget, *, start: datetime, end: datetime):
+    from jobs.services import create_tenant
+    from tests.support.scheduler import bulk_interval_jobs
+
+    tenant, _ = create_tenant(slug=f"chaos-{os.getpid()}", max_concurrency=100_000)
+    rng = random.Random(params.seed)
+    anchors = []
+    for _ in range(params.jobs):
+        interval = rng.randint(params.interval_min, params.interval_max)
+        anchors.append((start + timedelta(milliseconds=rng.randrange(interval * 1000)), interval))
+    jobs = bulk_interval_jobs(
+        tenant,
+        anchors_and_intervals=anchors,
+        end_at=end,
+        lease_seconds=params.lease,
+        max_attempts=1000,  # a run may be reclaimed many times; it must still succeed
+        retry_backoff_seconds=1,
+        retry_backoff_cap_seconds=2,
+        overlap_policy="allow",
+        misfire_policy="catch_up",
+        max_catch_up=10_000,
+    )
+    from jobs.models import Job
+
+    # Calls of two seconds for some: a killed or stalled executor always has runs in
+    # flight, so reclaiming and fencing are exercised, not just restarts.
+    slow = [j.id for j in jobs if rng.random() < params.slow_share]
+    for path, ids in (("/hook", [j.id for j in jobs if j.id not in set(slow)]), ("/slow", slow)):
+        spec = {"type": "http", "url": target.url(path), "method": "POST", "timeout_seconds": 10}
+        Job.objects.filter(id__in=ids).update(target=spec)
+    target.script("/slow", then=Reply(delay=2.0))
+    return jobs
+
+
+def run_chaos(cluster: Cluster, pg: PrivatePg, params: Params, *, until: float, record: Record) -> None:
+    rng = random.Random(params.seed)
+    stall = params.lease * 2 + 1  # past the lease: the stalled process must be fenced off
+    t0 = time.monotonic()
+    if params.script is not None:
+        plan = list(params.script)
+    else:
+        # The two database events at fixed points; kills and stalls at random between.
+        plan = [(params.duration * 0.35, "restart database"), (params.duration * 0.65, "stop database")]
+        at = params.chaos_every
+        kinds = ["kill scheduler", "kill executor", "stall scheduler", "stall executor"]
+        while at < params.duration - params.chaos_every:
+            plan.append(
+                (
+                    at,
+                    kinds.pop(0)
+                    if kinds
+                    else rng.choice(
+                        [
+                            "kill scheduler",
+                            "kill executor",
+                            "kill executor",
+                            "stall scheduler",
+                            "stall executor",
+                        ]
+                    ),
+                )
+            )
+            at += params.chaos_every * rng.uniform(0.5, 1.5)
+        plan.sort()
+    for at, action in plan:
+        while time.monotonic() - t0 < at:
+            cluster.check_alive()
+            time.sleep(0.5)
+        if time.monotonic() > until:
+            break
+        say(action)
+        record.actions[action] += 1
+        record.timeline.append(f"{time.monotonic() - t0:7.1f}s {action}")
+        verb, kind = action.split(" ", 1)
+        if kind == "database":
+            if verb == "restart":
+                pg.restart()
+            else:
+                pg.stop()
+                wait_port_closed(pg.url)
+                time.sleep(params.db_outage)
+                pg.start()
+            from django.db import connection
+
+            connection.close()
+        elif verb == "kill":
+            cluster.kill(kind, rng)
+        else:
+            cluster.stall(kind, rng, stall)
+    while time.monotonic() < until:
+        cluster.check_alive()
+        time.sleep(0.5)
+
+
+def drain(job_ids, *, timeout: float, cluster: Cluster) -> bool:
+    """Wait until every job is past end_at and no run is queued, retrying or running."""
+    from django.db import connection
+
+    from jobs.models import Job
+    from runs.models import ACTIVE_STATUSES, JobRun
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        cluster.check_alive()
+        connection.close()
+        pending = Job.objects.filter(id__in=job_ids, next_run_at__isnull=False).count()
+        active = JobRun.objects.filter(job_id__in=job_ids, status__in=ACTIVE_STATUSES).count()
+        if not pending and not active:
+            return True
+        say(f"draining: {pending} jobs still have slots, {active} runs active")
+        time.sleep(5)
+    return False
+
+
+def outage_lines(processes: Processes) -> dict[str, int]:
+    from scheduler_project.outage import AWAY, BACK
+
+    logs = [processes.log_of(p) for p in processes.children]
+    return {"away lines": sum(t.count(AWAY) for t in logs), "back lines": sum(t.count(BACK) for t in logs)}
+
+
+def run(params: Params, *, workdir: Path, report: Path | None) -> int:
+    started = time.monotonic()
+    pg = PrivatePg()
+    target = HttpTarget(keep_requests=False)
+    target.start()
+    record = Record()
+    processes = None
+    try:
+        url = pg.start()
+        say(f"private PostgreSQL at {url}")
+        env = dict(os.environ)
+        env.pop("TEST_DB_SUFFIX", None)
+        env.update(
+            DATABASE_URL=url,
+            DJANGO_SETTINGS_MODULE="scheduler_project.settings",
+            PYTHONUNBUFFERED="1",
+            SCHEDULER_POLL_SECONDS="0.5",
+            EXECUTOR_POLL_SECONDS="0.5",
+            SCHEDULER_LEASE_SECONDS=str(params.lease),
+            # Far above every outage: a late slot must fire late, not become a misfire.
+            SCHEDULER_MISFIRE_THRESHOLD_SECONDS="3600",
+            SCHEDULER_ALLOW_PRIVATE_TARGETS="true",
+            CONN_MAX_AGE="0",
+        )
+        pg.migrate(env)
+        os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="scheduler_project.settings")
+        import django
+
+        django.setup()
+
+        from runs.models import JobRun
+        from tests.support.exactly_once import RUN_FIELDS, audit
+        from tests.support.scheduler import expected_interval_slots
+
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=10)
+        end = start + timedelta(seconds=params.duration)
+        jobs = make_jobs(params, target, start=start, end=end)
+        say(f"{len(jobs)} jobs, slots from {start:%H:%M:%S} to {end:%H:%M:%S}")
+        processes = Processes(env, workdir)
+        cluster = Cluster(processes, params, record)
+        until = time.monotonic() + (start - datetime.now(UTC)).total_seconds() + params.duration
+        run_chaos(cluster, pg, params, until=until, record=record)
+        say("window closed; draining")
+        drained = drain([j.id for j in jobs], timeout=params.drain_timeout, cluster=cluster)
+        clean_exits = []
+        for proc in cluster.all():
+            proc.terminate()
+        for proc in cluster.all():
+            try:
+                clean_exits.append(proc.wait(timeout=60) == 0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                clean_exits.append(False)
+
+        from django.db import connection
+
+        connection.close()
+        runs = list(JobRun.objects.filter(job_id__in=[j.id for j in jobs]).values_list(*RUN_FIELDS))
+        expected = expected_interval_slots(jobs, cutoff=end)
+        result = audit(runs, expected=expected, seen=target.keys)
+        fenced_lines = sum(processes.log_of(p).count("fenced: attempt") for p in processes.children)
+        problems = dict(result.problems)
+        if not drained:
+            problems["did not drain in time"] = 1
+        if record.unexpected_exits:
+            problems["processes that died on their own"] = len(record.unexpected_exits)
+        if not result.reclaimed_attempts or not fenced_lines:
+            # Otherwise the run proved nothing about fencing: no kill or stall hit a call.
+            problems["chaos never reclaimed a run and fenced its old attempt"] = 1
+        if not all(clean_exits):
+            problems["processes that did not stop cleanly on SIGTERM"] = clean_exits.count(False)
+        summary = {
+            "finished_at": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC",
+            "params": {k: v for k, v in vars(params).items() if k != "script"},
+            "wall seconds": round(time.monotonic() - started),
+            "jobs": len(jobs),
+            **result.counts(),
+            "target requests": target.count,
+            "chaos actions": dict(record.actions),
+            "executor 'fenced' log lines": fenced_lines,
+            **outage_lines(processes),
+            "timeline": record.timeline,
+            "problems": problems,
+            "examples": {
+                "missing": [str(s) for s in result.missing[:5]],
+                "duplicates": [str(s) for s in result.duplicates[:5]],
+                "fenced writes": [str(s) for s in result.fenced_writes[:3]],
+                "unexpected exits": record.unexpected_exits[:3],
+            },
+        }
+        print(json.dumps(summary, indent=2, default=str), flush=True)
+        if report:
+            report.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        say("PASS" if not problems else f"FAIL: {problems}")
+        return 0 if not problems else 1
+    finally:
+        if processes is not None:
+            processes.stop_all()
+        target.stop()
+        pg.destroy()
+
+
+def parse(argv: list[str] | None) -> tuple[Params, argparse.Namespace]:
+    p = argparse.ArgumentParser(prog="python -m tests.chaos", description=__doc__.split("\n\n")[0])
+    p.add_argument("--short", action="store_true", help="the ~2-minute form run inside make test")
+    defaults = Params()
+    for name in (
+        "duration",
+        "jobs",
+        "schedulers",
+        "executors",
+        "concurrency",
+        "interval_min",
+        "interval_max",
+        "lease",
+        "chaos_every",
+        "db_outage",
+        "drain_timeout",
+        "seed",
+    ):
+        value = getattr(defaults, name)
+        p.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=None)
+    p.add_argument("--report", type=Path, help="also write the summary as JSON here")
+    p.add_argument("--workdir", type=Path, help="process logs (default: a temporary directory)")
+    args = p.parse_args(argv)
+    params = Params(**SHORT) if args.short else Params()
+    for name in vars(defaults):
+        value = getattr(args, name, None)
+        if value is not None:
+            setattr(params, name, value)
+    return params, args
+
+
+def main(argv: list[str] | None = None) -> int:
+    params, args = parse(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="chaos-", dir=ROOT / "var"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    say(f"logs in {workdir}")
+    return run(params, workdir=workdir, report=args.report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""While the database is down each process logs ONE line when it goes away and ONE
+when it is back (with how long it was away), not one line per retry.
+
+The process test stops a private PostgreSQL cluster (the shared test cluster serves
+other xdist workers) under a real scheduler and a real executor.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+
+import psycopg
+import pytest
+
+from scheduler_project.outage import AWAY, BACK, OutageLog
+from tests.support.private_pg import PrivatePg, wait_port_closed
+from tests.support.processes import Processes
+from tests.support.scheduler import wait_until
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def lines(caplog, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if text in r.getMessage()]
+
+
+def test_an_outage_is_one_away_line_and_one_back_line(caplog):
+    caplog.set_level(logging.DEBUG, logger="scheduler_project.outage")
+    clock = FakeClock()
+    outage = OutageLog(name="executor", grace_seconds=0.5, clock=clock)
+    for _ in range(30):  # a retry a second for half a minute
+        outage.failed(OSError("connection refused"))
+        clock.now += 1
+    assert outage.away
+    outage.ok()
+    outage.ok()
+    assert lines(caplog, AWAY) == [
+        "executor: database unreachable since 1.0s (connection refused); retrying quietly until it is back"
+    ]
+    assert lines(caplog, BACK) == ["executor: database reachable again after 30.0s away (30 failed attempts)"]
+    assert not outage.away
+
+
+def test_one_broken_connection_replaced_at_once_is_not_an_outage(caplog):
+    caplog.set_level(logging.DEBUG, logger="scheduler_project.outage")
+    clock = FakeClock()
+    outage = OutageLog(name="scheduler", clock=clock)
+    for _ in range(3):
+        outage.failed(OSError("server closed the connection unexpectedly"))
+        clock.now += 0.1
+        outage.ok()
+        clock.now += 60
+    assert lines(caplog, AWAY) == [] and lines(caplog, BACK) == []
+
+
+def child_env(pg: PrivatePg) -> dict:
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=pg.url,
+        DJANGO_SETTINGS_MODULE="scheduler_project.settings",
+        PYTHONUNBUFFERED="1",
+        SCHEDULER_POLL_SECONDS="0.2",
+        EXECUTOR_POLL_SECONDS="0.2",
+        SCHEDULER_LEASE_SECONDS="3",
+        CONN_MAX_AGE="0",
+    )
+    env.pop("TEST_DB_SUFFIX", None)
+    return env
+
+
+def test_an_error_that_is_not_about_the_connection_is_logged_every_time(caplog):
+    caplog.set_level(logging.DEBUG, logger="scheduler_project.outage")
+    clock = FakeClock()
+    outage = OutageLog(name="executor", clock=clock)
+    for _ in range(3):
+        outage.failed(psycopg.errors.UndefinedColumn('column "x" does not exist'))
+        clock.now += 1
+        outage.ok()
+    assert len(lines(caplog, 'column "x" does not exist')) == 3
+    assert not outage.away and lines(caplog, AWAY) == []
+
+
+@pytest.mark.processes
+def test_processes_started_while_the_database_is_down_wait_for_it(tmp_path):
+    pg = PrivatePg()
+    try:
+        pg.start()
+        env = child_env(pg)
+        pg.migrate(env)
+        pg.stop()
+        wait_port_closed(pg.url)
+        processes = Processes(env, tmp_path)
+        try:
+            scheduler = processes.start("run_scheduler")
+            executor = processes.start("run_executor")
+            for proc in (scheduler, executor):
+                wait_until(
+                    lambda p=proc: AWAY in processes.log_of(p) or p.poll() is not None,
+                    timeout=90,
+                    what="the away line",
+                )
+                assert proc.poll() is None, processes.log_of(proc)[-3000:]
+            pg.start()
+            wait_until(lambda: "partitions node=" in processes.log_of(scheduler), timeout=60, what="a lease")
+            wait_until(lambda: "started: concurrency" in processes.log_of(executor), timeout=60, what="start")
+            for proc in (scheduler, executor):
+                wait_until(lambda p=proc: BACK in processes.log_of(p), timeout=60, what="the back line")
+                assert proc.poll() is None, processes.log_of(proc)[-3000:]
+                assert processes.log_of(proc).count(AWAY) == 1
+        finally:
+            processes.stop_all()
+    finally:
+        pg.destroy()
+
+
+@pytest.mark.processes
+def test_processes_log_one_away_and_one_back_line_per_outage(tmp_path):
+    pg = PrivatePg()
+    try:
+        pg.start()
+        env = child_env(pg)
+        pg.migrate(env)
+        processes = Processes(env, tmp_path)
+        try:
+            scheduler = processes.start("run_scheduler")
+            executor = processes.start("run_executor")
+            wait_until(lambda: "partitions node=" in processes.log_of(scheduler), timeout=60, what="a lease")
+            wait_until(lambda: "started: concurrency" in processes.log_of(executor), timeout=60, what="start")
+            time.sleep(1)
+            pg.stop()
+            wait_port_closed(pg.url)
+            # Long enough for many retries of every loop: lease ticks every second,
+            # reconnects every second, claims every 0.2 s.
+            time.sleep(8)
+            pg.start()
+            for proc in (scheduler, executor):
+                wait_until(lambda p=proc: BACK in processes.log_of(p), timeout=60, what="the back line")
+            time.sleep(3)  # room for a wrong second "away" line to show up
+            for proc in (scheduler, executor):
+                text = processes.log_of(proc)
+                assert proc.poll() is None, text[-3000:]
+                assert text.count(AWAY) == 1, text[-5000:]
+                assert text.count(BACK) == 1, text[-5000:]
+                away = float(re.search(rf"{BACK} after ([\d.]+)s away", text)[1])
+                assert 5 < away < 60, text[-3000:]
+                assert "database unreachable (" not in text and "reconnecting" not in text.split(BACK)[1]
+        finally:
+            processes.stop_all()
+    finally:
+        pg.destroy()
