@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
@@ -22,6 +21,7 @@ from jobs.validation import check_cron, check_interval, check_zone
 from runs.admin import status_pill
 from runs.keys import format_utc
 from runs.models import JobRun
+from scheduler_project import liveness
 
 PREVIEW_COUNT = 5
 
@@ -375,10 +375,13 @@ class MisfireAdmin(ReadOnlyAdmin):
 class SchedulerNodeAdmin(ReadOnlyAdmin):
     list_display = ("node_id", "hostname", "pid", "started_at", "heartbeat_at", "alive", "partition_count")
 
-    @admin.display(boolean=True, description="alive")
+    def get_queryset(self, request):
+        # The one liveness rule (the schedulers' rebalancing evaluates the same SQL).
+        return liveness.with_alive(super().get_queryset(request))
+
+    @admin.display(boolean=True, description="alive", ordering="alive")
     def alive(self, node: SchedulerNode) -> bool:
-        # Silent for longer than a lease: its partitions are up for grabs.
-        return (timezone.now() - node.heartbeat_at).total_seconds() <= settings.SCHEDULER_LEASE_SECONDS
+        return node.alive
 
     @admin.display(description="partitions")
     def partition_count(self, node: SchedulerNode) -> int:

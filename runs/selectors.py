@@ -19,6 +19,7 @@ from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
 from runs.models import JobRun, RunStatus
+from scheduler_project import liveness
 
 REDACTED = "***"
 # Header, query-parameter and kwarg names whose values are credentials.
@@ -217,25 +218,54 @@ def window_totals(*, since: datetime) -> dict[str, int]:
     }
 
 
-def scheduler_nodes(*, now: datetime, stale_after_seconds: float) -> list[NodeHealth]:
+def scheduler_nodes() -> list[NodeHealth]:
+    """Scheduler nodes with their liveness as scheduler_project.liveness decides it."""
     from jobs.models import SchedulerNode
 
-    out = []
-    for node in SchedulerNode.objects.order_by("node_id"):
-        age = max(0.0, (now - node.heartbeat_at).total_seconds())
-        out.append(
-            NodeHealth(
-                node_id=node.node_id,
-                hostname=node.hostname,
-                pid=node.pid,
-                started_at=node.started_at,
-                heartbeat_age_seconds=age,
-                partitions=len(node.partitions or []),
-                alive=age <= stale_after_seconds,
-                owned=frozenset(int(p) for p in node.partitions or []),
-            )
+    return [
+        NodeHealth(
+            node_id=node.node_id,
+            hostname=node.hostname,
+            pid=node.pid,
+            started_at=node.started_at,
+            heartbeat_age_seconds=node.heartbeat_age_seconds,
+            partitions=len(node.partitions or []),
+            alive=node.alive,
+            owned=frozenset(int(p) for p in node.partitions or []),
         )
-    return out
+        for node in liveness.with_alive(SchedulerNode.objects.order_by("node_id"))
+    ]
+
+
+@dataclass(frozen=True)
+class ExecutorHealth:
+    node_id: str
+    hostname: str
+    pid: int
+    heartbeat_age_seconds: float
+    concurrency: int
+    in_flight: int
+    last_claim_at: datetime | None
+    alive: bool
+
+
+def executor_nodes() -> list[ExecutorHealth]:
+    """Registered executors (runs/nodes.py), alive by the same rule as the schedulers."""
+    from runs.models import ExecutorNode
+
+    return [
+        ExecutorHealth(
+            node_id=node.node_id,
+            hostname=node.hostname,
+            pid=node.pid,
+            heartbeat_age_seconds=node.heartbeat_age_seconds,
+            concurrency=node.concurrency,
+            in_flight=node.in_flight,
+            last_claim_at=node.last_claim_at,
+            alive=node.alive,
+        )
+        for node in liveness.with_alive(ExecutorNode.objects.order_by("node_id"))
+    ]
 
 
 def unowned_partitions(*, nodes: list[NodeHealth], total: int) -> int:
@@ -275,3 +305,45 @@ def recent_admin_changes(*, limit: int = 20):
     from django.contrib.admin.models import LogEntry
 
     return LogEntry.objects.select_related("user", "content_type").order_by("-action_time")[:limit]
+
+
+# --- time series for the dashboard charts -----------------------------------------------
+
+_PER_MINUTE_SQL = """
+SELECT date_bin('1 minute', scheduled_at, %(origin)s) AS bucket, status, count(*)
+FROM job_runs WHERE scheduled_at >= %(since)s AND scheduled_at < %(until)s
+GROUP BY 1, 2
+"""
+
+# started_at is the latest attempt's start: a retried run's lateness includes its retries.
+_LATENESS_SQL = """
+SELECT date_bin(make_interval(secs => %(step)s), scheduled_at, %(origin)s) AS bucket,
+       percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM started_at - scheduled_at)),
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM started_at - scheduled_at)),
+       count(*)
+FROM job_runs
+WHERE scheduled_at >= %(since)s AND scheduled_at < %(until)s AND started_at IS NOT NULL
+GROUP BY 1
+"""
+
+
+def runs_per_minute(*, since: datetime, until: datetime) -> dict[tuple[datetime, str], int]:
+    """Runs scheduled in [since, until) by (minute, status); the window prunes to recent partitions."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(_PER_MINUTE_SQL, {"origin": since, "since": since, "until": until})
+        return {(bucket, status): n for bucket, status, n in cursor.fetchall()}
+
+
+def lateness_percentiles(
+    *, since: datetime, until: datetime, step_seconds: int
+) -> dict[datetime, tuple[float, float, int]]:
+    """(p50, p99, runs) of started_at - scheduled_at in seconds, per `step_seconds` bucket of scheduled_at."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _LATENESS_SQL, {"origin": since, "since": since, "until": until, "step": step_seconds}
+        )
+        return {bucket: (float(p50), float(p99), n) for bucket, p50, p99, n in cursor.fetchall()}

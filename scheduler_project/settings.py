@@ -129,6 +129,8 @@ EXECUTOR_POLL_SECONDS = env.float("EXECUTOR_POLL_SECONDS", default=1.0)
 RUN_RETENTION_DAYS = env.int("RUN_RETENTION_DAYS", default=30)
 SCHEDULER_ALLOW_PRIVATE_TARGETS = env.bool("SCHEDULER_ALLOW_PRIVATE_TARGETS", default=False)
 SCHEDULER_ALERT_WEBHOOK_URL = env("SCHEDULER_ALERT_WEBHOOK_URL", default="")
+# DESIGN section 1: a pending slot later than this is "overdue" (ledger, dashboard gauge).
+SCHEDULER_OVERDUE_ALERT_SECONDS = env.int("SCHEDULER_OVERDUE_ALERT_SECONDS", default=300)
 # When set, /metrics requires `Authorization: Bearer <METRICS_TOKEN>`.
 METRICS_TOKEN = env("METRICS_TOKEN", default="")
 # Dotted paths of modules whose @register'ed tasks the executor loads at start.
