@@ -41,13 +41,16 @@ class JobAdminForm(forms.ModelForm):
     class Meta:
         model = Job
         fields = FORM_FIELDS
+        # The API's names (`cron`, `timezone`) as labels; the columns keep their names.
+        labels = {"cron_expr": "cron", "time_zone": "timezone", "interval_seconds": "interval (seconds)"}
         help_texts = {
             "cron_expr": "5 fields, names (MON, JAN), @daily-style aliases, H hashed per job. "
             "Set exactly one of cron, interval and run at.",
             "time_zone": "IANA zone the cron expression is evaluated in, e.g. Europe/Berlin.",
             "interval_seconds": "Elapsed seconds between runs (DST-free).",
             "run_at": "One-time run (UTC).",
-            "target": f"JSON, e.g. {_TARGET_EXAMPLE} or "
+            "target": "Fill in the fields; they write the JSON below it (the stored value), "
+            f"e.g. {_TARGET_EXAMPLE} or "
             '{"type": "task", "name": "noop", "kwargs": {}}',
         }
 

@@ -100,9 +100,11 @@ def test_an_executor_registers_heartbeats_and_leaves(transactional_db):
             await asyncio.sleep(0.1)
             row = await asyncio.to_thread(
                 _closing,
-                lambda: ExecutorNode.objects.filter(node_id=executor.owner)
-                .values_list("heartbeat_at", flat=True)
-                .first(),
+                lambda: (
+                    ExecutorNode.objects.filter(node_id=executor.owner)
+                    .values_list("heartbeat_at", flat=True)
+                    .first()
+                ),
             )
             if row is not None and row not in seen:
                 seen.append(row)
