@@ -149,6 +149,7 @@ class JobAdmin(admin.ModelAdmin):
         "schedule_text",
         "next_fire_times",
         "created_at",
+        "state",
         "last_outcome",
         "recent_runs",
         "recent_occurrences",
@@ -196,7 +197,9 @@ class JobAdmin(admin.ModelAdmin):
         # A job's runs and occurrences first, where an operator looks; none before it exists.
         if obj is None:
             return self.fieldsets
-        return (self.fieldsets[0], self.activity_fieldset, *self.fieldsets[1:])
+        # Paused is changed by the Pause/Resume buttons; shown as the neutral state word.
+        head = (None, {"fields": ("tenant", "name", "state", "priority")})
+        return (head, self.activity_fieldset, *self.fieldsets[1:])
 
     @admin.display(description="last outcome")
     def last_outcome(self, job: Job) -> str:

@@ -388,6 +388,7 @@ def test_dashboard_numbers_for_a_known_state(signed_in, acme, request):
     page.goto("/admin/runs/jobrun/dashboard/")
     expect(page.locator("meta[http-equiv='refresh']")).to_have_attribute("content", "15")
     b.screenshot(page, "dashboard")
+    b.screenshot(page, "tour_dashboard", full_page=False)
 
 
 def test_job_page_pause_trigger_resume_with_confirmation(signed_in, acme):
@@ -436,6 +437,7 @@ def test_job_page_pause_trigger_resume_with_confirmation(signed_in, acme):
     expect(choices.and_(page.locator("[data-catch-up='all']"))).to_contain_text("3 runs queued now")
     page.locator("input[name=catch_up][value=all]").check()
     b.screenshot(page, "job_resume_confirm")
+    b.screenshot(page, "tour_resume_confirm", full_page=False)
     with page.expect_navigation():
         page.get_by_role("button", name="Yes, resume").click()
     expect(page.locator(".messagelist li.success")).to_contain_text("Resumed (catch-up: all)")
@@ -447,6 +449,7 @@ def test_job_page_pause_trigger_resume_with_confirmation(signed_in, acme):
     # The ledger: the three paused slots fired by the catch-up, and the manual run.
     expect(page.locator(".field-recent_occurrences tr[data-outcome='fired']")).to_have_count(4)
     b.screenshot(page, "job_page")
+    b.screenshot(page, "tour_job_page", full_page=False)  # the README tour: what an operator sees first
 
     # All runs of the job, pre-filtered.
     page.locator("#cronyard-all-runs").click()
