@@ -5,16 +5,24 @@ from __future__ import annotations
 import json
 import uuid
 
-from django.conf import settings
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
-from django.http import HttpRequest, JsonResponse
-from django.urls import path
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseRedirect,
+    JsonResponse,
+)
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
-from jobs import services
+from jobs import activity, console, services
 from jobs.audit import admin_actor
 from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
@@ -25,6 +33,7 @@ from runs import tasks
 from runs.admin import status_pill
 from runs.keys import format_utc
 from runs.models import JobRun
+from scheduler_project import db, liveness
 
 PREVIEW_COUNT = 5
 
@@ -140,7 +149,18 @@ class JobAdmin(admin.ModelAdmin):
             return super().get_search_results(request, queryset, search_term)
         return queryset.filter(pk=job_id), False
 
-    readonly_fields = ("id", "partition_id", "next_run_at", "schedule_text", "next_fire_times", "created_at")
+    readonly_fields = (
+        "id",
+        "partition_id",
+        "next_run_at",
+        "schedule_text",
+        "next_fire_times",
+        "created_at",
+        "state",
+        "last_outcome",
+        "recent_runs",
+        "recent_occurrences",
+    )
     fieldsets = (
         (None, {"fields": ("tenant", "name", "paused", "priority")}),
         (
@@ -177,6 +197,98 @@ class JobAdmin(admin.ModelAdmin):
         ),
         ("State", {"fields": ("id", "partition_id", "next_run_at", "created_at")}),
     )
+    activity_fieldset = (
+        "Activity",
+        {"fields": ("last_outcome", "recent_runs", "recent_occurrences"), "classes": ("cronyard-activity",)},
+    )
+
+    def get_fieldsets(self, request, obj=None):
+        # A job's runs and occurrences first, where an operator looks; none before it exists.
+        if obj is None:
+            return self.fieldsets
+        # Paused is changed by the Pause/Resume buttons; shown as the neutral state word.
+        head = (None, {"fields": ("tenant", "name", "state", "priority")})
+        return (head, self.activity_fieldset, *self.fieldsets[1:])
+
+    @admin.display(description="last outcome")
+    def last_outcome(self, job: Job) -> str:
+        run = activity.last_finished(job=job)
+        if run is None:
+            return "No finished run yet."
+        return format_html(
+            '{} <a href="{}">{}</a> ({}){}',
+            status_pill(run.status),
+            reverse("admin:runs_jobrun_change", args=[run.pk]),
+            format_utc(run.scheduled_at),
+            relative(run.finished_at, now=timezone.now()),
+            f" — {activity.excerpt(run.last_error)}" if run.last_error and run.status != "succeeded" else "",
+        )
+
+    @admin.display(description=f"recent runs (last {activity.RECENT_RUNS})")
+    def recent_runs(self, job: Job) -> str:
+        runs = activity.recent_runs(job=job)
+        all_link = format_html(
+            '<p><a id="cronyard-all-runs" href="{}?job={}">All runs of this job &rarr;</a></p>',
+            reverse("admin:runs_jobrun_changelist"),
+            job.pk,
+        )
+        if not runs:
+            return format_html("<p>No runs yet.</p>{}", all_link)
+        rows = format_html_join(
+            "",
+            '<tr data-run="{}"><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
+            "<td>{}</td></tr>",
+            (
+                (
+                    run.pk,
+                    reverse("admin:runs_jobrun_change", args=[run.pk]),
+                    format_utc(run.scheduled_at),
+                    status_pill(run.status),
+                    run.trigger,
+                    run.attempt,
+                    activity.duration(run),
+                    activity.excerpt(run.last_error),
+                )
+                for run in runs
+            ),
+        )
+        return format_html(
+            '<table class="cronyard-runs"><thead><tr><th>scheduled at (UTC)</th><th>status</th>'
+            "<th>trigger</th><th>attempt</th><th>duration</th><th>error</th></tr></thead>"
+            "<tbody>{}</tbody></table>{}",
+            rows,
+            all_link,
+        )
+
+    @admin.display(description="recent occurrences (ledger)")
+    def recent_occurrences(self, job: Job) -> str:
+        items = activity.recent_occurrences(job=job)
+        if not items:
+            return "No slot has been due yet."
+        rows = format_html_join(
+            "",
+            '<tr data-outcome="{}"><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            (
+                (
+                    o.outcome,
+                    format_utc(o.scheduled_at),
+                    in_zone(o.scheduled_at, job.time_zone),
+                    o.outcome,
+                    o.reason or "",
+                    format_html(
+                        '<a href="{}">run</a>', reverse("admin:runs_jobrun_change", args=[o.run.pk])
+                    )
+                    if o.run is not None
+                    else "",
+                )
+                for o in items
+            ),
+        )
+        return format_html(
+            '<table class="cronyard-occurrences"><thead><tr><th>slot (UTC)</th><th>job zone</th>'
+            "<th>outcome</th><th>reason</th><th></th></tr></thead><tbody>{}</tbody></table>",
+            rows,
+        )
 
     def get_readonly_fields(self, request, obj=None):
         # Pausing and resuming have their own semantics (no past slot fires): use the actions.
@@ -263,9 +375,74 @@ class JobAdmin(admin.ModelAdmin):
                 "preview/",
                 self.admin_site.admin_view(self.preview_view),
                 name="jobs_job_preview",
-            )
+            ),
+            path(
+                "<path:object_id>/operate/<str:operation>/",
+                self.admin_site.admin_view(self.operate_view),
+                name="jobs_job_operate",
+            ),
         ]
         return extra + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        extra = {"job_operations": self.has_change_permission(request)}
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+
+    def operate_view(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
+        """Pause / resume / trigger from the job page: GET says what will happen, POST does it."""
+        if operation not in console.OPERATIONS:
+            raise Http404(f"no operation {operation!r}")
+        job = self.get_object(request, object_id)
+        if job is None:
+            return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        if not self.has_change_permission(request, job):
+            raise PermissionDenied
+        change_url = reverse("admin:jobs_job_change", args=[job.pk])
+        catch_up = request.POST.get("catch_up", request.GET.get("catch_up", "none"))
+        if catch_up not in dict(console.CATCH_UP_CHOICES):
+            choices = ", ".join(dict(console.CATCH_UP_CHOICES))
+            return HttpResponseBadRequest(f"catch_up: must be one of {choices}")
+        if request.method == "POST":
+            message = self._operate(request, job=job, operation=operation, catch_up=catch_up)
+            self.log_change(request, job, message)
+            self.message_user(request, message, messages.SUCCESS)
+            return HttpResponseRedirect(change_url)
+        now = db.now()
+        if operation == "resume":
+            options = [
+                (value, label, console.plan(job=job, operation="resume", catch_up=value, now=now))
+                for value, label in console.CATCH_UP_CHOICES
+            ]
+        else:
+            options = []
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{operation.capitalize()} {job.name}?",
+            "opts": self.opts,
+            "original": job,
+            "job": job,
+            "operation": operation,
+            "plan": console.plan(job=job, operation=operation, catch_up=catch_up, now=now),
+            "options": options,
+            "catch_up": catch_up,
+            "change_url": change_url,
+        }
+        return TemplateResponse(request, "admin/jobs/job/operate_confirm.html", context)
+
+    def _operate(self, request: HttpRequest, *, job: Job, operation: str, catch_up: str) -> str:
+        if operation == "pause":
+            was = job.paused
+            services.pause_job(job=job)
+            return "The job was already paused." if was else "Paused: no slot fires until it is resumed."
+        if operation == "resume":
+            was = job.paused
+            job = services.resume_job(job=job, catch_up=catch_up)
+            if not was:
+                return "The job was not paused."
+            nxt = console.when(job.next_run_at, job, now=db.now())
+            return f"Resumed (catch-up: {catch_up}); next run {nxt}."
+        at = services.trigger_job(job=job)
+        return f"Queued a manual run at {format_utc(at)}."
 
     def preview_view(self, request: HttpRequest) -> JsonResponse:
         """Fire times of the schedule being edited (the live preview on the change form)."""
@@ -416,10 +593,13 @@ class MisfireAdmin(ReadOnlyAdmin):
 class SchedulerNodeAdmin(ReadOnlyAdmin):
     list_display = ("node_id", "hostname", "pid", "started_at", "heartbeat_at", "alive", "partition_count")
 
-    @admin.display(boolean=True, description="alive")
+    def get_queryset(self, request):
+        # The one liveness rule (the schedulers' rebalancing evaluates the same SQL).
+        return liveness.with_alive(super().get_queryset(request))
+
+    @admin.display(boolean=True, description="alive", ordering="alive")
     def alive(self, node: SchedulerNode) -> bool:
-        # Silent for longer than a lease: its partitions are up for grabs.
-        return (timezone.now() - node.heartbeat_at).total_seconds() <= settings.SCHEDULER_LEASE_SECONDS
+        return node.alive
 
     @admin.display(description="partitions")
     def partition_count(self, node: SchedulerNode) -> int:

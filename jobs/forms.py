@@ -44,6 +44,8 @@ class JobAdminForm(forms.ModelForm):
     class Meta:
         model = Job
         fields = FORM_FIELDS
+        # The API's names (`cron`, `timezone`) as labels; the columns keep their names.
+        labels = {"cron_expr": "cron", "time_zone": "timezone", "interval_seconds": "interval (seconds)"}
         help_texts = {
             "cron_expr": "5 fields, names (MON, JAN), @daily-style aliases, H hashed per job. "
             "Set exactly one of cron, interval and run at.",
@@ -55,7 +57,9 @@ class JobAdminForm(forms.ModelForm):
             "run_at": "One-time run (UTC).",
             "jitter_seconds": "Runs start up to this many seconds after their slot (a stable offset per "
             "slot); at most the schedule's shortest gap.",
-            "target": f'JSON, e.g. {_TARGET_EXAMPLE} or {{"type": "task", "name": "noop", "kwargs": {{}}}}',
+            "target": "Fill in the fields; they write the JSON below it (the stored value), "
+            f"e.g. {_TARGET_EXAMPLE} or "
+            '{"type": "task", "name": "noop", "kwargs": {}}',
         }
 
     def __init__(self, *args, **kwargs):

@@ -13,10 +13,11 @@ How a lease works
   process stalls (SIGSTOP, GC pause, network partition) the heartbeat stops, the
   server ends the idle session after one lease and the locks vanish with it: the
   lease expires without any clock on the stalled node having to agree.
-* Liveness of a node = its heartbeat row is fresh (< 2 leases) AND its lease
-  session still exists (``pg_stat_activity.application_name``). The second half
-  makes a SIGKILLed node drop out at once (the kernel closes its socket) instead
-  of after two leases, so its orphaned partitions are picked up within a tick.
+* Liveness of a node (scheduler_project/liveness.py, one rule for every reader) =
+  its heartbeat row is fresh (< 2 leases) AND its lease session still exists
+  (``pg_stat_activity.application_name``). The second half makes a SIGKILLed
+  node drop out at once (the kernel closes its socket) instead of after two
+  leases, so its orphaned partitions are picked up within a tick.
 * Fair share: live node ids sorted, node i gets ``N // n + (1 if i < N % n else 0)``;
   the shares sum to N. Each tick a node releases what it holds above its share and
   tries to lock free partitions up to its share. A node prefers its "home"
@@ -72,7 +73,7 @@ from uuid import UUID
 
 import psycopg
 
-from scheduler_project import db
+from scheduler_project import db, liveness
 from scheduler_project.outage import OutageLog
 
 log = logging.getLogger(__name__)
@@ -91,13 +92,8 @@ WHERE locktype = 'advisory' AND classid = %(ns)s AND objsubid = 2 AND granted
   AND pid = {pid}
 """
 
-_LIVE_SQL = """
-SELECT n.node_id FROM scheduler_nodes n
-WHERE n.heartbeat_at > now() - make_interval(secs => %(live_secs)s)
-  AND EXISTS (SELECT 1 FROM pg_stat_activity a
-              WHERE a.application_name = left(n.node_id, 63) AND a.datname = current_database())
-ORDER BY n.node_id
-"""
+# Liveness is scheduler_project.liveness's rule, the same the dashboard, admin and /metrics use.
+_LIVE_SQL = f"SELECT n.node_id FROM scheduler_nodes n WHERE {liveness.alive_sql('n')} ORDER BY n.node_id"
 
 _UPSERT_NODE_SQL = """
 INSERT INTO scheduler_nodes (node_id, hostname, pid, started_at, heartbeat_at, partitions)
@@ -309,7 +305,7 @@ class LeaseManager:
                 "partitions": json.dumps(sorted(held)),
             },
         )
-        live = [row[0] for row in conn.execute(_LIVE_SQL, {"live_secs": self.lease_seconds * 2})]
+        live = [row[0] for row in conn.execute(_LIVE_SQL, [liveness.window_seconds(self.lease_seconds)])]
         share = fair_share(live, self.node_id, self.partitions)
         home = home_partitions(live, self.node_id, self.partitions)
         release, candidates = plan_rebalance(held=held, share=share, home=home, partitions=self.partitions)

@@ -25,10 +25,10 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from jobs.audit import admin_actor
-from runs import selectors, services
+from runs import charts, selectors, services, timeseries
 from runs.keys import format_utc, parse_utc
-from runs.metrics import node_stale_after_seconds
-from runs.models import ACTIVE_STATUSES, DeadRun, JobRun, RunStatus
+from runs.models import ACTIVE_STATUSES, DeadRun, ExecutorNode, JobRun, RunStatus
+from scheduler_project import liveness
 
 STATUS_COLORS = {
     RunStatus.QUEUED: "#5b7083",
@@ -40,6 +40,8 @@ STATUS_COLORS = {
     RunStatus.CANCELLED: "#6e7781",
 }
 COUNT_CAP = 10_000
+DASHBOARD_REFRESH_SECONDS = 15
+LATENESS_STEP_SECONDS = 300
 
 
 def status_pill(status: str) -> str:
@@ -374,7 +376,9 @@ class JobRunAdmin(admin.ModelAdmin):
             for p in priorities
         ]
         last_hour = selectors.status_counts(since=now - timedelta(hours=1))
-        nodes = selectors.scheduler_nodes(now=now, stale_after_seconds=node_stale_after_seconds())
+        nodes = selectors.scheduler_nodes()
+        executors = selectors.executor_nodes()
+        refresh = request.GET.get("refresh", str(DASHBOARD_REFRESH_SECONDS))
         context = {
             **self.admin_site.each_context(request),
             "title": "Operations dashboard",
@@ -388,6 +392,12 @@ class JobRunAdmin(admin.ModelAdmin):
             "last_hour_total": sum(last_hour.values()),
             "nodes": nodes,
             "live_nodes": sum(1 for n in nodes if n.alive),
+            "executors": executors,
+            "live_executors": sum(1 for n in executors if n.alive),
+            "refresh_seconds": int(refresh) if refresh.isdigit() else DASHBOARD_REFRESH_SECONDS,
+            "charts": _dashboard_charts(
+                now=now, lateness=lateness, depth=depth, priorities=priorities, nodes=nodes
+            ),
             "total_partitions": settings.SCHEDULER_PARTITIONS,
             "unowned_partitions": selectors.unowned_partitions(
                 nodes=nodes, total=settings.SCHEDULER_PARTITIONS
@@ -397,6 +407,55 @@ class JobRunAdmin(admin.ModelAdmin):
             "dead_last_day": selectors.dead_count(since=now - timedelta(hours=24)),
         }
         return TemplateResponse(request, "admin/runs/dashboard.html", context)
+
+
+def _dashboard_charts(*, now, lateness: float, depth: dict, priorities: list[int], nodes) -> dict:
+    """The SVG charts: last hour per minute, lateness percentiles, queue depth, oldest due, partitions."""
+    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    start = end - timedelta(hours=1)
+    minutes = [start + timedelta(minutes=i) for i in range(60)]
+    per_minute = timeseries.runs_per_minute(since=start, until=end)
+    shown = [s for s in RunStatus if any(k[1] == s for k in per_minute)] or [RunStatus.SUCCEEDED]
+    runs = charts.stacked_bars(
+        chart="runs_per_minute",
+        buckets=minutes,
+        series=[(str(s), STATUS_COLORS[s], [per_minute.get((m, s), 0) for m in minutes]) for s in shown],
+    )
+    step = timedelta(seconds=LATENESS_STEP_SECONDS)
+    lat_start = end - timedelta(hours=1)
+    lat_buckets = [lat_start + i * step for i in range(int(timedelta(hours=1) / step))]
+    pct = timeseries.lateness_percentiles(since=lat_start, until=end, step_seconds=LATENESS_STEP_SECONDS)
+    late = charts.lines(
+        chart="lateness",
+        buckets=lat_buckets,
+        series=[
+            ("p50", "#1f6feb", [pct[b][0] if b in pct else None for b in lat_buckets]),
+            ("p99", "#cf222e", [pct[b][1] if b in pct else None for b in lat_buckets]),
+        ],
+    )
+    active = list(ACTIVE_STATUSES)
+    queue = charts.horizontal_stacks(
+        chart="queue_depth",
+        rows=[
+            (f"p{p}", [(str(s), STATUS_COLORS[s], depth.get((p, s), 0)) for s in active]) for p in priorities
+        ],
+    )
+    owners: list[str | None] = [None] * settings.SCHEDULER_PARTITIONS
+    live = [n for n in nodes if n.alive]
+    for node in live:
+        for p in node.owned:
+            if 0 <= p < len(owners):
+                owners[p] = node.node_id
+    colors = {n.node_id: charts.NODE_COLORS[i % len(charts.NODE_COLORS)] for i, n in enumerate(live)}
+    return {
+        "runs_per_minute": runs,
+        "lateness": late,
+        "queue_depth": queue,
+        "oldest_due": charts.gauge(
+            chart="oldest_due", value=lateness, warn=float(settings.SCHEDULER_OVERDUE_ALERT_SECONDS)
+        ),
+        "partitions": charts.partition_map(owners=owners, colors=colors),
+    }
 
 
 class DeadRunAdmin(JobRunAdmin):
@@ -429,3 +488,35 @@ def _cell(value: object) -> str:
 
 admin.site.register(JobRun, JobRunAdmin)
 admin.site.register(DeadRun, DeadRunAdmin)
+
+
+@admin.register(ExecutorNode)
+class ExecutorNodeAdmin(admin.ModelAdmin):
+    """Registered executors, read-only; alive by scheduler_project.liveness like schedulers."""
+
+    list_display = (
+        "node_id",
+        "hostname",
+        "pid",
+        "concurrency",
+        "in_flight",
+        "last_claim_at",
+        "heartbeat_at",
+        "alive",
+    )
+
+    def get_queryset(self, request):
+        return liveness.with_alive(super().get_queryset(request))
+
+    @admin.display(boolean=True, description="alive", ordering="alive")
+    def alive(self, node: ExecutorNode) -> bool:
+        return node.alive
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

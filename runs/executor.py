@@ -7,7 +7,9 @@ database is reached through psycopg AsyncConnections with the raw SQL of runs/qu
 - claim connection: short claim transactions (never open during a call);
 - write connection: outcomes of finished attempts, batched into one UPDATE;
 - heartbeat connection: one UPDATE extending every in-flight lease, every lease/3;
-- listen connection: LISTEN cronyard_runs, so new runs start without waiting for a poll.
+- listen connection: LISTEN cronyard_runs, so new runs start without waiting for a poll;
+- node connection: the executor_nodes row (in-flight count, last claim) every
+  node_lease/3, named after the owner so a dead process drops out at once (runs/nodes.py).
 
 A run whose lease this process no longer holds (reclaimed after a stall, or
 cancelled) is dropped at the next heartbeat: its call is cancelled and nothing is
@@ -33,7 +35,7 @@ from uuid import UUID
 
 import psycopg
 
-from runs import queue, retry, targets, tasks
+from runs import nodes, queue, retry, targets, tasks
 from runs.alerts import Alerter, DeadRun
 from runs.keys import format_utc, run_key
 from scheduler_project.outage import OutageLog
@@ -93,6 +95,8 @@ class Executor:
     webhook_url: str = ""
     task_modules: Iterable[str] = ()
     claim_batch: int = 100
+    # The node heartbeat follows the schedulers' lease so one liveness rule fits both.
+    node_lease_seconds: float = 30.0
     conninfo: str | None = None
     owner: str = field(default_factory=default_owner)
     rng: random.Random = field(default_factory=random.Random)
@@ -106,6 +110,7 @@ class Executor:
         self._alerter = Alerter(webhook_url=self.webhook_url)
         # All connections report here: one "away" and one "back" line per outage.
         self._outage = OutageLog(name="executor")
+        self._last_claim_at: datetime | None = None
 
     @classmethod
     def from_settings(cls, **overrides) -> Executor:
@@ -117,6 +122,7 @@ class Executor:
             "webhook_url": settings.SCHEDULER_ALERT_WEBHOOK_URL,
             "task_modules": tuple(settings.EXECUTOR_TASK_MODULES),
             "conninfo": queue.database_conninfo(),
+            "node_lease_seconds": float(settings.SCHEDULER_LEASE_SECONDS),
         }
         options.update(overrides)
         return cls(**options)
@@ -166,9 +172,14 @@ class Executor:
         self._claim_conn = await self._connect(wait_first=False)
         self._write_conn = await self._connect(wait_first=False)
         self._beat_conn = await self._connect(wait_first=False)
+        self._node_conn = await nodes.connect(self.conninfo or queue.database_conninfo(), node_id=self.owner)
+        await self._node_beat()  # registered before the first claim
         self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
         writer = asyncio.create_task(self._writer(), name="writer")
-        background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
+        background = [
+            asyncio.create_task(self._heartbeat(), name="heartbeat"),
+            asyncio.create_task(self._node_heartbeat(), name="node-heartbeat"),
+        ]
         if not once:
             background.append(asyncio.create_task(self._listen(), name="listen"))
         log.info(
@@ -189,7 +200,11 @@ class Executor:
             await asyncio.gather(writer, return_exceptions=True)
             await self._alerter.close(timeout=min(self.grace_seconds, 5.0))
             await self._session.close()
-            for conn in (self._claim_conn, self._write_conn, self._beat_conn):
+            try:
+                await nodes.leave(self._node_conn, node_id=self.owner)
+            except psycopg.Error:
+                pass  # the row expires; the closed session already marks it dead
+            for conn in (self._claim_conn, self._write_conn, self._beat_conn, self._node_conn):
                 await conn.close()
             log.info("executor %s stopped: %s", self.owner, self.counters)
 
@@ -229,6 +244,8 @@ class Executor:
                     next_replan = 0.0
                 for run in claimed:
                     self._start(run)
+                if claimed:
+                    self._last_claim_at = max(run.started_at for run in claimed)
             if once:
                 return
             if limit > 0 and len(claimed) == limit:
@@ -469,6 +486,31 @@ class Executor:
                 self._fenced(entry)
                 self._wake.set()
 
+    async def _node_heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(self.node_lease_seconds / 3)
+            try:
+                await self._node_beat()
+            except psycopg.Error as exc:
+                log.warning("node heartbeat failed (%s); reconnecting", exc)
+                await _close_quietly(self._node_conn)
+                try:
+                    self._node_conn = await nodes.connect(
+                        self.conninfo or queue.database_conninfo(), node_id=self.owner
+                    )
+                except psycopg.Error:
+                    pass  # next beat tries again; claims never wait for this row
+
+    async def _node_beat(self) -> None:
+        await nodes.beat(
+            self._node_conn,
+            node_id=self.owner,
+            concurrency=self.concurrency,
+            in_flight=len(self._inflight),
+            last_claim_at=self._last_claim_at,
+            expire_after_seconds=5 * self.node_lease_seconds,
+        )
+
     # --- waking --------------------------------------------------------------------
 
     async def _listen(self) -> None:
@@ -565,6 +607,13 @@ class Executor:
             retry.RETRY, error="handed back: the executor shut down before the call finished"
         )
         return self._completion(entry, "retrying", "handed back", result, 0.0)
+
+
+async def _close_quietly(conn) -> None:
+    try:
+        await conn.close()
+    except psycopg.Error:
+        pass
 
 
 def _scrubbed(completion: queue.Completion, error: Exception) -> queue.Completion:

@@ -29,11 +29,6 @@ from runs.models import ACTIVE_STATUSES
 TOTALS_WINDOW = timedelta(hours=24)
 
 
-def node_stale_after_seconds() -> float:
-    """A node whose heartbeat is older than two partition leases has lost its partitions."""
-    return 2.0 * settings.SCHEDULER_LEASE_SECONDS
-
-
 class CronyardCollector(Collector):
     def __init__(self, *, now: datetime):
         self.now = now
@@ -86,7 +81,7 @@ class CronyardCollector(Collector):
             value=expiries,
         )
 
-        nodes = selectors.scheduler_nodes(now=now, stale_after_seconds=node_stale_after_seconds())
+        nodes = selectors.scheduler_nodes()
         owned = GaugeMetricFamily(
             "cronyard_partitions_owned",
             "Partitions a scheduler node holds, as of its last heartbeat.",
@@ -104,9 +99,23 @@ class CronyardCollector(Collector):
         yield age
         yield GaugeMetricFamily(
             "cronyard_scheduler_nodes",
-            "Scheduler nodes with a heartbeat younger than two partition leases.",
+            "Live scheduler nodes (heartbeat younger than two leases and lease session connected).",
             value=sum(1 for n in nodes if n.alive),
         )
+        executors = selectors.executor_nodes()
+        yield GaugeMetricFamily(
+            "cronyard_executor_nodes",
+            "Live executors (the same liveness rule as scheduler nodes).",
+            value=sum(1 for n in executors if n.alive),
+        )
+        in_flight = GaugeMetricFamily(
+            "cronyard_executor_in_flight",
+            "Runs an executor holds, as of its last heartbeat.",
+            labels=["node"],
+        )
+        for node in executors:
+            in_flight.add_metric([node.node_id], node.in_flight)
+        yield in_flight
         yield GaugeMetricFamily(
             "cronyard_partitions_unowned",
             "Partitions that no live scheduler node holds.",

@@ -97,3 +97,28 @@ class DeadRun(JobRun):
         proxy = True
         verbose_name = "dead-letter run"
         verbose_name_plural = "dead-letter queue"
+
+
+class ExecutorNode(models.Model):
+    """Heartbeat row of a running executor (runs/nodes.py writes it), shown on the dashboard.
+
+    Its own table rather than a `kind` column on scheduler_nodes: the schedulers'
+    rebalancing reads scheduler_nodes to split partitions, and an executor must never
+    be counted in that split. Liveness is scheduler_project.liveness for both tables.
+    """
+
+    node_id = models.CharField(max_length=100, primary_key=True)
+    hostname = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    concurrency = models.IntegerField()
+    in_flight = models.IntegerField(default=0, help_text="Runs claimed and not yet written back.")
+    last_claim_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "executor_nodes"
+        ordering = ["node_id"]
+
+    def __str__(self) -> str:
+        return self.node_id

@@ -19,6 +19,7 @@ from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
 from runs.models import JobRun, RunStatus
+from scheduler_project import liveness
 
 REDACTED = "***"
 # Header, query-parameter and kwarg names whose values are credentials.
@@ -304,25 +305,54 @@ def window_totals(*, since: datetime) -> dict[str, int]:
     }
 
 
-def scheduler_nodes(*, now: datetime, stale_after_seconds: float) -> list[NodeHealth]:
+def scheduler_nodes() -> list[NodeHealth]:
+    """Scheduler nodes with their liveness as scheduler_project.liveness decides it."""
     from jobs.models import SchedulerNode
 
-    out = []
-    for node in SchedulerNode.objects.order_by("node_id"):
-        age = max(0.0, (now - node.heartbeat_at).total_seconds())
-        out.append(
-            NodeHealth(
-                node_id=node.node_id,
-                hostname=node.hostname,
-                pid=node.pid,
-                started_at=node.started_at,
-                heartbeat_age_seconds=age,
-                partitions=len(node.partitions or []),
-                alive=age <= stale_after_seconds,
-                owned=frozenset(int(p) for p in node.partitions or []),
-            )
+    return [
+        NodeHealth(
+            node_id=node.node_id,
+            hostname=node.hostname,
+            pid=node.pid,
+            started_at=node.started_at,
+            heartbeat_age_seconds=node.heartbeat_age_seconds,
+            partitions=len(node.partitions or []),
+            alive=node.alive,
+            owned=frozenset(int(p) for p in node.partitions or []),
         )
-    return out
+        for node in liveness.with_alive(SchedulerNode.objects.order_by("node_id"))
+    ]
+
+
+@dataclass(frozen=True)
+class ExecutorHealth:
+    node_id: str
+    hostname: str
+    pid: int
+    heartbeat_age_seconds: float
+    concurrency: int
+    in_flight: int
+    last_claim_at: datetime | None
+    alive: bool
+
+
+def executor_nodes() -> list[ExecutorHealth]:
+    """Registered executors (runs/nodes.py), alive by the same rule as the schedulers."""
+    from runs.models import ExecutorNode
+
+    return [
+        ExecutorHealth(
+            node_id=node.node_id,
+            hostname=node.hostname,
+            pid=node.pid,
+            heartbeat_age_seconds=node.heartbeat_age_seconds,
+            concurrency=node.concurrency,
+            in_flight=node.in_flight,
+            last_claim_at=node.last_claim_at,
+            alive=node.alive,
+        )
+        for node in liveness.with_alive(ExecutorNode.objects.order_by("node_id"))
+    ]
 
 
 def unowned_partitions(*, nodes: list[NodeHealth], total: int) -> int:

@@ -35,9 +35,18 @@ EXECUTOR_SIDE = {
         "errors",
         "alerts",
         "partitions",
+        "nodes",
     )
 }
-SQL_MODULES = {"jobs.leases", "jobs.health", "runs.queue", "runs.partitions", "scheduler_project.db"}
+SQL_MODULES = {
+    "jobs.leases",
+    "jobs.health",
+    "runs.queue",
+    "runs.nodes",
+    "runs.partitions",
+    "runs.timeseries",
+    "scheduler_project.db",
+}
 
 
 def modules() -> dict[str, ast.Module]:

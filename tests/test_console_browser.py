@@ -21,6 +21,7 @@ from jobs.models import Job, SchedulerNode
 from runs.models import JobRun
 from runs.queue import enqueue_runs
 from tests.support import browser as b
+from tests.support import nodes
 
 HOOK = {"type": "http", "url": "https://example.com/hook"}
 
@@ -35,7 +36,9 @@ def chromium():
 def page(chromium, web_server, transactional_db):
     """A fresh context (no cookies) per test; fails the test on a JS error, a missing asset
     or a request to any host but 127.0.0.1. The server is another process: what a test
-    writes must be committed, hence transactional_db."""
+    writes must be committed, hence transactional_db. Its workers start fresh too: they
+    must not keep ids (content types) from before the last test's flush."""
+    web_server.fresh_workers()
     context = chromium.new_context(viewport=b.VIEWPORT, base_url=web_server.url)
     context.set_default_timeout(b.TIMEOUT_MS)
     page = context.new_page()
@@ -283,7 +286,8 @@ def test_dead_letter_queue_bulk_replay(signed_in, acme):
     expect(page.locator("#changelist .paginator")).to_contain_text("0 dead-letter queue")
 
 
-def test_dashboard_numbers_for_a_known_state(signed_in, acme):
+def test_dashboard_numbers_for_a_known_state(signed_in, acme, request):
+    request_cleanup = request.addfinalizer
     page = signed_in
     globex, _ = services.create_tenant(slug="globex", name="Globex", max_concurrency=5)
     late = services.create_job(tenant=acme, name="late", interval_seconds=3600, target=HOOK)
@@ -311,8 +315,13 @@ def test_dashboard_numbers_for_a_known_state(signed_in, acme):
         heartbeat_at=now,
         partitions=list(range(200)),
     )
+    # Alive = fresh heartbeat AND its session connected (scheduler_project.liveness).
+    node_session = nodes.sessions("node-a")
+    node_session.__enter__()
+    request_cleanup(lambda: node_session.__exit__(None, None, None))
 
-    page.goto("/admin/runs/jobrun/dashboard/")
+    # Auto-refresh off while asserting: a reload mid-assertion would only add noise.
+    page.goto("/admin/runs/jobrun/dashboard/?refresh=0")
     expect(page.locator("h1")).to_have_text("Operations dashboard")
 
     def metric(name: str) -> str:
@@ -359,5 +368,130 @@ def test_dashboard_numbers_for_a_known_state(signed_in, acme):
     expect(page.locator("#result_list tbody tr")).to_have_count(1)
     expect(b.row(page, "urgent")).to_contain_text(z(dead.scheduled_at))
 
+    # The charts: SVG drawn by the server, with marks carrying the same numbers.
+    page.goto("/admin/runs/jobrun/dashboard/?refresh=0")
+    runs_chart = page.locator("#chart-runs svg[data-chart='runs_per_minute']")
+    expect(runs_chart).to_have_attribute("data-total", "6")
+    bars = runs_chart.locator("rect[data-series]")
+    assert sum(int(v) for v in bars.evaluate_all("rs => rs.map(r => r.dataset.value)")) == 6
+    assert runs_chart.bounding_box()["height"] > 100  # drawn, not an empty box
+    expect(page.locator("svg[data-chart='lateness'] circle[data-series='p50']")).to_have_count(1)
+    depth_marks = page.locator("svg[data-chart='queue_depth'] rect[data-series]")
+    pairs = depth_marks.evaluate_all("rs => rs.map(r => r.dataset.series + '=' + r.dataset.value)")
+    assert sorted(pairs) == [
+        "queued=1",
+        "queued=2",
+        "running=1",
+    ]
+    expect(page.locator("svg[data-chart='partitions'] rect[data-owner='node-a']")).to_have_count(200)
+    expect(page.locator("svg[data-chart='oldest_due'] rect[data-value]")).to_have_count(1)
     page.goto("/admin/runs/jobrun/dashboard/")
+    expect(page.locator("meta[http-equiv='refresh']")).to_have_attribute("content", "15")
     b.screenshot(page, "dashboard")
+    b.screenshot(page, "tour_dashboard", full_page=False)
+
+
+def test_job_page_pause_trigger_resume_with_confirmation(signed_in, acme):
+    """The buttons on the job's page: each confirmation says what will happen, the POST
+    does it through jobs.services, and the runs it made appear inline."""
+    page = signed_in
+    job = services.create_job(tenant=acme, name="report", interval_seconds=600, target=HOOK)
+    change = f"/admin/jobs/job/{job.pk}/change/"
+    page.goto(change)
+    expect(page.locator(".field-recent_runs")).to_contain_text("No runs yet.")
+
+    page.locator("#cronyard-pause").click()
+    expect(page.locator("#cronyard-plan")).to_contain_text("Pause: the next slot")
+    b.screenshot(page, "job_pause_confirm")
+    with page.expect_navigation():
+        page.get_by_role("button", name="Yes, pause").click()
+    expect(page.locator(".messagelist li.success")).to_have_text("Paused: no slot fires until it is resumed.")
+    job.refresh_from_db()
+    assert job.paused
+
+    page.locator("#cronyard-trigger").click()
+    expect(page.locator("#cronyard-plan")).to_contain_text("Trigger now: one manual run is queued")
+    with page.expect_navigation():
+        page.get_by_role("button", name="Yes, trigger").click()
+    expect(page.locator(".messagelist li.success")).to_contain_text("Queued a manual run at ")
+    manual = JobRun.objects.get(job_id=job.pk)
+    inline = page.locator("table.cronyard-runs tbody tr")
+    expect(inline).to_have_count(1)
+    expect(inline.first).to_contain_text("manual")
+    expect(inline.first.locator(".cronyard-status")).to_have_text("queued")
+
+    # Three slots fell while paused (every 600 s; the next is ~5 min away, far from any edge).
+    # (created before them: the ledger speaks only for the job's lifetime).
+    now = timezone.now().replace(microsecond=0)
+    since = now - timedelta(hours=1)
+    Job.objects.filter(pk=job.pk).update(
+        next_run_at=now - timedelta(seconds=1500), created_at=since, schedule_since=since
+    )
+    page.goto(change)
+    page.locator("#cronyard-resume").click()
+    choices = page.locator("label.cy-choice")
+    expect(choices).to_have_count(3)
+    expect(choices.and_(page.locator("[data-catch-up='none']"))).to_contain_text(
+        "3 slots fell while paused and will not run"
+    )
+    expect(choices.and_(page.locator("[data-catch-up='all']"))).to_contain_text("3 runs queued now")
+    page.locator("input[name=catch_up][value=all]").check()
+    b.screenshot(page, "job_resume_confirm")
+    b.screenshot(page, "tour_resume_confirm", full_page=False)
+    with page.expect_navigation():
+        page.get_by_role("button", name="Yes, resume").click()
+    expect(page.locator(".messagelist li.success")).to_contain_text("Resumed (catch-up: all)")
+    job.refresh_from_db()
+    assert not job.paused and job.next_run_at > now
+    expect(inline).to_have_count(4)  # three catch-up runs above the manual one
+    expect(page.locator("table.cronyard-runs tbody tr", has_text="catch_up")).to_have_count(3)
+    expect(page.locator(f"table.cronyard-runs tr[data-run='{manual.pk}']")).to_contain_text("manual")
+    # The ledger: the three paused slots fired by the catch-up, and the manual run.
+    expect(page.locator(".field-recent_occurrences tr[data-outcome='fired']")).to_have_count(4)
+    b.screenshot(page, "job_page")
+    b.screenshot(page, "tour_job_page", full_page=False)  # the README tour: what an operator sees first
+
+    # All runs of the job, pre-filtered.
+    page.locator("#cronyard-all-runs").click()
+    page.wait_for_url(f"**/admin/runs/jobrun/?job={job.pk}")
+    expect(page.locator("#result_list tbody tr")).to_have_count(4)
+
+
+def test_create_a_job_with_the_structured_target_form(signed_in, acme):
+    page = signed_in
+    page.goto("/admin/jobs/job/add/")
+    expect(page.locator("label[for=id_cron_expr]")).to_have_text("cron:")
+    expect(page.locator("label[for=id_time_zone]")).to_have_text("timezone:")
+    page.select_option("#id_tenant", label=str(acme))
+    page.fill("#id_name", "structured")
+    page.fill("#id_cron_expr", "0 6 * * *")
+    expect(page.locator("#cronyard-live-preview li")).to_have_count(5)
+    page.select_option("#cy-target-type", "http")
+    page.fill("#cy-target-url", "https://example.com/structured")
+    page.select_option("#cy-target-method", "PUT")
+    page.fill("#cy-target-headers", "X-Team: ops\nAuthorization: Bearer abc")
+    page.fill("#cy-target-body", '{"hello": 1}')
+    expect(page.locator("#cy-target-name")).to_be_hidden()  # task fields only for task targets
+    b.screenshot(page, "job_add_structured_target")
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+    expect(page.locator(".messagelist li.success")).to_have_count(1)  # waits for the landing page
+    assert page.locator(".errorlist, .errornote").all_inner_texts() == []
+    job = Job.objects.get(name="structured")
+    assert job.target["url"] == "https://example.com/structured"
+    assert job.target["method"] == "PUT"
+    assert job.target["headers"] == {"X-Team": "ops", "Authorization": "Bearer abc"}
+    assert job.target["body"] == '{"hello": 1}'
+
+    # A task target: the JSON follows the fields, and editing the JSON refills them.
+    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    expect(page.locator("#cy-target-url")).to_have_value("https://example.com/structured")
+    page.select_option("#cy-target-type", "task")
+    page.fill("#cy-target-name", "noop")
+    page.fill("#cy-target-kwargs", '{"n": 3}')
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+    expect(page.locator(".messagelist li.success")).to_have_count(1)
+    job.refresh_from_db()
+    assert job.target["type"] == "task" and job.target["name"] == "noop" and job.target["kwargs"] == {"n": 3}
+    assert "url" not in job.target and "headers" not in job.target

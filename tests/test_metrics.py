@@ -11,6 +11,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs.models import Job, SchedulerNode
+from tests.support import nodes
 from tests.support.runsapi import attempt_entry, make_dead_run, make_job, make_run, minute_slots
 
 pytestmark = pytest.mark.django_db
@@ -94,6 +95,9 @@ def known_state(tenant):
         heartbeat_at=now - timedelta(hours=1),
         partitions=[250, 251],
     )
+    # Alive means heartbeat fresh AND the node's session connected (scheduler_project.liveness).
+    with nodes.sessions("sched-1", "sched-2", "sched-old"):
+        yield
 
 
 def test_metrics_match_the_database(client, known_state):

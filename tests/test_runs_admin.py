@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from jobs.models import Job, SchedulerNode
 from runs.models import JobRun
+from tests.support import nodes
 from tests.support.runsapi import make_dead_run, make_job, make_run, minute_slots
 
 pytestmark = pytest.mark.django_db
@@ -204,7 +205,9 @@ def test_dashboard_shows_the_database_state(admin_client, runs, tenant):
         "/admin/runs/jobrun/", {"action": "replay_selected", ACTION_CHECKBOX_NAME: [runs["dead_a"].pk]}
     )
 
-    response = admin_client.get("/admin/runs/jobrun/dashboard/")
+    # node-b is connected but silent for 10 minutes: stale by the heartbeat half of the rule.
+    with nodes.sessions("node-a", "node-b"):
+        response = admin_client.get("/admin/runs/jobrun/dashboard/")
     assert response.status_code == 200
     page = response.content.decode()
     assert 600 <= float(metric(page, "oldest_due_seconds")) < 660
@@ -219,7 +222,7 @@ def test_dashboard_shows_the_database_state(admin_client, runs, tenant):
     assert metric(page, "dead_last_day") == "1"
     assert metric(page, "live_nodes") == "1"
     assert metric(page, "unowned_partitions") == "56"  # node-b is stale
-    assert re.search(r'data-node="node-b">.*?stale', page, re.S)
+    assert re.search(r'data-node="node-b"[^>]*>.*?stale', page, re.S)
     assert re.search(r'data-tenant="acme"><td>acme</td>\s*<td[^>]*>0 / 10</td>\s*<td>5</td>', page)
     assert re.search(r'data-tenant="globex"><td>globex</td>\s*<td[^>]*>1 / 3</td>\s*<td>0</td>', page)
     assert "Replayed: re-queued under the same run key." in page  # recent LogEntry

@@ -107,11 +107,12 @@ class PageProblems:
         )
 
 
-def screenshot(page, name: str) -> Path:
-    """Full-page PNG under var/screenshots/, to look at (and for the README tour)."""
+def screenshot(page, name: str, *, full_page: bool = True) -> Path:
+    """PNG under var/screenshots/ (the whole page, or the 1440x900 window), to look at
+    (and for the README tour)."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path
 
 

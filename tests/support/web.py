@@ -9,6 +9,7 @@ DEBUG off and WhiteNoise, on a free 127.0.0.1 port, against the test database.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -41,12 +42,13 @@ class WebServer:
             "PYTHONUNBUFFERED": "1",
         }
         self.proc: subprocess.Popen | None = None
+        self.workers = 2
 
     def start(self, *, timeout: float = 90) -> None:
         serve.collectstatic(env=self.env, python=sys.executable)
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            serve.gunicorn_command(port=self.port, workers=2, python=sys.executable),
+            serve.gunicorn_command(port=self.port, workers=self.workers, python=sys.executable),
             cwd=serve.ROOT,
             env=self.env,
             stdout=log,
@@ -64,6 +66,42 @@ class WebServer:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"gunicorn not answering after {timeout:.0f}s:\n{self.log()}")
             time.sleep(0.2)
+
+    def fresh_workers(self, *, timeout: float = 90) -> None:
+        """Replace every worker (SIGHUP) and wait until only new ones answer.
+
+        A transactional test's flush recreates django_content_type with new ids, and a
+        worker that cached the old ones (ContentTypeManager) writes admin log entries
+        that violate their foreign key: per-process caches must be as fresh as the data.
+        """
+        assert self.proc is not None
+        old = self._workers()
+        os.kill(self.proc.pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout
+        while True:
+            current = self._workers()
+            if current and not current & old and len(current) >= self.workers:
+                try:
+                    if requests.get(f"{self.url}/api/v1/health", timeout=5).status_code < 500:
+                        return
+                except requests.ConnectionError:
+                    pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"gunicorn workers not replaced after {timeout:.0f}s:\n{self.log()}")
+            time.sleep(0.1)
+
+    def _workers(self) -> set[int]:
+        """Pids of the gunicorn master's live children (from /proc)."""
+        assert self.proc is not None
+        children = set()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == self.proc.pid and fields[0] != "Z":
+                children.add(int(stat.parent.name))
+        return children
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]

@@ -1,0 +1,137 @@
+"""The job's admin page as an operator's workplace: pause / resume (with catch-up) /
+trigger with a confirmation that says what will happen, recent runs and ledger
+occurrences inline, API names as labels. Django test client against the real database;
+the browser half is in test_console_browser.py."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.utils import timezone
+
+from jobs import services
+from jobs.display import in_zone
+from jobs.models import Job
+from runs.models import JobRun
+
+HOOK = {"type": "http", "url": "https://example.com/hook"}
+NY = ZoneInfo("America/New_York")
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def next_nine_ny(now: datetime) -> datetime:
+    """The first 09:00 New York wall time strictly after `now` (computed here, not by the app)."""
+    at = now.astimezone(NY).replace(hour=9, minute=0, second=0, microsecond=0)
+    while at <= now:
+        at = (at + timedelta(days=1)).replace(hour=9)
+    return at
+
+
+def paused_three_slots_ago(tenant) -> tuple[Job, list[datetime], datetime]:
+    job = services.create_job(
+        tenant=tenant, name="morning report", cron_expr="0 9 * * *", time_zone="America/New_York", target=HOOK
+    )
+    services.pause_job(job=job)
+    upcoming = next_nine_ny(timezone.now())
+    fell = [(upcoming - timedelta(days=d)).replace(hour=9) for d in (3, 2, 1)]  # wall-clock days
+    # As if created and paused four days ago: the ledger speaks only for the job's lifetime.
+    since = fell[0] - timedelta(days=1)
+    Job.objects.filter(pk=job.pk).update(next_run_at=fell[0], created_at=since, schedule_since=since)
+    job.refresh_from_db()
+    return job, fell, upcoming
+
+
+def text(response) -> str:
+    assert response.status_code == 200, response.status_code
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", response.content.decode()))
+
+
+def test_resume_confirmation_spells_out_each_catch_up_choice_and_does_it(admin_client, tenant):
+    job, fell, upcoming = paused_three_slots_ago(tenant)
+    url = f"/admin/jobs/job/{job.pk}/operate/resume/"
+    page = text(admin_client.get(url))
+    nxt = in_zone(upcoming, "America/New_York")
+    assert f"Resume: next run {nxt}" in page
+    assert "3 slots fell while paused and will not run." in page
+    latest = in_zone(fell[-1], "America/New_York")
+    assert f"of the 3 slots that fell while paused, the latest ({latest}) runs now and 2 will not run" in page
+    assert "3 slots fell while paused: 3 runs queued now" in page
+    assert Job.objects.get(pk=job.pk).paused  # a GET changes nothing
+
+    response = admin_client.post(url, {"catch_up": "latest"})
+    assert response.status_code == 302 and response["Location"] == f"/admin/jobs/job/{job.pk}/change/"
+    job.refresh_from_db()
+    assert not job.paused and job.next_run_at == upcoming
+    runs = list(JobRun.objects.filter(job_id=job.pk).values_list("scheduled_at", "trigger"))
+    assert runs == [(fell[-1], "catch_up")]
+
+
+def test_pause_and_trigger_from_the_job_page_then_runs_show_inline(admin_client, tenant):
+    job = services.create_job(tenant=tenant, name="poller", interval_seconds=3600, target=HOOK)
+    change = f"/admin/jobs/job/{job.pk}/change/"
+    page = admin_client.get(change).content.decode()
+    assert f'href="/admin/jobs/job/{job.pk}/operate/pause/"' in page
+    assert f'href="/admin/jobs/job/{job.pk}/operate/trigger/"' in page
+    assert "No runs yet." in page
+
+    confirm = text(admin_client.get(f"/admin/jobs/job/{job.pk}/operate/pause/"))
+    assert f"Pause: the next slot, {in_zone(job.next_run_at, 'UTC')}" in confirm
+    assert admin_client.post(f"/admin/jobs/job/{job.pk}/operate/pause/").status_code == 302
+    assert Job.objects.get(pk=job.pk).paused
+
+    confirm = text(admin_client.get(f"/admin/jobs/job/{job.pk}/operate/trigger/"))
+    assert "Trigger now: one manual run is queued" in confirm and "The job stays paused." in confirm
+    assert admin_client.post(f"/admin/jobs/job/{job.pk}/operate/trigger/").status_code == 302
+    run = JobRun.objects.get(job_id=job.pk)
+    assert run.trigger == "manual"
+    JobRun.objects.filter(pk=run.pk).update(
+        status="dead",
+        attempt=3,
+        started_at=run.scheduled_at,
+        finished_at=run.scheduled_at + timedelta(seconds=2.5),
+        last_error="HTTP 503 from target " + "x" * 300,
+    )
+
+    page = admin_client.get(change).content.decode()
+    assert f'href="/admin/jobs/job/{job.pk}/operate/resume/"' in page
+    row = re.search(rf'<tr data-run="{run.pk}">(.*?)</tr>', page, re.S).group(1)
+    assert f'href="/admin/runs/jobrun/{run.pk}/change/"' in row
+    assert ">dead<" in row and "<td>manual</td>" in row and "<td>3</td>" in row and "2.5 s" in row
+    assert "HTTP 503 from target" in row and "x" * 300 not in row  # an excerpt
+    assert f'href="/admin/runs/jobrun/?job={job.pk}"' in page
+    assert re.search(r"last outcome:.*?>dead<", page, re.S | re.I)
+    # The pre-filtered runs list the link leads to.
+    listed = admin_client.get(f"/admin/runs/jobrun/?job={job.pk}")
+    assert [r.pk for r in listed.context["cl"].result_list] == [run.pk]
+
+
+def test_recent_occurrences_come_from_the_ledger(admin_client, tenant):
+    job, fell, _ = paused_three_slots_ago(tenant)
+    services.resume_job(job=job, catch_up="latest")
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    table = re.search(r'<table class="cronyard-occurrences">(.*?)</table>', page, re.S).group(1)
+    outcomes = re.findall(r'<tr data-outcome="(\w+)"><td><code>([^<]+)</code>', table)
+    assert outcomes[:3] == [
+        ("fired", fell[2].astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%SZ")),
+        ("skipped", fell[1].astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%SZ")),
+        ("skipped", fell[0].astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%SZ")),
+    ]
+
+
+def test_labels_are_the_api_names_and_a_bad_choice_is_a_400(admin_client, tenant):
+    job = services.create_job(tenant=tenant, name="nightly", cron_expr="30 2 * * *", target=HOOK)
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert re.search(r'<label[^>]*for="id_cron_expr"[^>]*>cron:</label>', page)
+    assert re.search(r'<label[^>]*for="id_time_zone"[^>]*>timezone:</label>', page)
+    services.pause_job(job=job)
+    response = admin_client.post(f"/admin/jobs/job/{job.pk}/operate/resume/", {"catch_up": "some"})
+    assert response.status_code == 400 and b"catch_up" in response.content
+    assert Job.objects.get(pk=job.pk).paused
+    assert admin_client.get(f"/admin/jobs/job/{job.pk}/operate/explode/").status_code == 404
