@@ -224,7 +224,7 @@ class Executor:
                 try:
                     self._reaped(await queue.reap_expired_leases(self._claim_conn))
                 except psycopg.Error as exc:
-                    log.warning("reaping expired leases failed (%s); reconnecting", exc)
+                    self._outage.failed(exc)  # one line per outage, not one per retry
                     self._claim_conn = await self._reconnect(self._claim_conn)
                     continue
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
@@ -492,7 +492,7 @@ class Executor:
             try:
                 await self._node_beat()
             except psycopg.Error as exc:
-                log.warning("node heartbeat failed (%s); reconnecting", exc)
+                self._outage.failed(exc)  # one line per outage, not one per retry
                 await _close_quietly(self._node_conn)
                 try:
                     self._node_conn = await nodes.connect(

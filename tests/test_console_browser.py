@@ -487,11 +487,11 @@ def test_create_a_job_with_the_structured_target_form(signed_in, acme):
     page.goto(f"/admin/jobs/job/{job.pk}/change/")
     expect(page.locator("#cy-target-url")).to_have_value("https://example.com/structured")
     page.select_option("#cy-target-type", "task")
-    page.fill("#cy-target-name", "noop")
+    page.fill("#cy-target-name", "echo")
     page.fill("#cy-target-kwargs", '{"n": 3}')
     with page.expect_navigation():
         page.click("input[name=_save]")
     expect(page.locator(".messagelist li.success")).to_have_count(1)
     job.refresh_from_db()
-    assert job.target["type"] == "task" and job.target["name"] == "noop" and job.target["kwargs"] == {"n": 3}
+    assert job.target["type"] == "task" and job.target["name"] == "echo" and job.target["kwargs"] == {"n": 3}
     assert "url" not in job.target and "headers" not in job.target

@@ -14,8 +14,8 @@ import pytest
 from jobs.models import Job
 from runs import task_schema
 from runs.tasks import TaskContext, register
-from tests.conftest import ROOT
 from tests.support.executor import queue_runs, wait_for, wait_status
+from tests.support.processes import ROOT
 
 JOBS = "/api/v1/jobs/"
 TASKS = "/api/v1/tasks/"
