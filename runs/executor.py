@@ -92,6 +92,7 @@ class Executor:
     webhook_url: str = ""
     task_modules: Iterable[str] = ()
     claim_batch: int = 100
+    aging_seconds: float = queue.DEFAULT_AGING_SECONDS
     conninfo: str | None = None
     owner: str = field(default_factory=default_owner)
     rng: random.Random = field(default_factory=random.Random)
@@ -114,6 +115,7 @@ class Executor:
             "webhook_url": settings.SCHEDULER_ALERT_WEBHOOK_URL,
             "task_modules": tuple(settings.EXECUTOR_TASK_MODULES),
             "conninfo": queue.database_conninfo(),
+            "aging_seconds": settings.EXECUTOR_PRIORITY_AGING_SECONDS,
         }
         options.update(overrides)
         return cls(**options)
@@ -213,7 +215,9 @@ class Executor:
                     if time.monotonic() >= next_replan:
                         await queue.replan(self._claim_conn)
                         next_replan = time.monotonic() + REPLAN_SECONDS
-                    claimed = await queue.claim_runs(self._claim_conn, owner=self.owner, limit=limit)
+                    claimed = await queue.claim_runs(
+                        self._claim_conn, owner=self.owner, limit=limit, aging_seconds=self.aging_seconds
+                    )
                 except psycopg.Error as exc:
                     log.warning("claim failed (%s); reconnecting", exc)
                     self._claim_conn = await self._reconnect(self._claim_conn)
