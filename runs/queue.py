@@ -187,6 +187,14 @@ class ClaimedRun:
     retry_backoff_cap_seconds: int
     lease_seconds: int
     started_at: datetime
+    # Claims that put the run back unsent (runs/breakers.py): they used no attempt.
+    deferrals: int = 0
+    deferred_since: datetime | None = None
+
+    @property
+    def attempts_used(self) -> int:
+        """Attempts this run has used, this one included (`attempt` is the fence, not this)."""
+        return self.attempt - self.deferrals
 
 
 @dataclass(frozen=True)
@@ -228,10 +236,10 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE job_runs r SET
-    status = CASE WHEN r.attempt >= r.max_attempts THEN 'dead' ELSE 'retrying' END,
+    status = CASE WHEN r.attempt - r.deferrals >= r.max_attempts THEN 'dead' ELSE 'retrying' END,
     not_before = now(),
     lease_until = NULL,
-    finished_at = CASE WHEN r.attempt >= r.max_attempts THEN now() END,
+    finished_at = CASE WHEN r.attempt - r.deferrals >= r.max_attempts THEN now() END,
     last_error = 'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating',
     attempts = r.attempts || jsonb_build_array(jsonb_build_object(
         'attempt', r.attempt, 'owner', r.owner,
@@ -386,7 +394,7 @@ claimed AS (
     WHERE r.id = c.id AND r.scheduled_at = c.scheduled_at
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.attempt, r.target, r.job_name, r.overlap_policy,
               r.priority, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_cap_seconds,
-              r.lease_seconds, r.started_at
+              r.lease_seconds, r.started_at, r.deferrals, r.deferred_since
 ),
 cancelled AS (
     -- cancel_previous: the older running run loses the run; its worker finds out at

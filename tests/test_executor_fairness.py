@@ -60,9 +60,7 @@ def test_a_quiet_tenant_starts_on_time_beside_a_noisy_tenants_backlog(processes)
 def test_a_low_priority_run_ages_past_a_sustained_high_priority_flood(processes, tenant):
     (low,) = queue_runs(tenant, task_target("noop"), priority=0)
     queue_runs(tenant, task_target("sleep", seconds=0.05), count=100, priority=9)
-    processes.start(
-        "run_executor", "--concurrency", "1", env={"EXECUTOR_PRIORITY_AGING_SECONDS": "2"}
-    )
+    processes.start("run_executor", "--concurrency", "1", env={"EXECUTOR_PRIORITY_AGING_SECONDS": "2"})
     # Keep the flood coming faster than one slot drains it: priority alone would hold
     # the priority-0 run back for as long as the flood lasts.
     deadline = time.monotonic() + 30
