@@ -205,3 +205,43 @@ def test_retries_over_the_hosts_budget_are_deferred_not_sent(processes, http_tar
     deferred = [row(k) for k in keys if row(k).deferrals > 0]
     assert deferred and all(r.status == "retrying" and r.not_before > r.started_at for r in deferred)
     assert all(r.attempt - r.deferrals <= 2 for r in deferred)
+
+
+# --- visible to operators ------------------------------------------------------------------
+
+
+@pytest.fixture
+def circuits(db):
+    from django.utils import timezone
+
+    now = timezone.now()
+    TargetHost.objects.create(
+        host="https://down.example:443", state="open", opened_at=now, open_until=now, updated_at=now
+    )
+    TargetHost.objects.create(
+        host="https://probing.example:443", state="half_open", opened_at=now, updated_at=now
+    )
+    TargetHost.objects.create(host="https://fine.example:443", state="closed", updated_at=now)
+
+
+def test_metrics_show_open_circuits(client, circuits):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    (family,) = [
+        f
+        for f in text_string_to_metric_families(response.content.decode())
+        if f.name == "cronyard_circuit_open"
+    ]
+    assert {s.labels["host"]: s.value for s in family.samples} == {
+        "https://down.example:443": 1,
+        "https://probing.example:443": 1,
+    }
+
+
+def test_dashboard_lists_open_circuits(admin_client, circuits):
+    page = admin_client.get("/admin/runs/jobrun/dashboard/").content.decode()
+    assert 'data-host="https://down.example:443"' in page
+    assert 'data-host="https://probing.example:443"' in page
+    assert "fine.example" not in page

@@ -19,6 +19,8 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name="tenant",
-            constraint=models.CheckConstraint(condition=models.Q(("weight__gte", 1)), name="tenants_weight_positive"),
+            constraint=models.CheckConstraint(
+                condition=models.Q(("weight__gte", 1)), name="tenants_weight_positive"
+            ),
         ),
     ]
