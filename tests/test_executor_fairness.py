@@ -76,3 +76,24 @@ def test_a_low_priority_run_ages_past_a_sustained_high_priority_flood(processes,
         started_at__lt=run.started_at
     )
     assert overtaken.count() > 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claims_interleave_tenants_by_weight_and_keep_order_within_each():
+    from tests.support.executor import claim_now
+
+    heavy, _ = create_tenant(slug="heavy", max_concurrency=100, weight=2)
+    light, _ = create_tenant(slug="light", max_concurrency=100)
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    heavy_keys = queue_runs(heavy, task_target("noop"), count=12, start=start)
+    light_keys = queue_runs(light, task_target("noop"), count=12, start=start + timedelta(minutes=30))
+    claimed = [run for _ in range(6) for run in claim_now(limit=1)]
+    claimed += claim_now(limit=12)
+    by_tenant = {heavy.id: [], light.id: []}
+    for run in claimed:
+        by_tenant[run.tenant_id].append((run.job_id, run.scheduled_at))
+    # Weight 2 against 1: two of every three slots; oldest first within each tenant.
+    assert len(by_tenant[heavy.id]) == 12 and len(by_tenant[light.id]) == 6
+    assert by_tenant[heavy.id] == heavy_keys[:12] and by_tenant[light.id] == light_keys[:6]
+    first_six = [run.tenant_id for run in claimed[:6]]
+    assert first_six.count(heavy.id) == 4 and first_six.count(light.id) == 2
