@@ -159,7 +159,9 @@ def decide_admission(
                     )
                 )
                 continue
-        states[c.host] = replace(h, requests=h.requests + 1, retries=h.retries + int(c.is_retry))
+        # Requests are counted as they answer (apply_outcomes); retries as they are let
+        # through, so one batch cannot overspend the budget.
+        states[c.host] = replace(h, retries=h.retries + int(c.is_retry))
         admission.send.append(c.key)
     return admission, states
 
@@ -171,6 +173,9 @@ def apply_outcomes(
     states = dict(states)
     for host, outcome in outcomes:
         h = states[host]
+        if h.window_start is None or now - h.window_start >= BUDGET_WINDOW:
+            h = replace(h, window_start=now, requests=0, retries=0)
+        h = replace(h, requests=h.requests + 1)
         if outcome == UP:
             h = replace(
                 h, state=CLOSED, failures=0, failure_window_start=None, opened_at=None, open_until=None
@@ -206,15 +211,17 @@ _COLUMNS = (
     " window_start, requests, retries"
 )
 
-_ENSURE_SQL = """
-INSERT INTO target_hosts (host, state, failures, cooldown_seconds, requests, retries, updated_at)
-SELECT h, 'closed', 0, 0, 0, 0, now() FROM unnest(%s::text[]) AS h
-ON CONFLICT (host) DO NOTHING
+# Create-or-lock in one statement: DO UPDATE locks an existing row as FOR UPDATE
+# would, and RETURNING gives the row either way. Hosts come sorted: locks in host order.
+_LOCK_SQL = f"""
+INSERT INTO target_hosts AS t (host, state, failures, cooldown_seconds, requests, retries, updated_at)
+SELECT h, 'closed', 0, 0, 0, 0, now() FROM unnest(%s::text[]) WITH ORDINALITY AS u(h, n) ORDER BY n
+ON CONFLICT (host) DO UPDATE SET host = t.host
+RETURNING {_COLUMNS}, now()
 """
 
-_LOCK_SQL = f"""
-SELECT {_COLUMNS}, now() FROM target_hosts WHERE host = ANY(%s::text[]) ORDER BY host FOR UPDATE
-"""
+# The common case, read without a lock or a transaction: hosts that are not closed.
+_UNHEALTHY_SQL = "SELECT host FROM target_hosts WHERE host = ANY(%s::text[]) AND state <> 'closed'"
 
 _SAVE_SQL = """
 UPDATE target_hosts t SET
@@ -270,7 +277,6 @@ def _encode(states: dict[str, HostState]) -> str:
 
 
 async def _locked_states(conn, hosts: list[str]) -> tuple[dict[str, HostState], datetime]:
-    await conn.execute(_ENSURE_SQL, [hosts])
     cursor = await conn.execute(_LOCK_SQL, [hosts])
     rows = await cursor.fetchall()
     return {row[0]: HostState(*row[:10]) for row in rows}, rows[0][10]
@@ -281,6 +287,13 @@ async def admit(conn, candidates: Sequence[Candidate], *, policy: Policy) -> Adm
     if not candidates:
         return Admission()
     hosts = sorted({c.host for c in candidates})
+    if not any(c.is_retry for c in candidates):
+        # First attempts to closed hosts need no budget and no lock: one plain read. A
+        # breaker opening right after it lets this batch through, as if claimed a moment
+        # earlier; the next batch sees it.
+        cursor = await conn.execute(_UNHEALTHY_SQL, [hosts])
+        if not await cursor.fetchall():
+            return Admission(send=[c.key for c in candidates])
     async with conn.transaction():
         states, now = await _locked_states(conn, hosts)
         admission, states = decide_admission(states, candidates, now=now, policy=policy)

@@ -85,15 +85,17 @@ def test_a_run_deferred_past_the_limit_goes_back_to_normal_retries():
 
 def test_retries_beyond_the_budget_are_deferred_to_the_next_window():
     policy = Policy(retry_budget_ratio=0.2, retry_budget_floor=2)
-    firsts = [_candidate(n) for n in range(20)]
+    answered = apply_outcomes({HOST: HostState(HOST)}, [(HOST, breakers.UP)] * 20, now=_at(0), policy=policy)
+    assert answered[HOST].requests == 20
     retries = [_candidate(100 + n, retry=True) for n in range(10)]
-    admission, states = decide_admission({HOST: HostState(HOST)}, firsts + retries, now=_at(0), policy=policy)
-    # Retries at most 20% of the minute's requests: 5 of 25, and no more.
-    assert len(admission.send) == 25 and states[HOST].retries == 5
+    firsts = [_candidate(n) for n in range(5)]
+    admission, states = decide_admission(answered, retries + firsts, now=_at(1), policy=policy)
+    # Retries at most 20% of the minute's 20 requests: 4; first attempts are not held back.
+    assert len(admission.send) == 9 and states[HOST].retries == 4
     assert {d.until for d in admission.defer} == {_at(60)}
     assert "retry budget" in admission.defer[0].reason
     # A new minute, a new budget (the floor at least).
-    admission, _ = decide_admission(states, retries[5:], now=_at(60), policy=policy)
+    admission, _ = decide_admission(states, retries[4:], now=_at(60), policy=policy)
     assert len(admission.send) == 2
 
 
@@ -200,7 +202,7 @@ def test_retries_over_the_hosts_budget_are_deferred_not_sent(processes, http_tar
     time.sleep(2)  # room for anything the budget failed to hold back
     sent = len(http_target.received("/sick"))
     print(f"requests sent: {sent} (without a budget: 60)")
-    # 20 first attempts buy 0.2 * (20 + r) >= r retries: 5 at most in this minute.
+    # 20 answered first attempts buy 0.2 * 20 = 4 retries, 0.2 * 24 more: 5 at most.
     assert sent <= 25
     deferred = [row(k) for k in keys if row(k).deferrals > 0]
     assert deferred and all(r.status == "retrying" and r.not_before > r.started_at for r in deferred)
