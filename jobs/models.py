@@ -11,11 +11,22 @@ class Tenant(models.Model):
     max_concurrency = models.PositiveIntegerField(
         default=10, help_text="Most runs of this tenant executing at the same moment."
     )
+    # Fair share: below their caps, tenants with due runs get executor slots in
+    # proportion to their weight (see runs/queue.py, the claim).
+    weight = models.PositiveIntegerField(
+        default=1,
+        validators=[MinValueValidator(1)],
+        help_text="Share of executor slots relative to other tenants with due runs.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         db_table = "tenants"
         ordering = ["slug"]
+        constraints = [
+            # The claim divides by it.
+            models.CheckConstraint(name="tenants_weight_positive", condition=models.Q(weight__gte=1)),
+        ]
 
     def __str__(self) -> str:
         return self.slug

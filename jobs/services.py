@@ -54,8 +54,12 @@ def partition_for(job_id: UUID) -> int:
 
 
 @transaction.atomic
-def create_tenant(*, slug: str, name: str = "", max_concurrency: int = 10) -> tuple[Tenant, str]:
-    tenant = Tenant.objects.create(slug=slug, name=name or slug, max_concurrency=max_concurrency)
+def create_tenant(
+    *, slug: str, name: str = "", max_concurrency: int = 10, weight: int = 1
+) -> tuple[Tenant, str]:
+    tenant = Tenant.objects.create(
+        slug=slug, name=name or slug, max_concurrency=max_concurrency, weight=weight
+    )
     return tenant, _issue_token(tenant=tenant, label="created with tenant")
 
 

@@ -403,6 +403,7 @@ class JobRunAdmin(admin.ModelAdmin):
                 nodes=nodes, total=settings.SCHEDULER_PARTITIONS
             ),
             "tenant_loads": selectors.tenant_load(limit=50),
+            "open_circuits": selectors.open_circuits(limit=50),
             "recent_changes": selectors.recent_admin_changes(limit=20),
             "dead_last_day": selectors.dead_count(since=now - timedelta(hours=24)),
         }

@@ -35,7 +35,7 @@ from uuid import UUID
 
 import psycopg
 
-from runs import nodes, queue, retry, targets, tasks
+from runs import breakers, nodes, queue, retry, targets, tasks
 from runs.alerts import Alerter, DeadRun
 from runs.keys import format_utc, run_key
 from scheduler_project.outage import OutageLog
@@ -61,6 +61,8 @@ class InFlight:
     task: asyncio.Task | None = None
     writing: bool = False  # its outcome is in a write batch; the write decides
     lost: bool = False  # fenced, cancelled or handed back: its outcome is discarded
+    host: str | None = None  # HTTP targets: scheme://host:port, the circuit breaker's unit
+    host_outcome: str | None = None  # breakers.UP / DOWN once the call answered
 
     @property
     def key(self) -> RunKey:
@@ -80,6 +82,7 @@ class Counters:
     fenced: int = 0
     handed_back: int = 0
     lease_expiries: int = 0
+    deferred: int = 0
 
 
 def default_owner() -> str:
@@ -97,6 +100,8 @@ class Executor:
     claim_batch: int = 100
     # The node heartbeat follows the schedulers' lease so one liveness rule fits both.
     node_lease_seconds: float = 30.0
+    aging_seconds: float = queue.DEFAULT_AGING_SECONDS
+    breaker_policy: breakers.Policy = field(default_factory=breakers.Policy)
     conninfo: str | None = None
     owner: str = field(default_factory=default_owner)
     rng: random.Random = field(default_factory=random.Random)
@@ -123,6 +128,8 @@ class Executor:
             "task_modules": tuple(settings.EXECUTOR_TASK_MODULES),
             "conninfo": queue.database_conninfo(),
             "node_lease_seconds": float(settings.SCHEDULER_LEASE_SECONDS),
+            "aging_seconds": settings.EXECUTOR_PRIORITY_AGING_SECONDS,
+            "breaker_policy": breakers.Policy.from_settings(),
         }
         options.update(overrides)
         return cls(**options)
@@ -233,7 +240,10 @@ class Executor:
                     if time.monotonic() >= next_replan:
                         await queue.replan(self._claim_conn)
                         next_replan = time.monotonic() + REPLAN_SECONDS
-                    claimed = await queue.claim_runs(self._claim_conn, owner=self.owner, limit=limit)
+                    claimed = await queue.claim_runs(
+                        self._claim_conn, owner=self.owner, limit=limit, aging_seconds=self.aging_seconds
+                    )
+                    sendable = await self._admit(claimed)
                 except psycopg.Error as exc:
                     self._outage.failed(exc)
                     self._claim_conn = await self._reconnect(self._claim_conn)
@@ -242,7 +252,7 @@ class Executor:
                 if not claimed:
                     # Plans made now see an empty queue; make them again when work comes.
                     next_replan = 0.0
-                for run in claimed:
+                for run in sendable:
                     self._start(run)
                 if claimed:
                     self._last_claim_at = max(run.started_at for run in claimed)
@@ -254,6 +264,30 @@ class Executor:
                 await asyncio.wait_for(self._wake.wait(), timeout=self.poll_seconds)
             except TimeoutError:
                 pass
+
+    async def _admit(self, claimed: list[queue.ClaimedRun]) -> list[queue.ClaimedRun]:
+        """The claimed runs that may be sent now; runs/breakers.py defers the others
+        (their host's circuit is open, or their retry is over its host's budget)."""
+        candidates = []
+        for run in claimed:
+            host = _host_of(run)
+            if host is not None:
+                key = (run.job_id, run.scheduled_at, run.attempt)
+                left = run.max_attempts - run.attempts_used
+                retried = run.attempts_used > 1
+                candidates.append(breakers.Candidate(key, host, retried, run.deferred_since, left))
+        if not candidates:
+            return claimed
+        try:
+            admission = await breakers.admit(self._claim_conn, candidates, policy=self.breaker_policy)
+        except psycopg.Error as exc:
+            # The runs are claimed: sending them beats letting their leases expire (which
+            # would use an attempt each). The next claim finds the connection broken.
+            log.warning("circuit breaker check failed (%s); sending %d run(s) unchecked", exc, len(claimed))
+            return claimed
+        deferred = {d.key for d in admission.defer}
+        self.counters.deferred += len(deferred)
+        return [run for run in claimed if (run.job_id, run.scheduled_at, run.attempt) not in deferred]
 
     def _free_slots(self) -> int:
         """Runs we may claim now.
@@ -291,7 +325,9 @@ class Executor:
 
     def _start(self, run: queue.ClaimedRun) -> None:
         self.counters.claimed += 1
-        entry = InFlight(run=run, started_monotonic=time.monotonic(), started_wall=datetime.now(UTC))
+        entry = InFlight(
+            run=run, started_monotonic=time.monotonic(), started_wall=datetime.now(UTC), host=_host_of(run)
+        )
         self._inflight[entry.key] = entry
         self._next_beat = min(self._next_beat, time.monotonic() + run.lease_seconds / 3)
         self._calls += 1
@@ -313,6 +349,8 @@ class Executor:
         except Exception as exc:  # a bug in our own code must not kill the loop
             log.exception("calling %s failed unexpectedly", entry.run_key)
             result = retry.CallResult(retry.RETRY, error=retry.truncate(f"{type(exc).__name__}: {exc}"))
+        if entry.host is not None:
+            entry.host_outcome = _host_outcome(result)
         if entry.lost:
             return
         if result.missing_task:
@@ -325,7 +363,7 @@ class Executor:
             )
         decision = retry.decide(
             result,
-            attempt=run.attempt,
+            attempt=run.attempts_used,
             max_attempts=run.max_attempts,
             base=run.retry_backoff_seconds,
             cap=run.retry_backoff_cap_seconds,
@@ -392,7 +430,20 @@ class Executor:
                     self._write_conn = await self._reconnect(self._write_conn)
                     continue
                 self._written(batch, written)
+                await self._record_hosts(batch)
             self._flushed.set()
+
+    async def _record_hosts(self, batch: list[tuple[InFlight, queue.Completion]]) -> None:
+        """Feed the answers of HTTP calls (fenced or not: the host did answer) to the breakers."""
+        outcomes = [(e.host, e.host_outcome) for e, _ in batch if e.host and e.host_outcome]
+        if not outcomes:
+            return
+        try:
+            await breakers.record(self._write_conn, outcomes, policy=self.breaker_policy)
+        except psycopg.Error as exc:
+            # Breaker state only spares a sick host; the outcomes themselves are written.
+            log.warning("recording %d host outcome(s) failed (%s)", len(outcomes), exc)
+            self._write_conn = await self._reconnect(self._write_conn)
 
     async def _write_one_by_one(
         self, batch: list[tuple[InFlight, queue.Completion]], error: psycopg.DataError
@@ -594,11 +645,11 @@ class Executor:
         """An unfinished attempt consumed its number (it is the fence): with none left
         the run is dead like any other that ran out of attempts, not queued again."""
         run = entry.run
-        if run.attempt >= run.max_attempts:
+        if run.attempts_used >= run.max_attempts:
             result = retry.CallResult(
                 retry.RETRY,
                 error=(
-                    f"handed back with no attempts left: attempt {run.attempt} of {run.max_attempts}"
+                    f"handed back with no attempts left: attempt {run.attempts_used} of {run.max_attempts}"
                     " did not finish before the executor shut down"
                 ),
             )
@@ -620,3 +671,18 @@ def _scrubbed(completion: queue.Completion, error: Exception) -> queue.Completio
     note = f"outcome details could not be stored ({type(error).__name__})"
     entry = {**completion.entry, "error": note}
     return dataclasses.replace(completion, error=note, entry=entry)
+
+
+def _host_of(run: queue.ClaimedRun) -> str | None:
+    target = run.target if isinstance(run.target, dict) else {}
+    return breakers.host_key(str(target.get("url") or "")) if target.get("type") == "http" else None
+
+
+def _host_outcome(result: retry.CallResult) -> str | None:
+    """DOWN for what says the host is sick (no answer, 5xx, 429, 408, 425); UP for any
+    other answer; None when nothing was sent (a refused address, an invalid URL)."""
+    if result.kind == retry.RETRY:
+        return breakers.DOWN
+    if result.kind == retry.SUCCESS or result.result_code is not None:
+        return breakers.UP
+    return None

@@ -138,6 +138,15 @@ class CronyardCollector(Collector):
         yield running
         yield limit
 
+        circuits = GaugeMetricFamily(
+            "cronyard_circuit_open",
+            "1 per target host (scheme://host:port) whose circuit breaker is open or half-open.",
+            labels=["host"],
+        )
+        for host in selectors.open_circuits(limit=1000):
+            circuits.add_metric([host.host], 1)
+        yield circuits
+
 
 def metrics_token() -> str:
     return getattr(settings, "METRICS_TOKEN", "") or os.environ.get("METRICS_TOKEN", "")

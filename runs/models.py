@@ -70,6 +70,10 @@ class JobRun(models.Model):
     # One entry per attempt: {"attempt", "owner", "started_at", "finished_at", "outcome",
     # "result_code", "error", "duration_ms"}; appended under the attempt's fence.
     attempts = models.JSONField(default=list, blank=True)
+    # Times a claim put the run back unsent (its host's circuit open, or its retry
+    # budget spent): those claims used no attempt, so attempts used = attempt - deferrals.
+    deferrals = models.PositiveIntegerField(db_default=0, editable=False)
+    deferred_since = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "job_runs"
@@ -87,6 +91,29 @@ class JobRun(models.Model):
         from runs.keys import run_key
 
         return run_key(self.job_id, self.scheduled_at)
+
+
+class TargetHost(models.Model):
+    """Circuit breaker and retry budget of one target host (runs/breakers.py)."""
+
+    host = models.CharField(max_length=300, primary_key=True, help_text="scheme://host:port")
+    state = models.CharField(max_length=10, default="closed")
+    failures = models.IntegerField(default=0)
+    failure_window_start = models.DateTimeField(null=True, blank=True)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    open_until = models.DateTimeField(null=True, blank=True)
+    cooldown_seconds = models.FloatField(default=0)
+    window_start = models.DateTimeField(null=True, blank=True)
+    requests = models.IntegerField(default=0)
+    retries = models.IntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "target_hosts"
+        ordering = ["host"]
+
+    def __str__(self) -> str:
+        return f"{self.host} ({self.state})"
 
 
 # --- runs admin area: the dead-letter queue as its own admin page --------------------------

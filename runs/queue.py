@@ -130,10 +130,8 @@ def notify_executors() -> None:
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
 TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
 
-# How many top candidates the lock step looks at to find the tenants worth locking:
-# a few times the claim size. A literal, not a parameter: the generic plan of a
-# parameterised LIMIT is costed for 10% of the table (a seq scan and sort at scale).
-_WINDOWS = (100, 400, 1000)
+# EXECUTOR_PRIORITY_AGING_SECONDS' default: a run waiting longer claims as priority 9.
+DEFAULT_AGING_SECONDS = 60.0
 
 
 def database_conninfo() -> str:
@@ -194,6 +192,14 @@ class ClaimedRun:
     retry_backoff_cap_seconds: int
     lease_seconds: int
     started_at: datetime
+    # Claims that put the run back unsent (runs/breakers.py): they used no attempt.
+    deferrals: int = 0
+    deferred_since: datetime | None = None
+
+    @property
+    def attempts_used(self) -> int:
+        """Attempts this run has used, this one included (`attempt` is the fence, not this)."""
+        return self.attempt - self.deferrals
 
 
 @dataclass(frozen=True)
@@ -235,10 +241,10 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE job_runs r SET
-    status = CASE WHEN r.attempt >= r.max_attempts THEN 'dead' ELSE 'retrying' END,
+    status = CASE WHEN r.attempt - r.deferrals >= r.max_attempts THEN 'dead' ELSE 'retrying' END,
     not_before = now(),
     lease_until = NULL,
-    finished_at = CASE WHEN r.attempt >= r.max_attempts THEN now() END,
+    finished_at = CASE WHEN r.attempt - r.deferrals >= r.max_attempts THEN now() END,
     last_error = 'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating',
     attempts = r.attempts || jsonb_build_array(jsonb_build_object(
         'attempt', r.attempt, 'owner', r.owner,
@@ -251,59 +257,69 @@ WHERE r.id = e.id AND r.scheduled_at = e.scheduled_at
 RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.job_name, r.attempt, r.owner, r.status, r.last_error
 """
 
-# Step 1 of a claim: lock (in tenant id order, so claimers never deadlock) every tenant
-# that has runnable runs near the head of the queue and a free slot. Full tenants and
-# busy skip/buffer_one jobs are left out of the window so they cannot starve others.
-# Both filters are evaluated once per statement, not per candidate row: the running
-# set is materialised (NOT IN over it becomes a hashed subplan) and the open tenants
-# become an array, so the index scan stays in claim order and stops at the LIMIT.
-# A per-row NOT EXISTS probe walked every running row's index entry (the generic plan
-# used the running index, filtering on job_id) and a semi join to open_tenants read
-# the whole queue before the LIMIT: ~2 s per claim at 7k queued, growing with the
-# number of running runs, i.e. with every executor added.
+# Fair share (DESIGN section 5, docs/DECISIONS.md "Fair share and aging"): a tenant's
+# claim order is its share of the executors, not its place in one global queue. Each
+# tenant with due runs is ranked by (runs it has running + its k-th pick) / weight:
+# the tenant using least of its share goes next, so a tenant with 2,000 queued runs
+# and every slot busy yields the next free slot to a tenant with none running. No
+# state beyond the running rows the claim already counts: it stays stateless,
+# per-statement, and correct with any number of claimers.
+#
+# Step 1 of a claim: lock (in tenant id order, so claimers never deadlock) the tenants
+# that have a due run and a free slot, at most `tenants` of them, least served first.
+# Each tenant's oldest due run is one probe of job_runs_tenant_waiting_idx; runs of
+# busy skip/buffer_one jobs are passed over (a tenant whose only due runs are blocked
+# would take a lock and a place for nothing). The running set is materialised once,
+# so the NOT IN is a hashed subplan, not a per-row probe of the running index.
 _LOCK_TENANTS_SQL = """
 WITH running AS MATERIALIZED (
     SELECT tenant_id, job_id FROM job_runs WHERE status = 'running'
 ),
 open_tenants AS (
-    SELECT t.id FROM tenants t
+    SELECT t.id, t.weight, coalesce(ru.n, 0) AS n FROM tenants t
     LEFT JOIN (SELECT tenant_id, count(*) AS n FROM running GROUP BY tenant_id) ru ON ru.tenant_id = t.id
     WHERE t.max_concurrency > coalesce(ru.n, 0)
+),
+heads AS (
+    SELECT o.id AS tenant_id, o.n, o.weight, h.not_before FROM open_tenants o CROSS JOIN LATERAL (
+        SELECT r.not_before FROM job_runs r
+        WHERE r.tenant_id = o.id
+          AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
+          AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
+               OR r.job_id NOT IN (SELECT job_id FROM running))
+        ORDER BY r.not_before
+        LIMIT 1
+    ) h
 )
 SELECT s.tenant_id, pg_advisory_xact_lock(%(ns)s, s.tenant_id::integer)::text
 FROM (
-    SELECT DISTINCT w.tenant_id FROM (
-        SELECT r.tenant_id FROM job_runs r
-        WHERE r.status IN ('queued', 'retrying') AND r.not_before <= now()
-          AND r.tenant_id = ANY (ARRAY(SELECT id FROM open_tenants))
-          AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
-               OR r.job_id NOT IN (SELECT job_id FROM running))
-        ORDER BY r.priority DESC, r.scheduled_at
-        LIMIT {window}
-    ) w
-    ORDER BY w.tenant_id
+    SELECT tenant_id FROM heads
+    ORDER BY (n + 1)::float8 / weight, not_before
+    LIMIT %(tenants)s
 ) s
+ORDER BY s.tenant_id
 """
 
 # Step 2, under those locks and with a fresh snapshot (READ COMMITTED: every statement
 # sees what committed before it began, so the running counts include other claimers'
-# committed claims). Per locked tenant, take at most its free slots; per job, at most
-# one run unless the job allows overlap.
-_LOCK_TENANTS_SQL_BY_WINDOW = {w: _LOCK_TENANTS_SQL.replace("{window}", str(w)) for w in _WINDOWS}
-
+# committed claims). Per locked tenant, its best runs by effective priority (a run
+# waiting longer than `aging` seconds counts as priority 9, so a flood of 9s cannot
+# hold a 0 back forever): the union of two index-ordered probes, the best by priority
+# and the longest waiting, each at most the tenant's free slots. Per job, at most one
+# run unless the job allows overlap. Across tenants, the fair-share rank above decides.
 _CLAIM_SQL = """
 WITH busy AS MATERIALIZED (
     SELECT job_id FROM job_runs WHERE status = 'running'
 ),
 slots AS (
-    SELECT t.id AS tenant_id,
-           t.max_concurrency - (SELECT count(*) FROM job_runs x
-                                WHERE x.tenant_id = t.id AND x.status = 'running') AS free
-    FROM tenants t WHERE t.id = ANY(%(tenants)s)
+    SELECT t.id AS tenant_id, t.weight, run.n AS running, t.max_concurrency - run.n AS free
+    FROM tenants t CROSS JOIN LATERAL (SELECT count(*) AS n FROM job_runs x
+                                       WHERE x.tenant_id = t.id AND x.status = 'running') run
+    WHERE t.id = ANY(%(tenants)s)
 ),
-picked AS (
+by_priority AS (
     SELECT c.* FROM slots s CROSS JOIN LATERAL (
-        SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy
+        SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy, r.not_before
         FROM job_runs r
         WHERE r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
@@ -314,6 +330,27 @@ picked AS (
         FOR UPDATE OF r SKIP LOCKED
     ) c
     WHERE s.free > 0
+),
+by_age AS (
+    SELECT c.* FROM slots s CROSS JOIN LATERAL (
+        SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy, r.not_before
+        FROM job_runs r
+        WHERE r.tenant_id = s.tenant_id
+          AND r.status IN ('queued', 'retrying')
+          AND r.not_before <= now() - %(aging)s * interval '1 second'
+          AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
+               OR r.job_id NOT IN (SELECT job_id FROM busy))
+        ORDER BY r.not_before
+        LIMIT least(s.free, %(limit)s)
+        FOR UPDATE OF r SKIP LOCKED
+    ) c
+    WHERE s.free > 0
+),
+picked AS (
+    SELECT u.*,
+           CASE WHEN u.not_before <= now() - %(aging)s * interval '1 second' THEN 9
+                ELSE u.priority END AS effective_priority
+    FROM (SELECT * FROM by_priority UNION SELECT * FROM by_age) u
 ),
 superseded AS (
     -- cancel_previous: the newest occurrence wins. A run must not start while a newer
@@ -340,9 +377,17 @@ dropped AS (
     WHERE d.id = x.id AND d.scheduled_at = x.scheduled_at
     RETURNING d.job_id
 ),
+eligible AS (
+    SELECT e.*, row_number() OVER (PARTITION BY e.tenant_id
+                                   ORDER BY e.effective_priority DESC, e.scheduled_at) AS tenant_rank
+    FROM ranked e WHERE e.job_rank = 1 OR e.overlap_policy = 'allow'
+),
 chosen AS (
-    SELECT * FROM ranked WHERE job_rank = 1 OR overlap_policy = 'allow'
-    ORDER BY priority DESC, scheduled_at
+    -- The k-th pick of a tenant with n running ranks (n + k) / weight: fair share
+    -- across tenants first, effective priority and age within it.
+    SELECT e.* FROM eligible e JOIN slots s ON s.tenant_id = e.tenant_id
+    WHERE e.tenant_rank <= s.free
+    ORDER BY (s.running + e.tenant_rank)::float8 / s.weight, e.effective_priority DESC, e.scheduled_at
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -354,7 +399,7 @@ claimed AS (
     WHERE r.id = c.id AND r.scheduled_at = c.scheduled_at
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.attempt, r.target, r.job_name, r.overlap_policy,
               r.priority, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_cap_seconds,
-              r.lease_seconds, r.started_at
+              r.lease_seconds, r.started_at, r.deferrals, r.deferred_since
 ),
 cancelled AS (
     -- cancel_previous: the older running run loses the run; its worker finds out at
@@ -456,7 +501,9 @@ async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     return [ReapedRun(*row) for row in await cursor.fetchall()]
 
 
-async def claim_runs(conn, *, owner: str, limit: int) -> list[ClaimedRun]:
+async def claim_runs(
+    conn, *, owner: str, limit: int, aging_seconds: float = DEFAULT_AGING_SECONDS
+) -> list[ClaimedRun]:
     """Claim up to `limit` runnable runs for `owner`, in one short transaction.
 
     Never more running runs per tenant than tenants.max_concurrency: claimers of the
@@ -465,13 +512,15 @@ async def claim_runs(conn, *, owner: str, limit: int) -> list[ClaimedRun]:
     """
     if limit <= 0:
         return []
-    window = next((w for w in _WINDOWS if w >= limit * 4), _WINDOWS[-1])
     async with conn.transaction():
-        cursor = await conn.execute(_LOCK_TENANTS_SQL_BY_WINDOW[window], {"ns": TENANT_CLAIM_LOCK})
+        # At most `limit` tenants: a batch cannot give more than one run to more than that.
+        cursor = await conn.execute(_LOCK_TENANTS_SQL, {"ns": TENANT_CLAIM_LOCK, "tenants": limit})
         tenants = [row[0] for row in await cursor.fetchall()]
         if not tenants:
             return []
-        cursor = await conn.execute(_CLAIM_SQL, {"tenants": tenants, "limit": limit, "owner": owner})
+        cursor = await conn.execute(
+            _CLAIM_SQL, {"tenants": tenants, "limit": limit, "owner": owner, "aging": aging_seconds}
+        )
         return [ClaimedRun(*row) for row in await cursor.fetchall()]
 
 

@@ -392,3 +392,10 @@ def recent_admin_changes(*, limit: int = 20):
     from django.contrib.admin.models import LogEntry
 
     return LogEntry.objects.select_related("user", "content_type").order_by("-action_time")[:limit]
+
+
+def open_circuits(*, limit: int = 100) -> list:
+    """Target hosts whose circuit breaker is open or half-open (probing), longest open first."""
+    from runs.models import TargetHost
+
+    return list(TargetHost.objects.exclude(state="closed").order_by("opened_at", "host")[:limit])

@@ -36,12 +36,14 @@ EXECUTOR_SIDE = {
         "alerts",
         "partitions",
         "nodes",
+        "breakers",
     )
 }
 SQL_MODULES = {
     "jobs.leases",
     "jobs.health",
     "runs.queue",
+    "runs.breakers",
     "runs.nodes",
     "runs.partitions",
     "runs.timeseries",

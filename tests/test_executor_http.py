@@ -90,7 +90,10 @@ def test_always_500_is_dead_after_exactly_max_attempts_and_alert_is_posted(proce
         retry_backoff_cap_seconds=0,
         job_name="nightly-report",
     )
-    proc = processes.start("run_executor", env={"SCHEDULER_ALERT_WEBHOOK_URL": http_target.url("/alerts")})
+    # Five 500s in a row also open the host's circuit breaker, which would defer the
+    # replay below to its next probe (tests/test_executor_breakers.py); not under test here.
+    env = {"SCHEDULER_ALERT_WEBHOOK_URL": http_target.url("/alerts"), "EXECUTOR_CIRCUIT_FAILURES": "1000"}
+    proc = processes.start("run_executor", env=env)
     run = wait_status(key, "dead", timeout=30)
     assert run.attempt == 5
     assert len(http_target.received("/down")) == 5

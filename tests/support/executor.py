@@ -44,7 +44,10 @@ def queue_runs(
     ]
     inserted = enqueue_runs(runs)
     notify_executors()
-    return [(r.job_id, r.scheduled_at) for r in inserted]
+    # In scheduled_at order, as queued: RETURNING promises no order (a merge join on
+    # job_id in the insert's plan returns the rows shuffled), and tests compare the
+    # keys' order with the order runs started in.
+    return sorted(((r.job_id, r.scheduled_at) for r in inserted), key=lambda key: key[1])
 
 
 def row(key: tuple[uuid.UUID, datetime]) -> JobRun:

@@ -44,6 +44,7 @@ class HttpTarget:
         self.count = 0
         self._scripts: dict[str, list[Reply]] = {}
         self._default: dict[str, Reply] = {}
+        self._outages: dict[str, tuple[float, Reply]] = {}
         self._lock = threading.Lock()
         target = self
 
@@ -74,6 +75,9 @@ class HttpTarget:
                         )
                     script = target._scripts.get(path)
                     reply = script.pop(0) if script else target._default.get(path, Reply())
+                    outage = target._outages.get(path)
+                    if outage is not None and time.time() < outage[0]:
+                        reply = outage[1]
                 if reply.delay:
                     time.sleep(reply.delay)
                 try:
@@ -102,6 +106,13 @@ class HttpTarget:
             self._scripts[path] = list(replies)
             if then is not None:
                 self._default[path] = then
+
+    def outage(self, path: str, seconds: float, reply: Reply | None = None) -> float:
+        """Answer `reply` (503) to every request to `path` for the next `seconds`; returns its end."""
+        until = time.time() + seconds
+        with self._lock:
+            self._outages[path] = (until, reply or Reply(503, body=b"down"))
+        return until
 
     def received(self, path: str | None = None) -> list[Received]:
         with self._lock:
