@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Subquery
@@ -27,6 +28,7 @@ from jobs.audit import admin_actor
 from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
 from jobs.forms import VALIDATED_FIELDS, JobAdminForm
+from jobs.health import overdue_seconds
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
 from jobs.validation import check_cron, check_dst_policy, check_interval, check_zone
 from runs import tasks
@@ -121,11 +123,23 @@ class JobAdmin(admin.ModelAdmin):
     def next_run(self, job: Job) -> str:
         if job.next_run_at is None:
             return "—"
-        return format_html(
+        now = timezone.now()
+        text = format_html(
             '<span title="{}">{}</span> <span class="cronyard-relative">({})</span>',
             format_utc(job.next_run_at),
             in_zone(job.next_run_at, job.time_zone),
-            relative(job.next_run_at, now=timezone.now()),
+            relative(job.next_run_at, now=now),
+        )
+        late = overdue_seconds(job, now=now)
+        if late is None:
+            return text
+        # The same rule as the API's overdue_seconds, /metrics and the alert sweep.
+        return format_html(
+            '{} <span class="cronyard-overdue" style="background:#ba2121;color:#fff;padding:1px 7px;'
+            'border-radius:8px;font-size:11px" title="late by more than SCHEDULER_OVERDUE_ALERT_SECONDS '
+            '({}s): no scheduler has dispatched it">overdue</span>',
+            text,
+            settings.SCHEDULER_OVERDUE_ALERT_SECONDS,
         )
 
     @admin.display(description="last run")

@@ -343,7 +343,11 @@ class JobRunAdmin(admin.ModelAdmin):
             verb = "Replayed: re-queued under the same run key." if operation == "replay" else "Cancelled."
             self._log(request, [run.pk], verb)
             self.message_user(request, f"{verb} {run.run_key}", messages.SUCCESS)
-        # A replayed dead run leaves the dead-letter queue: show it in the runs list.
+        if self.model is DeadRun and request.GET.get("from") == "list":
+            # Replayed from its row in the dead-letter queue: back to the queue, where
+            # the message says what happened and the next dead run is one click away.
+            return HttpResponseRedirect(reverse("admin:runs_deadrun_changelist"))
+        # A replayed run leaves the dead-letter queue: show it in the runs list.
         return HttpResponseRedirect(reverse("admin:runs_jobrun_change", args=[run.pk]))
 
     def replay_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -385,6 +389,13 @@ class JobRunAdmin(admin.ModelAdmin):
             "now": now,
             "lateness_seconds": round(lateness, 1),
             "due_jobs": due,
+            # Same rule as the API's overdue_seconds and /metrics' cronyard_jobs_overdue.
+            "overdue_jobs": sum(
+                selectors.overdue_by_tenant(
+                    now=now, late_seconds=settings.SCHEDULER_OVERDUE_ALERT_SECONDS
+                ).values()
+            ),
+            "overdue_after": settings.SCHEDULER_OVERDUE_ALERT_SECONDS,
             "depth_statuses": statuses,
             "depth_rows": depth_rows,
             "depth_totals": [sum(depth.get((p, s), 0) for p in priorities) for s in statuses],
@@ -470,12 +481,20 @@ class DeadRunAdmin(JobRunAdmin):
         "result_code",
         "short_error",
         "finished_at",
+        "replay_button",
     )
     list_filter = ("tenant", "trigger")
     actions = ("replay_selected", "replay_selected_dry_run")
 
     def get_queryset(self, request: HttpRequest):
         return super().get_queryset(request).filter(status=RunStatus.DEAD)
+
+    @admin.display(description="")
+    def replay_button(self, run: JobRun) -> str:
+        # A submit button of the changelist's own form (it carries the CSRF token),
+        # posting to this run's replay URL instead of the actions URL.
+        url = reverse("admin:runs_deadrun_replay", args=[run.pk]) + "?from=list"
+        return format_html('<button type="submit" class="button" formaction="{}">Replay</button>', url)
 
     @admin.display(description="last error")
     def short_error(self, run: JobRun) -> str:

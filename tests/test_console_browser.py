@@ -286,6 +286,26 @@ def test_dead_letter_queue_bulk_replay(signed_in, acme):
     expect(page.locator("#changelist .paginator")).to_contain_text("0 dead-letter queue")
 
 
+def test_dead_letter_queue_replay_from_the_row(signed_in, acme):
+    page = signed_in
+    job = services.create_job(tenant=acme, name="nightly sync", interval_seconds=3600, target=HOOK)
+    first, second = enqueue(job, *minutes_ago(9, 8))
+    JobRun.objects.filter(pk__in=[first.pk, second.pk]).update(
+        status="dead", attempt=5, result_code=503, last_error="HTTP 503", finished_at=timezone.now()
+    )
+    page.goto("/admin/runs/deadrun/")
+    expect(page.locator("#result_list tbody tr")).to_have_count(2)
+    row = page.locator("#result_list tbody tr", has_text=z(first.scheduled_at))
+    with page.expect_navigation():
+        row.get_by_role("button", name="Replay").click()
+    assert page.url.endswith("/admin/runs/deadrun/")
+    assert b.messages(page)[0] == ("success", f"Replayed: re-queued under the same run key. {first.run_key}")
+    first.refresh_from_db()
+    second.refresh_from_db()
+    assert (first.status, second.status) == ("queued", "dead")  # only that row
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+
+
 def test_dashboard_numbers_for_a_known_state(signed_in, acme, request):
     request_cleanup = request.addfinalizer
     page = signed_in

@@ -178,3 +178,22 @@ def test_bad_alert_after_failures_is_400(api, value):
     )
     assert response.status_code == 400 and "alert_after_failures" in response.json(), response.content
     assert not Job.objects.exists()
+
+
+def test_overdue_jobs_are_flagged_in_the_job_list_and_on_the_dashboard(admin_client, tenant, settings):
+    settings.SCHEDULER_OVERDUE_ALERT_SECONDS = 300
+    now = db_now()
+    make_job(tenant, name="on time", next_run_at=now - MINUTE)
+    make_job(tenant, name="stuck", next_run_at=now - 10 * MINUTE)
+    make_job(tenant, name="paused and old", next_run_at=now - 60 * MINUTE, paused=True)
+    page = admin_client.get("/admin/jobs/job/").content.decode()
+    rows = {
+        name: row
+        for row in page.split("<tr")[1:]
+        for name in ("on time", "stuck", "paused and old")
+        if name in row
+    }
+    assert "cronyard-overdue" in rows["stuck"]
+    assert "cronyard-overdue" not in rows["on time"] and "cronyard-overdue" not in rows["paused and old"]
+    dashboard = admin_client.get("/admin/runs/jobrun/dashboard/?refresh=0").content.decode()
+    assert 'data-metric="overdue_jobs" class="cy-bad">1<' in dashboard
