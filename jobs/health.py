@@ -21,10 +21,11 @@ import json
 import logging
 import threading
 import urllib.request
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Count
 
 from jobs.leases import NAMESPACE
 from jobs.models import Job
@@ -43,6 +44,17 @@ def overdue_seconds(job: Job, *, now: datetime) -> float | None:
         return None
     late = (now - job.next_run_at).total_seconds()
     return round(late, 3) if late > settings.SCHEDULER_OVERDUE_ALERT_SECONDS else None
+
+
+def overdue_by_tenant(*, now: datetime, late_seconds: float) -> dict[str, int]:
+    """Unpaused jobs per tenant slug whose next slot is late by more than `late_seconds`
+    (the rule of overdue_seconds, counted in the database: /metrics, the dashboard)."""
+    rows = (
+        Job.objects.filter(paused=False, next_run_at__lt=now - timedelta(seconds=late_seconds))
+        .values_list("tenant__slug")
+        .annotate(n=Count("id"))
+    )
+    return dict(rows)
 
 
 _OVERDUE_SQL = """

@@ -1,6 +1,6 @@
 """The dispatch loop: turns due jobs of owned partitions into run rows, exactly once.
 
-One step = one batch in two phases (see jobs/leases.py for why the locking
+One step = one batch in two phases (see jobs/dispatch_sql.py for why the locking
 transaction, not the partition lease, is what keeps firing exactly-once):
 
     read (autocommit, no locks): due jobs of owned partitions, on-time ones first
@@ -32,7 +32,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from jobs import health, leases
+from jobs import dispatch_sql, health, leases
 from jobs.models import Job, Misfire, SlotRange
 from jobs.planning import Plan, plan_job
 from runs import partitions
@@ -185,7 +185,7 @@ class Scheduler(Loop):
         plans = self._plan_batch(jobs, now)
         with transaction.atomic():
             with connection.cursor() as cursor:
-                db_now, held = leases.fence(
+                db_now, held = dispatch_sql.fence(
                     cursor, session_pid=snap.session_pid, lease_seconds=self.lease_seconds
                 )
                 in_lease = [p for p in plans if p.job.partition_id in held]
@@ -194,11 +194,11 @@ class Scheduler(Loop):
                     # were stopped): nothing is dispatched, and no batch is logged
                     # under a session that no longer holds them.
                     return BatchResult()
-                locked = leases.lock_unchanged(
+                locked = dispatch_sql.lock_unchanged(
                     cursor, [(p.job.id, p.job.next_run_at, p.job.updated_at) for p in in_lease]
                 )
                 plans_locked = [p for p in in_lease if p.job.id in locked]
-                advanced = leases.advance_next_run(
+                advanced = dispatch_sql.advance_next_run(
                     cursor, [(p.job.id, p.new_next, p.job.next_run_at) for p in plans_locked]
                 )
             plans_ok = [p for p in plans_locked if p.job.id in advanced]

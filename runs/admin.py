@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
+from jobs import health
 from jobs.audit import admin_actor
 from runs import charts, selectors, services, timeseries
 from runs.keys import format_utc, parse_utc
@@ -391,7 +392,7 @@ class JobRunAdmin(admin.ModelAdmin):
             "due_jobs": due,
             # Same rule as the API's overdue_seconds and /metrics' cronyard_jobs_overdue.
             "overdue_jobs": sum(
-                selectors.overdue_by_tenant(
+                health.overdue_by_tenant(
                     now=now, late_seconds=settings.SCHEDULER_OVERDUE_ALERT_SECONDS
                 ).values()
             ),

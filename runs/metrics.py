@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from jobs import health
 from runs import selectors
 from runs.models import ACTIVE_STATUSES
 
@@ -48,7 +49,7 @@ class CronyardCollector(Collector):
             labels=["tenant"],
         )
         late = settings.SCHEDULER_OVERDUE_ALERT_SECONDS
-        for slug, count in sorted(selectors.overdue_by_tenant(now=now, late_seconds=late).items()):
+        for slug, count in sorted(health.overdue_by_tenant(now=now, late_seconds=late).items()):
             overdue.add_metric([slug], count)
         yield overdue
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
 
@@ -230,19 +230,6 @@ def oldest_due(*, now: datetime) -> tuple[float, int]:
     if row["oldest"] is None:
         return 0.0, 0
     return max(0.0, (now - row["oldest"]).total_seconds()), row["due"]
-
-
-def overdue_by_tenant(*, now: datetime, late_seconds: float) -> dict[str, int]:
-    """Unpaused jobs per tenant slug whose next slot is late by more than `late_seconds`
-    (the rule of jobs.health.overdue_seconds, counted in the database)."""
-    from jobs.models import Job
-
-    rows = (
-        Job.objects.filter(paused=False, next_run_at__lt=now - timedelta(seconds=late_seconds))
-        .values_list("tenant__slug")
-        .annotate(n=Count("id"))
-    )
-    return dict(rows)
 
 
 def _active_counts(*fields: str) -> Counter:

@@ -8,7 +8,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from jobs import leases
+from jobs import dispatch_sql, leases
 from jobs.models import Job, SchedulerNode
 from jobs.planning import run_for
 from jobs.scheduler import Scheduler
@@ -202,11 +202,13 @@ def test_cas_refuses_stale_and_backward_writes(tenant):
     job = make_job(tenant, next_run_at=T)
     with connection.cursor() as cursor:
         assert (
-            leases.advance_next_run(cursor, [(job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))])
+            dispatch_sql.advance_next_run(
+                cursor, [(job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))]
+            )
             == set()
         )
-        assert leases.advance_next_run(cursor, [(job.id, T - timedelta(minutes=1), T)]) == set()
-        assert leases.advance_next_run(cursor, [(job.id, T + timedelta(minutes=1), T)]) == {job.id}
+        assert dispatch_sql.advance_next_run(cursor, [(job.id, T - timedelta(minutes=1), T)]) == set()
+        assert dispatch_sql.advance_next_run(cursor, [(job.id, T + timedelta(minutes=1), T)]) == {job.id}
     job.refresh_from_db()
     assert job.next_run_at == T + timedelta(minutes=1)
 

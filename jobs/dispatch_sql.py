@@ -1,0 +1,112 @@
+"""The dispatch transaction's SQL: the fence, the lock of unchanged rows, the next_run_at CAS.
+
+These statements run on Django's connection inside the one short transaction of
+``Scheduler.dispatch`` (jobs/scheduler.py); partition leases themselves are
+jobs/leases.py.
+
+Why advisory locks are not the fence, and what is
+-------------------------------------------------
+A lease is checked at one instant and used at a later one: a node can check its
+lease, be SIGSTOPped, lose the lease, and resume to commit a dispatch transaction
+while another node owns the partition. No lease scheme closes that window on its
+own. Exactly-once therefore rests on the dispatch transaction itself:
+
+1. A batch is planned from a plain read, then the job rows are locked
+   (``SELECT ... FOR UPDATE SKIP LOCKED``) only where ``next_run_at`` and
+   ``updated_at`` still hold the values the plan was made from (``lock_unchanged``).
+   In READ COMMITTED a row locked FOR UPDATE is re-checked against the newest
+   committed version, so the slot we lock is the current one and nobody can advance
+   it until we commit: two transactions can never both act on the same (job, slot).
+   The other node simply skips the rows a stalled transaction holds. Planning
+   happens before the lock because it can be slow (a long backlog); a lock held
+   through it once outlived idle_in_transaction_session_timeout on every batch.
+2. ``next_run_at`` is advanced with a compare-and-set (``WHERE next_run_at = old
+   AND new > old``) BEFORE the runs are inserted, and runs are inserted only for
+   the jobs whose CAS succeeded: a stale write can neither insert a run for a slot
+   another node already advanced past nor move next_run_at backwards. Under (1) the
+   CAS always succeeds; it exists so that no future change of the read path can
+   silently break the guarantee.
+3. The run insert is ``ON CONFLICT DO NOTHING`` on (job_id, scheduled_at): the
+   unique key is the last line, also against manual triggers/backfills/resumes.
+
+On top of that, each dispatch transaction starts with one statement (``fence``)
+that (a) sets ``idle_in_transaction_session_timeout`` to the lease, so a
+transaction stalled longer than a lease is killed by the server and never commits
+(its row locks are freed for the new owner), and (b) reads from pg_locks which
+partitions the lease session holds *right now*; only those are dispatched. So a
+node whose lease session is gone dispatches nothing, even if its own bookkeeping
+has not noticed yet. That check is not a fence by itself (the lease can be lost
+right after it), which is why (1)-(3) carry the correctness; the check makes
+"a node that lost its lease stops dispatching" true and observable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID
+
+from jobs.leases import HELD_SQL, NAMESPACE
+
+
+def fence(
+    cursor, *, session_pid: int, lease_seconds: float, namespace: int = NAMESPACE
+) -> tuple[datetime, set[int]]:
+    """First statement of a dispatch transaction: (transaction time, partitions the lease session holds now).
+
+    Also arms idle_in_transaction_session_timeout for this transaction only, so a
+    dispatch stalled longer than a lease is killed by the server and never commits.
+    """
+    cursor.execute(
+        f"""
+        SELECT now(), set_config('idle_in_transaction_session_timeout', %(ms)s, true),
+               ARRAY({HELD_SQL.format(pid="%(pid)s")})
+        """,
+        {"ms": str(int(lease_seconds * 1000)), "ns": namespace, "pid": session_pid},
+    )
+    now, _, held = cursor.fetchone()
+    return now, set(held or ())
+
+
+def lock_unchanged(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]]) -> set[UUID]:
+    """Lock the planned jobs that nobody changed since they were read: (id, next_run_at, updated_at).
+
+    The plan was made outside any transaction; this is where it is re-checked. In
+    READ COMMITTED a row locked FOR UPDATE is re-evaluated against its newest committed
+    version, so a job another node dispatched meanwhile (next_run_at moved), or that
+    was edited or paused (updated_at moved), is left out: its plan is stale and the
+    next batch plans it again. SKIP LOCKED leaves rows a stalled transaction holds.
+    """
+    if not rows:
+        return set()
+    cursor.execute(
+        """
+        SELECT j.id FROM jobs AS j
+        JOIN unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[]) AS v(id, next_run_at, updated_at)
+          ON j.id = v.id
+        WHERE j.next_run_at = v.next_run_at AND j.updated_at = v.updated_at AND NOT j.paused
+        FOR UPDATE OF j SKIP LOCKED
+        """,
+        [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+    )
+    return {row[0] for row in cursor.fetchall()}
+
+
+def advance_next_run(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]]) -> set[UUID]:
+    """Compare-and-set next_run_at for many jobs in one statement: (id, new, old) -> ids advanced.
+
+    A row is written only if next_run_at still equals the value the plan was made
+    from and the new value is later (or NULL: finished), so a stale plan is a no-op.
+    """
+    if not rows:
+        return set()
+    cursor.execute(
+        """
+        UPDATE jobs AS j SET next_run_at = v.new
+        FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[]) AS v(id, new, old)
+        WHERE j.id = v.id AND j.next_run_at = v.old AND (v.new IS NULL OR v.new > v.old)
+        RETURNING j.id
+        """,
+        [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
+    )
+    return {row[0] for row in cursor.fetchall()}
