@@ -26,7 +26,7 @@ from jobs import activity, console, services
 from jobs.audit import admin_actor
 from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
-from jobs.forms import VALIDATED_FIELDS, JobAdminForm
+from jobs.forms import JobAdminForm
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
 from jobs.validation import check_cron, check_dst_policy, check_interval, check_zone
 from runs import tasks
@@ -275,9 +275,7 @@ class JobAdmin(admin.ModelAdmin):
                     in_zone(o.scheduled_at, job.time_zone),
                     o.outcome,
                     o.reason or "",
-                    format_html(
-                        '<a href="{}">run</a>', reverse("admin:runs_jobrun_change", args=[o.run.pk])
-                    )
+                    format_html('<a href="{}">run</a>', reverse("admin:runs_jobrun_change", args=[o.run.pk]))
                     if o.run is not None
                     else "",
                 )
@@ -326,14 +324,16 @@ class JobAdmin(admin.ModelAdmin):
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     def save_model(self, request, obj: Job, form, change: bool) -> None:
+        # The form judged the same rules (jobs/edits.py); the service judges them again
+        # on the locked row and writes.
         if not change:
-            fields = {f: form.cleaned_data[f] for f in VALIDATED_FIELDS}
-            fields["paused"] = form.cleaned_data.get("paused", False)
             tenant = form.cleaned_data["tenant"]
-            services.create_job(tenant=tenant, id=obj.id, actor=actor_of(request), **fields)
+            services.create_job(
+                tenant=tenant, id=obj.id, fields=form.new_job_fields(), actor=actor_of(request)
+            )
             obj._state.adding = False
         else:
-            changes = {f: form.cleaned_data[f] for f in form.changed_data if f in VALIDATED_FIELDS}
+            changes = form.job_changes()
             if changes:
                 services.update_job(job=obj, changes=changes, actor=actor_of(request))
         obj.refresh_from_db()

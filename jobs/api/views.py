@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import uuid
 from datetime import timedelta
 
-from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -113,13 +111,10 @@ class JobViewSet(
         return Response(JobSerializer(job).data, status=code)
 
     def create(self, request: Request, *args, **kwargs) -> Response:
-        # The id exists before validation: `H` is hashed with it, so validating with any
-        # other seed could accept an expression the real job can never fire (or refuse one).
-        job_id = uuid.uuid4()
-        serializer = JobSerializer(data=request.data, context={"job_id": job_id})
+        serializer = JobSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         job = services.create_job(
-            tenant=request.auth, id=job_id, actor=request.user.actor, **serializer.validated_data
+            tenant=request.auth, fields=serializer.validated_data, actor=request.user.actor
         )
         return self._respond(job, status.HTTP_201_CREATED)
 
@@ -127,17 +122,7 @@ class JobViewSet(
         job = self._job()
         serializer = JobSerializer(job, data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        changes = dict(serializer.validated_data)
-        paused = changes.pop("paused", None)
-        with transaction.atomic():
-            if changes:
-                job = services.update_job(job=job, changes=changes, actor=request.user.actor)
-            # Pausing/resuming through PATCH has the same meaning as the actions:
-            # resuming never fires the slots that fell while paused.
-            if paused is True and not job.paused:
-                job = services.pause_job(job=job, actor=request.user.actor)
-            elif paused is False and job.paused:
-                job = services.resume_job(job=job, catch_up="none", actor=request.user.actor)
+        job = services.update_job(job=job, changes=serializer.validated_data, actor=request.user.actor)
         return self._respond(job)
 
     def destroy(self, request: Request, *args, **kwargs) -> Response:
