@@ -24,11 +24,11 @@ from django.utils.html import format_html, format_html_join
 
 from jobs import activity, console, services
 from jobs.audit import admin_actor
-from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
+from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
 from jobs.forms import JobAdminForm
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
-from jobs.validation import check_cron, check_dst_policy, check_interval, check_zone
+from jobs.validation import JobInvalid, check_dst_policy
 from runs import tasks
 from runs.admin import status_pill
 from runs.keys import format_utc
@@ -450,18 +450,22 @@ class JobAdmin(admin.ModelAdmin):
             return JsonResponse({"error": "forbidden"}, status=403)
         cron = request.GET.get("cron_expr", "").strip() or None
         interval_text = request.GET.get("interval_seconds", "").strip()
+        interval = (
+            (int(interval_text) if interval_text.isdigit() else interval_text) if interval_text else None
+        )
         zone = request.GET.get("time_zone", "").strip() or "UTC"
         try:
-            check_zone(zone)
             policy = _policy_param(request.GET.get("dst_policy", ""))
-            if cron and not interval_text:
-                cron = check_cron(cron, zone=zone, dst_policy=policy)
-                interval = None
-            elif interval_text and not cron:
-                interval = check_interval(int(interval_text) if interval_text.isdigit() else interval_text)
-            else:
-                return JsonResponse({"error": "Set exactly one of cron or interval."}, status=400)
-        except ValueError as exc:
+            cron, interval = check_preview_schedule(
+                cron=cron,
+                interval_seconds=interval,
+                timezone=zone,
+                dst_policy=policy,
+            )
+        except JobInvalid as exc:
+            # The page shows one line: the first problem found.
+            return JsonResponse({"error": next(iter(exc.errors.values()))[0]}, status=400)
+        except ValueError as exc:  # the dst_policy JSON
             return JsonResponse({"error": str(exc)}, status=400)
         now = timezone.now().replace(microsecond=0)  # whole seconds, as create_job anchors an interval
         return JsonResponse(

@@ -69,3 +69,21 @@ def test_changing_paused_pauses_and_resumes(tenant):
     assert Job.objects.get(pk=job.pk).paused is False
     actions = list(AuditEntry.objects.filter(job_id=job.id).order_by("id").values_list("action", flat=True))
     assert actions == [AuditAction.CREATE, AuditAction.UPDATE, AuditAction.PAUSE, AuditAction.RESUME]
+
+
+@pytest.mark.parametrize(
+    ("admin_query", "api_query"),
+    [
+        ({"cron_expr": "0 9 * * *", "interval_seconds": "60"}, {"cron": "0 9 * * *", "interval_seconds": 60}),
+        ({"interval_seconds": "0"}, {"interval_seconds": 0}),
+        (
+            {"cron_expr": "0 0 30 2 *", "time_zone": "Mars/Olympus"},
+            {"cron": "0 0 30 2 *", "timezone": "Mars/Olympus"},
+        ),
+    ],
+)
+def test_the_admin_and_api_previews_judge_a_schedule_alike(admin_client, api, admin_query, api_query):
+    admin = admin_client.get("/admin/jobs/job/preview/", admin_query)
+    answer = api.get("/api/v1/schedules/preview", api_query)
+    assert admin.status_code == answer.status_code == 400
+    assert admin.json()["error"] == next(iter(answer.json().values()))[0]

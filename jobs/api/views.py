@@ -23,10 +23,10 @@ from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
 from jobs import jitter, ledger, services
-from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
+from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
 from jobs.models import Job
 from jobs.schedule import ScheduleError
-from jobs.validation import SCHEDULE_KEY, check_cron, check_interval, check_zone
+from jobs.validation import SCHEDULE_KEY
 from runs.keys import format_utc, parse_utc
 from scheduler_project import db
 
@@ -309,33 +309,16 @@ class SchedulePreviewView(APIView):
         query = PreviewQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         params = query.validated_data
-        cron, interval = params.get("cron") or None, params.get("interval_seconds")
-        errors: dict[str, list[str]] = {}
-        zone = params["timezone"]
-        try:
-            check_zone(zone)
-        except ValueError as exc:
-            errors["timezone"] = [str(exc)]
-        if (cron is None) == (interval is None):
-            errors[SCHEDULE_KEY] = ["Give exactly one of cron or interval_seconds."]
-        elif cron is not None:
-            try:
-                cron = check_cron(
-                    cron,
-                    zone="UTC" if errors else zone,
-                    dst_policy={"repeated": params.get("dst_repeated"), "missing": params.get("dst_missing")},
-                )
-            except ValueError as exc:
-                errors["cron"] = [str(exc)]
-        else:
-            try:
-                check_interval(interval)
-            except ValueError as exc:
-                errors["interval_seconds"] = [str(exc)]
-        if errors:
-            raise serializers.ValidationError(errors)
-        after = params.get("after") or timezone.now()
         policy = {"repeated": params.get("dst_repeated"), "missing": params.get("dst_missing")}
+        # JobInvalid: field-level 400 with the API's names (jobs/api/errors.py).
+        cron, interval = check_preview_schedule(
+            cron=params.get("cron") or None,
+            interval_seconds=params.get("interval_seconds"),
+            timezone=params["timezone"],
+            dst_policy=policy,
+        )
+        zone = params["timezone"]
+        after = params.get("after") or timezone.now()
         jitter_seconds = params.get("jitter_seconds", 0)
         gap = jitter.shortest_gap(
             cron=cron, timezone=zone, interval_seconds=interval, job_id=None, now=after, dst_policy=policy
