@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from jobs import activity, console, services
-from jobs.audit import admin_actor
+from jobs.admin_base import ReadOnlyAdmin, actor_of
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
 from jobs.forms import JobAdminForm
@@ -36,10 +36,6 @@ from runs.models import JobRun
 from scheduler_project import db, liveness
 
 PREVIEW_COUNT = 5
-
-
-def actor_of(request: HttpRequest) -> str:
-    return admin_actor(request.user)
 
 
 class TriggerTypeFilter(admin.SimpleListFilter):
@@ -560,17 +556,6 @@ class TenantAdmin(admin.ModelAdmin):
             f"New API token for {tenant.slug} (shown once, store it now): {token}",
             messages.WARNING,
         )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(Misfire)

@@ -36,7 +36,8 @@ MAX_BACKFILL_RUNS = 1000
 # 43,200): bounds the enumeration, which runs before any transaction opens.
 MAX_BACKFILL_SCAN = 50_000
 
-SCHEDULE_FIELDS = ("cron_expr", "time_zone", "interval_seconds", "run_at", "dst_policy", "start_at", "end_at")
+# An edit of one of these restarts the job from its next future slot.
+SCHEDULE_FIELDS = (*planning.SCHEDULE_COLUMNS, "start_at", "end_at")
 
 
 class ServiceError(ValueError):

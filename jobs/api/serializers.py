@@ -13,6 +13,7 @@ from jobs.describe import describe_job
 from jobs.health import overdue_seconds
 from jobs.jitter import JITTER_MAX_SECONDS
 from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
+from runs.api.fields import RejectUnknownMixin
 from runs.selectors import redact_target
 
 from .fields import StrictBooleanField, StrictCharField, StrictIntegerField, UtcDateTimeField
@@ -24,17 +25,6 @@ MODEL_TO_API = {v: k for k, v in API_TO_MODEL.items()}
 
 def api_errors(errors: dict[str, list[str]]) -> dict[str, list[str]]:
     return {MODEL_TO_API.get(key, key): messages for key, messages in errors.items()}
-
-
-class RejectUnknownMixin:
-    """A typo such as `intervall_seconds` must be a 400, not a silently different job."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
-        return super().to_internal_value(data)
 
 
 class TargetField(serializers.JSONField):
