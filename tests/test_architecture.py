@@ -157,6 +157,8 @@ def test_small_helpers_have_one_home():
         "rfc3339": {m for m, tree in MODULES.items() if _calls(tree, "fromisoformat")},
         # a node's id
         "node id": {m for m, _ in _defs(ast.FunctionDef, "make_node_id")},
+        # URLconfs spelling a route twice by hand (the root URLconf only includes)
+        "both spellings": {m for m, tree in MODULES.items() if "url" in m and _calls(tree, "path")},
         # the validator of a schedule preview (API and admin)
         "preview check": {m for m, tree in MODULES.items() if _calls(tree, "check_interval")}
         - {"jobs.validation"},
@@ -167,5 +169,6 @@ def test_small_helpers_have_one_home():
         "unknown fields": {"runs.api.fields"},
         "rfc3339": {"runs.keys"},
         "node id": {"scheduler_project.liveness"},
+        "both spellings": {"scheduler_project.urls", "scheduler_project.urlpaths"},
         "preview check": {"jobs.describe"},
     }
