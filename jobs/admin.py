@@ -26,7 +26,7 @@ from jobs import activity, console, services
 from jobs.admin_base import ReadOnlyAdmin, actor_of
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
-from jobs.forms import JobAdminForm
+from jobs.forms import POLICY_FORM_FIELDS, SCHEDULE_FORM_FIELDS, JobAdminForm
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
 from jobs.validation import JobInvalid, check_dst_policy
 from runs import tasks
@@ -161,35 +161,12 @@ class JobAdmin(admin.ModelAdmin):
         (None, {"fields": ("tenant", "name", "paused", "priority")}),
         (
             "Schedule",
-            {
-                "fields": (
-                    "cron_expr",
-                    "time_zone",
-                    "dst_policy",
-                    "interval_seconds",
-                    "run_at",
-                    "start_at",
-                    "end_at",
-                    "jitter_seconds",
-                    "schedule_text",
-                    "next_fire_times",
-                )
-            },
+            {"fields": (*SCHEDULE_FORM_FIELDS, "schedule_text", "next_fire_times")},
         ),
         ("Target", {"fields": ("target",)}),
         (
             "Policies",
-            {
-                "fields": (
-                    "misfire_policy",
-                    "max_catch_up",
-                    "overlap_policy",
-                    "max_attempts",
-                    "retry_backoff_seconds",
-                    "retry_backoff_cap_seconds",
-                    "lease_seconds",
-                )
-            },
+            {"fields": POLICY_FORM_FIELDS},
         ),
         ("State", {"fields": ("id", "partition_id", "next_run_at", "created_at")}),
     )

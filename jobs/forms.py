@@ -13,9 +13,8 @@ from jobs.models import Job
 from jobs.validation import SCHEDULE_KEY, TRIGGER_FIELDS, JobInvalid
 from runs.selectors import redact_target
 
-FORM_FIELDS = (
-    "tenant",
-    "name",
+# Grouped as the admin's fieldsets show them (jobs/admin.py), so each list is written once.
+SCHEDULE_FORM_FIELDS = (
     "cron_expr",
     "time_zone",
     "dst_policy",
@@ -23,7 +22,9 @@ FORM_FIELDS = (
     "run_at",
     "start_at",
     "end_at",
-    "target",
+    "jitter_seconds",
+)
+POLICY_FORM_FIELDS = (
     "misfire_policy",
     "max_catch_up",
     "overlap_policy",
@@ -31,10 +32,8 @@ FORM_FIELDS = (
     "retry_backoff_seconds",
     "retry_backoff_cap_seconds",
     "lease_seconds",
-    "priority",
-    "jitter_seconds",
-    "paused",
 )
+FORM_FIELDS = ("tenant", "name", "paused", "priority", *SCHEDULE_FORM_FIELDS, "target", *POLICY_FORM_FIELDS)
 # Fields jobs.validation judges; the rest (tenant, paused) need only the form's own checks.
 VALIDATED_FIELDS = tuple(f for f in FORM_FIELDS if f not in ("tenant", "paused"))
 

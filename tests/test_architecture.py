@@ -157,6 +157,23 @@ def test_small_helpers_have_one_home():
         "rfc3339": {m for m, tree in MODULES.items() if _calls(tree, "fromisoformat")},
         # a node's id
         "node id": {m for m, _ in _defs(ast.FunctionDef, "make_node_id")},
+        # the admin form's field groups (the fieldsets reuse them)
+        "policy fields": {
+            m
+            for m, tree in MODULES.items()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Tuple)
+            and {"max_catch_up", "lease_seconds"} <= {getattr(e, "value", None) for e in node.elts}
+        },
+        # node rows read into the dashboard's health records
+        "node health": {
+            m
+            for m, tree in MODULES.items()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "id", "").endswith("Health")
+            and any(k.arg == "heartbeat_age_seconds" for k in node.keywords)
+        },
         # URLconfs spelling a route twice by hand (the root URLconf only includes)
         "both spellings": {m for m, tree in MODULES.items() if "url" in m and _calls(tree, "path")},
         # the validator of a schedule preview (API and admin)
@@ -169,6 +186,8 @@ def test_small_helpers_have_one_home():
         "unknown fields": {"runs.api.fields"},
         "rfc3339": {"runs.keys"},
         "node id": {"scheduler_project.liveness"},
+        "policy fields": {"jobs.forms"},
+        "node health": set(),
         "both spellings": {"scheduler_project.urls", "scheduler_project.urlpaths"},
         "preview check": {"jobs.describe"},
     }
