@@ -24,13 +24,13 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 
 from jobs import activity, console, services
-from jobs.audit import admin_actor
-from jobs.describe import describe_job, fire_time_json, job_fire_times, preview
+from jobs.admin_base import ReadOnlyAdmin, actor_of
+from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
-from jobs.forms import VALIDATED_FIELDS, JobAdminForm
+from jobs.forms import POLICY_FORM_FIELDS, SCHEDULE_FORM_FIELDS, JobAdminForm
 from jobs.health import overdue_seconds
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
-from jobs.validation import check_cron, check_dst_policy, check_interval, check_zone
+from jobs.validation import JobInvalid, check_dst_policy
 from runs import tasks
 from runs.admin import status_pill
 from runs.keys import format_utc
@@ -38,10 +38,6 @@ from runs.models import JobRun
 from scheduler_project import db, liveness
 
 PREVIEW_COUNT = 5
-
-
-def actor_of(request: HttpRequest) -> str:
-    return admin_actor(request.user)
 
 
 class TriggerTypeFilter(admin.SimpleListFilter):
@@ -179,35 +175,12 @@ class JobAdmin(admin.ModelAdmin):
         (None, {"fields": ("tenant", "name", "paused", "priority")}),
         (
             "Schedule",
-            {
-                "fields": (
-                    "cron_expr",
-                    "time_zone",
-                    "dst_policy",
-                    "interval_seconds",
-                    "run_at",
-                    "start_at",
-                    "end_at",
-                    "jitter_seconds",
-                    "schedule_text",
-                    "next_fire_times",
-                )
-            },
+            {"fields": (*SCHEDULE_FORM_FIELDS, "schedule_text", "next_fire_times")},
         ),
         ("Target", {"fields": ("target",)}),
         (
             "Policies",
-            {
-                "fields": (
-                    "misfire_policy",
-                    "max_catch_up",
-                    "overlap_policy",
-                    "max_attempts",
-                    "retry_backoff_seconds",
-                    "retry_backoff_cap_seconds",
-                    "lease_seconds",
-                )
-            },
+            {"fields": POLICY_FORM_FIELDS},
         ),
         ("State", {"fields": ("id", "partition_id", "next_run_at", "created_at")}),
     )
@@ -289,9 +262,7 @@ class JobAdmin(admin.ModelAdmin):
                     in_zone(o.scheduled_at, job.time_zone),
                     o.outcome,
                     o.reason or "",
-                    format_html(
-                        '<a href="{}">run</a>', reverse("admin:runs_jobrun_change", args=[o.run.pk])
-                    )
+                    format_html('<a href="{}">run</a>', reverse("admin:runs_jobrun_change", args=[o.run.pk]))
                     if o.run is not None
                     else "",
                 )
@@ -340,14 +311,16 @@ class JobAdmin(admin.ModelAdmin):
         return super().changeform_view(request, object_id, form_url, extra_context)
 
     def save_model(self, request, obj: Job, form, change: bool) -> None:
+        # The form judged the same rules (jobs/edits.py); the service judges them again
+        # on the locked row and writes.
         if not change:
-            fields = {f: form.cleaned_data[f] for f in VALIDATED_FIELDS}
-            fields["paused"] = form.cleaned_data.get("paused", False)
             tenant = form.cleaned_data["tenant"]
-            services.create_job(tenant=tenant, id=obj.id, actor=actor_of(request), **fields)
+            services.create_job(
+                tenant=tenant, id=obj.id, fields=form.new_job_fields(), actor=actor_of(request)
+            )
             obj._state.adding = False
         else:
-            changes = {f: form.cleaned_data[f] for f in form.changed_data if f in VALIDATED_FIELDS}
+            changes = form.job_changes()
             if changes:
                 services.update_job(job=obj, changes=changes, actor=actor_of(request))
         obj.refresh_from_db()
@@ -464,18 +437,22 @@ class JobAdmin(admin.ModelAdmin):
             return JsonResponse({"error": "forbidden"}, status=403)
         cron = request.GET.get("cron_expr", "").strip() or None
         interval_text = request.GET.get("interval_seconds", "").strip()
+        interval = (
+            (int(interval_text) if interval_text.isdigit() else interval_text) if interval_text else None
+        )
         zone = request.GET.get("time_zone", "").strip() or "UTC"
         try:
-            check_zone(zone)
             policy = _policy_param(request.GET.get("dst_policy", ""))
-            if cron and not interval_text:
-                cron = check_cron(cron, zone=zone, dst_policy=policy)
-                interval = None
-            elif interval_text and not cron:
-                interval = check_interval(int(interval_text) if interval_text.isdigit() else interval_text)
-            else:
-                return JsonResponse({"error": "Set exactly one of cron or interval."}, status=400)
-        except ValueError as exc:
+            cron, interval = check_preview_schedule(
+                cron=cron,
+                interval_seconds=interval,
+                timezone=zone,
+                dst_policy=policy,
+            )
+        except JobInvalid as exc:
+            # The page shows one line: the first problem found.
+            return JsonResponse({"error": next(iter(exc.errors.values()))[0]}, status=400)
+        except ValueError as exc:  # the dst_policy JSON
             return JsonResponse({"error": str(exc)}, status=400)
         now = timezone.now().replace(microsecond=0)  # whole seconds, as create_job anchors an interval
         return JsonResponse(
@@ -570,17 +547,6 @@ class TenantAdmin(admin.ModelAdmin):
             f"New API token for {tenant.slug} (shown once, store it now): {token}",
             messages.WARNING,
         )
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(Misfire)

@@ -7,11 +7,13 @@ import json
 from django.contrib import admin
 from django.utils.html import format_html
 
+from jobs.admin_base import ReadOnlyAdmin
 from jobs.models import AuditEntry
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
+    # An audit log nobody can edit: entries are written only by jobs.audit.record.
     list_display = ("at", "actor", "action", "job_name", "job_id", "short_changes", "tenant")
     list_filter = ("action", "tenant", "at")
     search_fields = ("actor", "job_name")
@@ -20,16 +22,6 @@ class AuditEntryAdmin(admin.ModelAdmin):
     date_hierarchy = "at"
     fields = ("at", "actor", "action", "tenant", "job_id", "job_name", "changes_pretty")
     readonly_fields = fields
-
-    # An audit log nobody can edit: entries are written only by jobs.audit.record.
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     @admin.display(description="changes")
     def short_changes(self, entry: AuditEntry) -> str:

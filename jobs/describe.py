@@ -9,6 +9,7 @@ from cron_descriptor import Options, get_description
 
 from jobs import schedule
 from jobs.models import Job
+from jobs.validation import SCHEDULE_KEY, JobInvalid, check_cron, check_interval, check_zone
 from runs.keys import format_utc
 
 _UNITS = ((86_400, "day"), (3_600, "hour"), (60, "minute"), (1, "second"))
@@ -93,6 +94,37 @@ def job_fire_times(job: Job, *, now: datetime, count: int) -> list[schedule.Fire
         until=job.end_at,
         dst_policy=job.dst_policy,
     )
+
+
+def check_preview_schedule(
+    *, cron: str | None, interval_seconds: object, timezone: str, dst_policy: dict | None
+) -> tuple[str | None, int | None]:
+    """The one validator of a schedule to preview (API and admin live preview).
+
+    Returns (cron, interval_seconds) cleaned; raises JobInvalid with every problem
+    under model field names. A bad zone still lets the cron be judged (in UTC).
+    """
+    errors: dict[str, list[str]] = {}
+    try:
+        check_zone(timezone)
+    except ValueError as exc:
+        errors["time_zone"] = [str(exc)]
+    interval = None
+    if (cron is None) == (interval_seconds is None):
+        errors[SCHEDULE_KEY] = ["Give exactly one of cron or interval_seconds."]
+    elif cron is not None:
+        try:
+            cron = check_cron(cron, zone="UTC" if errors else timezone, dst_policy=dst_policy)
+        except ValueError as exc:
+            errors["cron_expr"] = [str(exc)]
+    else:
+        try:
+            interval = check_interval(interval_seconds)
+        except ValueError as exc:
+            errors["interval_seconds"] = [str(exc)]
+    if errors:
+        raise JobInvalid(errors)
+    return cron, interval
 
 
 def preview(

@@ -1,20 +1,20 @@
-"""Admin form for jobs: the same rules as the API (jobs.validation), field by field."""
+"""Admin form for jobs: the same service rules as the API (jobs/edits.py), field by field."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django import forms
-from django.conf import settings
-from django.utils import timezone
 
+from jobs import edits
 from jobs.models import Job
-from jobs.validation import SCHEDULE_KEY, TRIGGER_FIELDS, JobInvalid, validate_job
-from runs.selectors import redact_target, unmask_target
+from jobs.validation import SCHEDULE_KEY, TRIGGER_FIELDS, JobInvalid
+from runs.selectors import redact_target
+from scheduler_project import db
 
-FORM_FIELDS = (
-    "tenant",
-    "name",
+# Grouped as the admin's fieldsets show them (jobs/admin.py), so each list is written once.
+SCHEDULE_FORM_FIELDS = (
     "cron_expr",
     "time_zone",
     "dst_policy",
@@ -22,7 +22,9 @@ FORM_FIELDS = (
     "run_at",
     "start_at",
     "end_at",
-    "target",
+    "jitter_seconds",
+)
+POLICY_FORM_FIELDS = (
     "misfire_policy",
     "max_catch_up",
     "overlap_policy",
@@ -30,10 +32,8 @@ FORM_FIELDS = (
     "retry_backoff_seconds",
     "retry_backoff_cap_seconds",
     "lease_seconds",
-    "priority",
-    "jitter_seconds",
-    "paused",
 )
+FORM_FIELDS = ("tenant", "name", "paused", "priority", *SCHEDULE_FORM_FIELDS, "target", *POLICY_FORM_FIELDS)
 # Fields jobs.validation judges; the rest (tenant, paused) need only the form's own checks.
 VALIDATED_FIELDS = tuple(f for f in FORM_FIELDS if f not in ("tenant", "paused"))
 
@@ -79,25 +79,37 @@ class JobAdminForm(forms.ModelForm):
         value = self.cleaned_data.get("jitter_seconds")
         return 0 if value is None else value
 
+    def new_job_fields(self) -> dict[str, Any]:
+        """The fields of a new job (jobs.services.create_job adds the defaults)."""
+        fields = {f: self.cleaned_data[f] for f in VALIDATED_FIELDS if f in self.cleaned_data}
+        fields["paused"] = self.cleaned_data.get("paused", False)
+        return fields
+
+    def job_changes(self) -> dict[str, Any]:
+        """The edit this form makes, for jobs.services.update_job.
+
+        The form shows the whole trigger, so unlike a PATCH naming one trigger field does
+        not clear the others: when any of them changed, all three are sent as shown.
+        """
+        cleaned = self.cleaned_data
+        names = [f for f in self.changed_data if f in VALIDATED_FIELDS]
+        if any(f in TRIGGER_FIELDS for f in names):
+            names += [f for f in TRIGGER_FIELDS if f not in names]
+        return {f: cleaned[f] for f in names if f in cleaned}
+
     def clean(self):
         cleaned = super().clean()
-        if not self.instance._state.adding and isinstance(cleaned.get("target"), dict):
-            cleaned["target"] = unmask_target(cleaned["target"], self.instance.target)
-        values = {f: cleaned[f] for f in VALIDATED_FIELDS if f in cleaned}
         # A trigger field that did not even parse: do not also claim "none is set".
         trigger_unparsed = any(f in self.errors for f in TRIGGER_FIELDS)
-        values["cron_expr"] = values.get("cron_expr") or None
-        changed = None if self.instance._state.adding else set(self.changed_data)
         try:
-            clean = validate_job(
-                values,
-                now=timezone.now(),
-                allow_private=settings.SCHEDULER_ALLOW_PRIVATE_TARGETS,
-                changed=changed,
+            if self.instance._state.adding:
                 # A new instance already has its id (uuid4 default) and save_model creates
                 # the job with it: H is validated with the seed it will be scheduled with.
-                job_id=self.instance.pk,
-            )
+                clean = edits.new_job_values(
+                    self.new_job_fields(), job_id=self.instance.pk, now=db.now()
+                )
+            else:
+                clean = edits.job_changes(self.instance, self.job_changes(), now=db.now())
         except JobInvalid as exc:
             for field, messages in exc.errors.items():
                 if field == SCHEDULE_KEY and trigger_unparsed:
@@ -108,6 +120,5 @@ class JobAdminForm(forms.ModelForm):
                 for message in messages:
                     self.add_error(target if target in self.fields else None, message)
             return cleaned
-        clean["cron_expr"] = clean.get("cron_expr") or ""
         cleaned.update({k: v for k, v in clean.items() if k in cleaned or k == "cron_expr"})
         return cleaned

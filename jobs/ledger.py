@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 
 from jobs.models import Job, SlotRange, SlotReason
-from jobs.planning import slots_between
+from jobs.planning import schedule_columns, slots_between
 from runs.models import JobRun
 
 _TICK = timedelta(microseconds=1)
@@ -108,12 +108,4 @@ def _classify(
 
 def _schedule_of(job: Job, rng: SlotRange) -> Job:
     """A transient job carrying the schedule a range was recorded with (for slot arithmetic)."""
-    return Job(
-        id=job.id,
-        cron_expr=rng.cron_expr,
-        time_zone=rng.time_zone,
-        interval_seconds=rng.interval_seconds,
-        run_at=rng.run_at,
-        dst_policy=rng.dst_policy,
-        next_run_at=rng.anchor,
-    )
+    return Job(id=job.id, next_run_at=rng.anchor, **schedule_columns(rng))

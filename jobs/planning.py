@@ -153,6 +153,15 @@ def run_for(job: Job, *, scheduled_at: datetime, trigger: str, overlap_check: bo
     )
 
 
+# The columns that define a job's slots. A ledger range copies them, so the slots it
+# covers can be enumerated again with the schedule they belonged to.
+SCHEDULE_COLUMNS = ("cron_expr", "time_zone", "interval_seconds", "run_at", "dst_policy")
+
+
+def schedule_columns(source: Job | SlotRange) -> dict:
+    return {name: getattr(source, name) for name in SCHEDULE_COLUMNS}
+
+
 def slot_range(job: Job, *, first: datetime, last: datetime, outcome: str, reason: str) -> SlotRange:
     """An unsaved ledger range of `job`'s slots in [first, last], with the job's schedule as it is now."""
     return SlotRange(
@@ -161,12 +170,8 @@ def slot_range(job: Job, *, first: datetime, last: datetime, outcome: str, reaso
         last_at=last,
         outcome=outcome,
         reason=reason,
-        cron_expr=job.cron_expr,
-        time_zone=job.time_zone,
-        interval_seconds=job.interval_seconds,
-        run_at=job.run_at,
-        dst_policy=job.dst_policy,
         anchor=job.next_run_at or first,
+        **schedule_columns(job),
     )
 
 

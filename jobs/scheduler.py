@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from jobs.models import Job, Misfire, SlotRange
 from jobs.planning import Plan, plan_job
 from runs import partitions
 from runs.queue import enqueue_runs, notify_executors
-from scheduler_project import db
+from scheduler_project import db, liveness
 from scheduler_project.loop import Loop
 
 log = logging.getLogger(__name__)
@@ -49,10 +48,6 @@ ALERT_SWEEP_EVERY_SECONDS = 5
 # behind a backlog of misfired ones. The first job of a batch is always planned.
 PLAN_BUDGET_SECONDS = 1.0
 SUMMARY_EVERY_SECONDS = 30
-
-
-def make_node_id() -> str:
-    return f"{socket.gethostname()[:60]}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True)
@@ -84,7 +79,7 @@ class Scheduler(Loop):
         heartbeat_thread: bool = True,
     ) -> None:
         super().__init__()
-        self.node_id = node_id or make_node_id()
+        self.node_id = node_id or liveness.make_node_id()
         self.batch_size = batch_size or settings.SCHEDULER_BATCH_SIZE
         self.lease_seconds = lease_seconds or settings.SCHEDULER_LEASE_SECONDS
         self.poll_seconds = poll_seconds if poll_seconds is not None else settings.SCHEDULER_POLL_SECONDS

@@ -3,23 +3,27 @@
 Slot arithmetic lives in jobs/planning.py; what these functions decide about slots
 that will never run is recorded as ledger ranges (jobs/ledger.py reads them).
 
-Validation of user input happens in the API serializers (field-level messages);
-these functions assume valid values but keep the database consistent on their own.
+`create_job` and `update_job` own what a create or an edit means (defaults, the
+PATCH rules, jobs.validation on the merged state: jobs/edits.py) and raise JobInvalid
+with field-level messages; the API serializers and the admin form only parse shapes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+import uuid
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.db import transaction
 
-from jobs import audit, planning
+from jobs import audit, edits, planning
 from jobs.models import ApiToken, AuditAction, Job, Misfire, MisfirePolicy, SlotOutcome, SlotReason, Tenant
 from jobs.planning import latest_slot, missed_slots, next_slot, run_for, slots_between
 from runs.models import JobRun
@@ -32,7 +36,8 @@ MAX_BACKFILL_RUNS = 1000
 # 43,200): bounds the enumeration, which runs before any transaction opens.
 MAX_BACKFILL_SCAN = 50_000
 
-SCHEDULE_FIELDS = ("cron_expr", "time_zone", "interval_seconds", "run_at", "dst_policy", "start_at", "end_at")
+# An edit of one of these restarts the job from its next future slot.
+SCHEDULE_FIELDS = (*planning.SCHEDULE_COLUMNS, "start_at", "end_at")
 
 
 class ServiceError(ValueError):
@@ -74,10 +79,28 @@ def _issue_token(*, tenant: Tenant, label: str) -> str:
     return token
 
 
-@transaction.atomic
-def create_job(*, tenant: Tenant, actor: str = audit.SYSTEM, now: datetime | None = None, **fields) -> Job:
+def create_job(
+    *,
+    tenant: Tenant,
+    fields: Mapping[str, Any],
+    actor: str = audit.SYSTEM,
+    id: UUID | None = None,  # the column's name; the admin chose it before validating
+    now: datetime | None = None,
+) -> Job:
+    """Validate `fields` over the defaults and create the job; raises JobInvalid.
+
+    The validation (a bounded cron search) runs before the transaction opens; the
+    insert and its audit entry are one transaction.
+    """
     now = now or db.now()
-    job = Job(tenant=tenant, **fields)
+    job_id = id or uuid.uuid4()
+    values = edits.new_job_values(fields, job_id=job_id, now=now)
+    return _insert_job(tenant=tenant, job_id=job_id, values=values, actor=actor, now=now)
+
+
+@transaction.atomic
+def _insert_job(*, tenant: Tenant, job_id: UUID, values: dict, actor: str, now: datetime) -> Job:
+    job = Job(tenant=tenant, id=job_id, **values)
     job.partition_id = partition_for(job.id)
     job.next_run_at = None
     # Whole seconds: an interval job's slots are anchor + k*interval, and an anchor
@@ -85,21 +108,39 @@ def create_job(*, tenant: Tenant, actor: str = audit.SYSTEM, now: datetime | Non
     job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now.replace(microsecond=0))
     job.schedule_since = now
     job.save(force_insert=True)
-    audit.record(actor=actor, action=AuditAction.CREATE, job=job, changes=audit.snapshot(fields))
+    audit.record(actor=actor, action=AuditAction.CREATE, job=job, changes=audit.snapshot(values))
     return job
 
 
 @transaction.atomic
-def update_job(*, job: Job, changes: dict, actor: str = audit.SYSTEM, now: datetime | None = None) -> Job:
-    """Apply field changes; a schedule change restarts from the next future slot.
+def update_job(
+    *, job: Job, changes: Mapping[str, Any], actor: str = audit.SYSTEM, now: datetime | None = None
+) -> Job:
+    """Apply an edit (PATCH semantics, jobs/edits.py) to the locked row; raises JobInvalid.
 
-    Edits never fire a slot that is already past (DESIGN section 3): the slots that
-    fell before the edit took effect are not misfires. They are recorded in the
-    ledger as missed (`schedule_changed`, or `paused` for a paused job), with the
-    schedule they belonged to.
+    The rules are judged on the locked row, not on the caller's copy: an edit that was
+    valid against a stale read (a jitter another edit raised meanwhile) is refused.
+    A schedule change restarts from the next future slot. Edits never fire a slot that
+    is already past (DESIGN section 3): the slots that fell before the edit took effect
+    are not misfires. They are recorded in the ledger as missed (`schedule_changed`, or
+    `paused` for a paused job), with the schedule they belonged to. A change of `paused`
+    has the meaning of pause/resume (resuming never fires the slots that fell while
+    paused), applied after the other changes.
     """
     now = now or db.now()
     job = Job.objects.select_for_update().get(pk=job.pk)
+    clean = edits.job_changes(job, changes, now=now)
+    paused = clean.pop("paused", None)
+    if clean:
+        _apply_changes(job=job, changes=clean, actor=actor, now=now)
+    if paused is True and not job.paused:
+        _pause_locked(job=job, actor=actor, now=now)
+    elif paused is False and job.paused:
+        _resume_locked(job=job, catch_up="none", actor=actor, now=now)
+    return job
+
+
+def _apply_changes(*, job: Job, changes: dict, actor: str, now: datetime) -> None:
     before = {name: getattr(job, name) for name in changes}
     schedule_changed = any(
         name in SCHEDULE_FIELDS and getattr(job, name) != value for name, value in changes.items()
@@ -124,7 +165,6 @@ def update_job(*, job: Job, changes: dict, actor: str = audit.SYSTEM, now: datet
     diff = audit.field_diff(before=before, after=changes)
     if diff:
         audit.record(actor=actor, action=AuditAction.UPDATE, job=job, changes=diff)
-    return job
 
 
 @transaction.atomic
@@ -137,10 +177,13 @@ def pause_job(*, job: Job, actor: str = audit.SYSTEM, now: datetime | None = Non
     without catch_up cannot drop them silently and one with catch_up cannot fire
     them twice.
     """
-    now = now or db.now()
     job = Job.objects.select_for_update().get(pk=job.pk)
-    if job.paused:
-        return job
+    if not job.paused:
+        _pause_locked(job=job, actor=actor, now=now or db.now())
+    return job
+
+
+def _pause_locked(*, job: Job, actor: str, now: datetime) -> None:
     fields = ["paused", "updated_at"]
     if job.next_run_at is not None and job.next_run_at <= now:
         missed = missed_slots(job, first=job.next_run_at, now=now)
@@ -159,7 +202,6 @@ def pause_job(*, job: Job, actor: str = audit.SYSTEM, now: datetime | None = Non
     job.paused = True
     job.save(update_fields=fields)
     audit.record(actor=actor, action=AuditAction.PAUSE, job=job, changes={"paused": [False, True]})
-    return job
 
 
 @transaction.atomic
@@ -171,10 +213,13 @@ def resume_job(
     catch_up="latest" queues one run for the latest slot that fell while paused,
     "all" one per slot (at most max_catch_up), both marked trigger=catch_up.
     """
-    now = now or db.now()
     job = Job.objects.select_for_update().get(pk=job.pk)
-    if not job.paused:
-        return job
+    if job.paused:
+        _resume_locked(job=job, catch_up=catch_up, actor=actor, now=now or db.now())
+    return job
+
+
+def _resume_locked(*, job: Job, catch_up: str, actor: str, now: datetime) -> None:
     missed: list[datetime] = []
     if catch_up != "none" and job.next_run_at is not None and job.next_run_at <= now:
         if catch_up == "latest":
@@ -199,7 +244,6 @@ def resume_job(
         job=job,
         changes={"paused": [True, False], "catch_up": catch_up, "runs_queued": len(missed)},
     )
-    return job
 
 
 @transaction.atomic

@@ -25,7 +25,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
 from jobs import health
-from jobs.audit import admin_actor
+from jobs.admin_base import ReadOnlyAdmin, actor_of
 from runs import charts, selectors, services, timeseries
 from runs.keys import format_utc, parse_utc
 from runs.models import ACTIVE_STATUSES, DeadRun, ExecutorNode, JobRun, RunStatus
@@ -97,10 +97,6 @@ class CappedCountPaginator(Paginator):
     def count(self) -> int:
         # Without the ordering the capped count stops after COUNT_CAP rows instead of sorting all.
         return self.object_list.order_by()[: COUNT_CAP + 1].count()
-
-
-def actor_of(request: HttpRequest) -> str:
-    return admin_actor(request.user)
 
 
 class JobRunAdmin(admin.ModelAdmin):
@@ -276,16 +272,24 @@ class JobRunAdmin(admin.ModelAdmin):
         for run in JobRun.objects.filter(id__in=ids):
             self.log_change(request, run, message)
 
-    @admin.action(description="Replay selected dead/cancelled runs", permissions=["change"])
-    def replay_selected(self, request: HttpRequest, queryset) -> None:
-        result = services.replay_runs(
-            ids=list(queryset.values_list("id", flat=True)), actor=actor_of(request)
-        )
-        self._log(request, result.done, "Replayed: re-queued under the same run key.")
+    def _bulk(self, request: HttpRequest, queryset, service, *, log: str, summary: str) -> None:
+        """One bulk service call (replay, cancel) on the selected runs, logged and reported."""
+        result = service(ids=list(queryset.values_list("id", flat=True)), actor=actor_of(request))
+        self._log(request, result.done, log)
         self.message_user(
             request,
-            f"Replayed {len(result.done)} run(s); ignored {result.ignored} that were not dead or cancelled.",
+            summary.format(done=len(result.done), ignored=result.ignored),
             messages.SUCCESS if result.done else messages.WARNING,
+        )
+
+    @admin.action(description="Replay selected dead/cancelled runs", permissions=["change"])
+    def replay_selected(self, request: HttpRequest, queryset) -> None:
+        self._bulk(
+            request,
+            queryset,
+            services.replay_runs,
+            log="Replayed: re-queued under the same run key.",
+            summary="Replayed {done} run(s); ignored {ignored} that were not dead or cancelled.",
         )
 
     @admin.action(description="Replay selected: dry run (list only, change nothing)", permissions=["change"])
@@ -302,14 +306,12 @@ class JobRunAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel selected queued/retrying/running runs", permissions=["change"])
     def cancel_selected(self, request: HttpRequest, queryset) -> None:
-        result = services.cancel_runs(
-            ids=list(queryset.values_list("id", flat=True)), actor=actor_of(request)
-        )
-        self._log(request, result.done, "Cancelled.")
-        self.message_user(
+        self._bulk(
             request,
-            f"Cancelled {len(result.done)} run(s); ignored {result.ignored} that were already finished.",
-            messages.SUCCESS if result.done else messages.WARNING,
+            queryset,
+            services.cancel_runs,
+            log="Cancelled.",
+            summary="Cancelled {done} run(s); ignored {ignored} that were already finished.",
         )
 
     # --- single-run buttons and the dashboard ----------------------------------------
@@ -512,7 +514,7 @@ admin.site.register(DeadRun, DeadRunAdmin)
 
 
 @admin.register(ExecutorNode)
-class ExecutorNodeAdmin(admin.ModelAdmin):
+class ExecutorNodeAdmin(ReadOnlyAdmin):
     """Registered executors, read-only; alive by scheduler_project.liveness like schedulers."""
 
     list_display = (
@@ -532,12 +534,3 @@ class ExecutorNodeAdmin(admin.ModelAdmin):
     @admin.display(boolean=True, description="alive", ordering="alive")
     def alive(self, node: ExecutorNode) -> bool:
         return node.alive
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False

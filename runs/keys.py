@@ -11,12 +11,24 @@ def format_utc(moment: datetime) -> str:
     return text.replace("+00:00", "Z")
 
 
-def parse_utc(text: str) -> datetime:
-    """Inverse of format_utc; accepts any RFC 3339 offset. Raises ValueError."""
+class NaiveTimestamp(ValueError):
+    """A timestamp without an offset: which instant it means is unknown."""
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """An aware datetime in the offset given (any RFC 3339 offset, `z` or `Z`).
+
+    Raises NaiveTimestamp without an offset, ValueError when it is no timestamp.
+    """
     value = datetime.fromisoformat(text.strip().replace("z", "Z").replace("Z", "+00:00"))
     if value.tzinfo is None:
-        raise ValueError("timestamp needs a zone, e.g. 2026-03-08T07:00:00Z")
-    return value.astimezone(UTC)
+        raise NaiveTimestamp("timestamp needs a zone, e.g. 2026-03-08T07:00:00Z")
+    return value
+
+
+def parse_utc(text: str) -> datetime:
+    """Inverse of format_utc; accepts any RFC 3339 offset. Raises ValueError."""
+    return parse_rfc3339(text).astimezone(UTC)
 
 
 def run_key(job_id: UUID | str, scheduled_at: datetime) -> str:

@@ -1,8 +1,4 @@
-from django.urls import path
-
 from runs.metrics import metrics_view
+from scheduler_project.urlpaths import both
 
-urlpatterns = [
-    path("metrics", metrics_view, name="metrics"),
-    path("metrics/", metrics_view),
-]
+urlpatterns = both("metrics", metrics_view, "metrics")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import datetime
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
@@ -292,19 +293,22 @@ def window_totals(*, since: datetime) -> dict[str, int]:
     }
 
 
+def _health(cls, node, **derived):
+    """A node row (alive annotated) as `cls`: each field read from the row's same-named
+    attribute unless `derived` gives it."""
+    values = {f.name: getattr(node, f.name) for f in dataclass_fields(cls) if f.name not in derived}
+    return cls(**values, **derived)
+
+
 def scheduler_nodes() -> list[NodeHealth]:
     """Scheduler nodes with their liveness as scheduler_project.liveness decides it."""
     from jobs.models import SchedulerNode
 
     return [
-        NodeHealth(
-            node_id=node.node_id,
-            hostname=node.hostname,
-            pid=node.pid,
-            started_at=node.started_at,
-            heartbeat_age_seconds=node.heartbeat_age_seconds,
+        _health(
+            NodeHealth,
+            node,
             partitions=len(node.partitions or []),
-            alive=node.alive,
             owned=frozenset(int(p) for p in node.partitions or []),
         )
         for node in liveness.with_alive(SchedulerNode.objects.order_by("node_id"))
@@ -328,16 +332,7 @@ def executor_nodes() -> list[ExecutorHealth]:
     from runs.models import ExecutorNode
 
     return [
-        ExecutorHealth(
-            node_id=node.node_id,
-            hostname=node.hostname,
-            pid=node.pid,
-            heartbeat_age_seconds=node.heartbeat_age_seconds,
-            concurrency=node.concurrency,
-            in_flight=node.in_flight,
-            last_claim_at=node.last_claim_at,
-            alive=node.alive,
-        )
+        _health(ExecutorHealth, node)
         for node in liveness.with_alive(ExecutorNode.objects.order_by("node_id"))
     ]
 

@@ -15,11 +15,24 @@ cannot disagree (they once used three rules: 1 lease, 2 leases, 2 leases + sessi
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
+
 from django.conf import settings
 from django.db.models import BooleanField, QuerySet
 from django.db.models.expressions import RawSQL
 
 LEASES_OF_SILENCE = 2
+
+
+def make_node_id() -> str:
+    """A node's id (schedulers and executors), also its session's application_name.
+
+    Host and pid say where it runs; the random suffix makes a restarted process that
+    got the same pid a new node. At most 75 characters (the columns hold 100).
+    """
+    return f"{socket.gethostname()[:60]}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 def window_seconds(lease_seconds: float | None = None) -> float:

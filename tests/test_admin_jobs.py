@@ -26,11 +26,14 @@ def fast_password_hashing(settings):
 def jobs(tenant):
     return {
         "nightly": services.create_job(
-            tenant=tenant, name="nightly export", cron_expr="30 2 * * *", target=HOOK
+            tenant=tenant, fields=dict(name="nightly export", cron_expr="30 2 * * *", target=HOOK)
         ),
-        "poll": services.create_job(tenant=tenant, name="poller", interval_seconds=60, target=HOOK),
+        "poll": services.create_job(
+            tenant=tenant, fields=dict(name="poller", interval_seconds=60, target=HOOK)
+        ),
         "once": services.create_job(
-            tenant=tenant, name="one shot", run_at=parse_utc("2099-01-01T00:00:00Z"), target=HOOK, paused=True
+            tenant=tenant,
+            fields=dict(name="one shot", run_at=parse_utc("2099-01-01T00:00:00Z"), target=HOOK, paused=True),
         ),
     }
 
@@ -115,7 +118,8 @@ def test_trigger_now_action_queues_manual_runs(admin_client, jobs):
 def test_change_page_shows_the_next_fire_times(admin_client, tenant):
     with travel("2026-03-07T12:00:00Z"):
         job = services.create_job(
-            tenant=tenant, name="ny", cron_expr="30 2 * * *", time_zone="America/New_York", target=HOOK
+            tenant=tenant,
+            fields=dict(name="ny", cron_expr="30 2 * * *", time_zone="America/New_York", target=HOOK),
         )
         response = admin_client.get(f"{CHANGELIST}{job.pk}/change/")
     assert response.status_code == 200
@@ -186,7 +190,9 @@ def test_add_form_creates_through_the_services(admin_client, tenant):
 
 def test_change_form_edit_recomputes_next_run(admin_client, tenant):
     with travel("2026-01-10T12:00:00Z"):
-        job = services.create_job(tenant=tenant, name="edit me", cron_expr="0 9 * * *", target=HOOK)
+        job = services.create_job(
+            tenant=tenant, fields=dict(name="edit me", cron_expr="0 9 * * *", target=HOOK)
+        )
         response = admin_client.post(
             f"{CHANGELIST}{job.pk}/change/",
             form_data(tenant, name="edited", cron_expr="", interval_seconds="600", overlap_policy="allow"),
@@ -202,7 +208,7 @@ def test_change_form_cannot_move_a_job_to_another_tenant(admin_client, tenant, a
     # Issue 8 item 8: moving only the job left its runs with the old tenant, who could
     # still read and cancel them. The tenant is read-only after creation.
     other, other_token = services.create_tenant(slug="other")
-    job = services.create_job(tenant=tenant, name="mine", cron_expr="0 9 * * *", target=HOOK)
+    job = services.create_job(tenant=tenant, fields=dict(name="mine", cron_expr="0 9 * * *", target=HOOK))
     scheduled_at = services.trigger_job(job=job)
     response = admin_client.post(
         f"{CHANGELIST}{job.pk}/change/",

@@ -148,3 +148,84 @@ def test_hand_written_sql_only_in_the_sql_modules():
                 if node.func.attr in ("execute", "executemany", "copy"):
                     offenders.append(f"{name}:{node.lineno}")
     assert not offenders, f"cursor.execute outside {sorted(SQL_MODULES)}: {offenders}"
+
+
+def _defs(kind: type, name: str | None):
+    for module, tree in MODULES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, kind) and name in (None, node.name):
+                yield module, node
+
+
+def _returns_false(node: ast.FunctionDef) -> bool:
+    return (
+        len(node.body) == 1
+        and isinstance(node.body[0], ast.Return)
+        and isinstance(node.body[0].value, ast.Constant)
+        and node.body[0].value.value is False
+    )
+
+
+def _calls(node: ast.AST, attr_or_name: str) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Call):
+            func = sub.func
+            if getattr(func, "attr", None) == attr_or_name or getattr(func, "id", None) == attr_or_name:
+                return True
+    return False
+
+
+def test_small_helpers_have_one_home():
+    """Repeated blocks a newcomer tripped on (issue 13, item 5) stay folded."""
+    homes = {
+        # the read-only admin page
+        "read-only admin": {
+            m
+            for m, cls in _defs(ast.ClassDef, None)
+            if {f.name for f in cls.body if isinstance(f, ast.FunctionDef) and _returns_false(f)}
+            >= {"has_add_permission", "has_change_permission", "has_delete_permission"}
+        },
+        # the admin's audit actor
+        "admin actor": {m for m, f in _defs(ast.FunctionDef, "actor_of") if _calls(f, "admin_actor")},
+        # "unknown body field" refusal of both APIs
+        "unknown fields": {
+            m for m, f in _defs(ast.FunctionDef, "to_internal_value") if "Unknown field." in ast.unparse(f)
+        },
+        # RFC 3339 parsing
+        "rfc3339": {m for m, tree in MODULES.items() if _calls(tree, "fromisoformat")},
+        # a node's id
+        "node id": {m for m, _ in _defs(ast.FunctionDef, "make_node_id")},
+        # the admin form's field groups (the fieldsets reuse them)
+        "policy fields": {
+            m
+            for m, tree in MODULES.items()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Tuple)
+            and {"max_catch_up", "lease_seconds"} <= {getattr(e, "value", None) for e in node.elts}
+        },
+        # node rows read into the dashboard's health records
+        "node health": {
+            m
+            for m, tree in MODULES.items()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "id", "").endswith("Health")
+            and any(k.arg == "heartbeat_age_seconds" for k in node.keywords)
+        },
+        # URLconfs spelling a route twice by hand (the root URLconf only includes)
+        "both spellings": {m for m, tree in MODULES.items() if "url" in m and _calls(tree, "path")},
+        # the validator of a schedule preview (API and admin)
+        "preview check": {m for m, tree in MODULES.items() if _calls(tree, "check_interval")}
+        - {"jobs.validation"},
+    }
+    assert homes == {
+        "read-only admin": {"jobs.admin_base"},
+        "admin actor": {"jobs.admin_base"},
+        "unknown fields": {"runs.api.fields"},
+        "rfc3339": {"runs.keys"},
+        "node id": {"scheduler_project.liveness"},
+        "policy fields": {"jobs.forms"},
+        "node health": set(),
+        "both spellings": {"scheduler_project.urls", "scheduler_project.urlpaths"},
+        "preview check": {"jobs.describe"},
+    }

@@ -104,7 +104,8 @@ def test_an_edit_of_a_secret_header_is_recorded_without_its_value(api):
 
 def test_audit_api_filters_paginates_and_is_tenant_scoped(api, tenant):
     jobs = [
-        services.create_job(tenant=tenant, name=f"j{i}", interval_seconds=60, target=TARGET) for i in range(3)
+        services.create_job(tenant=tenant, fields=dict(name=f"j{i}", interval_seconds=60, target=TARGET))
+        for i in range(3)
     ]
     for job in jobs:
         assert api.post(f"/api/v1/jobs/{job.id}/pause").status_code == 200

@@ -37,7 +37,7 @@ def web_clock_two_days_behind():
 
 def test_create_and_edit_anchor_on_the_database_clock(tenant, web_clock_two_days_behind):
     now = db_now()
-    job = services.create_job(tenant=tenant, name="hourly", cron_expr="0 * * * *", target=HOOK)
+    job = services.create_job(tenant=tenant, fields=dict(name="hourly", cron_expr="0 * * * *", target=HOOK))
     assert now < job.next_run_at <= now + timedelta(hours=1)
     job = services.update_job(job=job, changes={"cron_expr": "30 * * * *"})
     assert now < job.next_run_at <= now + timedelta(hours=1)

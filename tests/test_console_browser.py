@@ -146,10 +146,11 @@ def test_api_docs_render_offline(page):
 
 
 def test_login_search_filter_and_pause_resume_actions(page, web_server, admin_user, acme):
-    services.create_job(tenant=acme, name="nightly export", cron_expr="30 2 * * *", target=HOOK)
-    poller = services.create_job(tenant=acme, name="poller", interval_seconds=60, target=HOOK)
+    services.create_job(tenant=acme, fields=dict(name="nightly export", cron_expr="30 2 * * *", target=HOOK))
+    poller = services.create_job(tenant=acme, fields=dict(name="poller", interval_seconds=60, target=HOOK))
     services.create_job(
-        tenant=acme, name="one shot", run_at=timezone.now() + timedelta(days=30), target=HOOK, paused=True
+        tenant=acme,
+        fields=dict(name="one shot", run_at=timezone.now() + timedelta(days=30), target=HOOK, paused=True),
     )
 
     # A wrong password stays on the form with Django's error; the right one lands on `next`.
@@ -201,7 +202,9 @@ def test_login_search_filter_and_pause_resume_actions(page, web_server, admin_us
 
 def test_change_page_preview_live_preview_and_validation(signed_in, acme):
     page = signed_in
-    job = services.create_job(tenant=acme, name="nightly export", cron_expr="30 2 * * *", target=HOOK)
+    job = services.create_job(
+        tenant=acme, fields=dict(name="nightly export", cron_expr="30 2 * * *", target=HOOK)
+    )
     page.goto(f"/admin/jobs/job/{job.pk}/change/")
 
     # Server side: the saved schedule's next 5 fire times, computed here independently.
@@ -262,7 +265,9 @@ def test_change_page_preview_live_preview_and_validation(signed_in, acme):
 
 def test_dead_letter_queue_bulk_replay(signed_in, acme):
     page = signed_in
-    job = services.create_job(tenant=acme, name="flaky export", interval_seconds=3600, target=HOOK)
+    job = services.create_job(
+        tenant=acme, fields=dict(name="flaky export", interval_seconds=3600, target=HOOK)
+    )
     dead, waiting = enqueue(job, *minutes_ago(5, 4))
     JobRun.objects.filter(pk=dead.pk).update(
         status="dead",
@@ -288,7 +293,9 @@ def test_dead_letter_queue_bulk_replay(signed_in, acme):
 
 def test_dead_letter_queue_replay_from_the_row(signed_in, acme):
     page = signed_in
-    job = services.create_job(tenant=acme, name="nightly sync", interval_seconds=3600, target=HOOK)
+    job = services.create_job(
+        tenant=acme, fields=dict(name="nightly sync", interval_seconds=3600, target=HOOK)
+    )
     first, second = enqueue(job, *minutes_ago(9, 8))
     JobRun.objects.filter(pk__in=[first.pk, second.pk]).update(
         status="dead", attempt=5, result_code=503, last_error="HTTP 503", finished_at=timezone.now()
@@ -310,11 +317,13 @@ def test_dashboard_numbers_for_a_known_state(signed_in, acme, request):
     request_cleanup = request.addfinalizer
     page = signed_in
     globex, _ = services.create_tenant(slug="globex", name="Globex", max_concurrency=5)
-    late = services.create_job(tenant=acme, name="late", interval_seconds=3600, target=HOOK)
+    late = services.create_job(tenant=acme, fields=dict(name="late", interval_seconds=3600, target=HOOK))
     paused = services.create_job(
-        tenant=acme, name="paused late", interval_seconds=3600, target=HOOK, paused=True
+        tenant=acme, fields=dict(name="paused late", interval_seconds=3600, target=HOOK, paused=True)
     )
-    urgent = services.create_job(tenant=globex, name="urgent", interval_seconds=3600, target=HOOK, priority=5)
+    urgent = services.create_job(
+        tenant=globex, fields=dict(name="urgent", interval_seconds=3600, target=HOOK, priority=5)
+    )
     now = timezone.now()
     Job.objects.filter(pk=late.pk).update(next_run_at=now - timedelta(seconds=120))
     # Paused jobs are not late however old their slot: the lateness must stay ~120 s.
@@ -415,7 +424,7 @@ def test_job_page_pause_trigger_resume_with_confirmation(signed_in, acme):
     """The buttons on the job's page: each confirmation says what will happen, the POST
     does it through jobs.services, and the runs it made appear inline."""
     page = signed_in
-    job = services.create_job(tenant=acme, name="report", interval_seconds=600, target=HOOK)
+    job = services.create_job(tenant=acme, fields=dict(name="report", interval_seconds=600, target=HOOK))
     change = f"/admin/jobs/job/{job.pk}/change/"
     page.goto(change)
     expect(page.locator(".field-recent_runs")).to_contain_text("No runs yet.")

@@ -234,12 +234,10 @@ def test_scheduler_plans_follow_the_jobs_policy(tenant) -> None:
     now = z("2026-10-31T12:00:00Z")
     job = services.create_job(
         tenant=tenant,
-        name="both",
-        cron_expr="30 1 * * *",
-        time_zone=NY,
-        target=HOOK,
-        dst_policy={"repeated": "both"},
         now=now,
+        fields=dict(
+            name="both", cron_expr="30 1 * * *", time_zone=NY, target=HOOK, dst_policy={"repeated": "both"}
+        ),
     )
     assert job.next_run_at == z("2026-11-01T05:30:00Z")
     plan = planning.plan_job(job, now=job.next_run_at, threshold=timedelta(minutes=1))
@@ -248,12 +246,10 @@ def test_scheduler_plans_follow_the_jobs_policy(tenant) -> None:
 
     last = services.create_job(
         tenant=tenant,
-        name="last",
-        cron_expr="30 1 * * *",
-        time_zone=NY,
-        target=HOOK,
-        dst_policy={"repeated": "last"},
         now=now,
+        fields=dict(
+            name="last", cron_expr="30 1 * * *", time_zone=NY, target=HOOK, dst_policy={"repeated": "last"}
+        ),
     )
     assert last.next_run_at == z("2026-11-01T06:30:00Z")
     assert planning.slots_between(last, after=now, until=z("2026-11-03T00:00:00Z"), limit=10) == [
@@ -266,7 +262,7 @@ def test_scheduler_plans_follow_the_jobs_policy(tenant) -> None:
 def test_changing_the_policy_moves_next_run_at(tenant) -> None:
     now = z("2026-03-07T12:00:00Z")
     job = services.create_job(
-        tenant=tenant, name="gap", cron_expr="30 2 * * *", time_zone=NY, target=HOOK, now=now
+        tenant=tenant, now=now, fields=dict(name="gap", cron_expr="30 2 * * *", time_zone=NY, target=HOOK)
     )
     assert job.next_run_at == z("2026-03-08T07:00:00Z")
     job = services.update_job(job=job, changes={"dst_policy": {"missing": "skip"}}, now=now)

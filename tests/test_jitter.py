@@ -130,7 +130,7 @@ def test_previews_show_the_start_window(api):
 def test_manual_runs_and_backfills_start_at_once(tenant):
     """Operator-requested runs are not delayed: only schedule and catch-up runs are jittered."""
     job = services.create_job(
-        tenant=tenant, name="j", interval_seconds=3600, target=TARGET, jitter_seconds=3600
+        tenant=tenant, fields=dict(name="j", interval_seconds=3600, target=TARGET, jitter_seconds=3600)
     )
     before = datetime.now(UTC)
     slot = services.trigger_job(job=job)

@@ -36,7 +36,8 @@ def next_nine_ny(now: datetime) -> datetime:
 
 def paused_three_slots_ago(tenant) -> tuple[Job, list[datetime], datetime]:
     job = services.create_job(
-        tenant=tenant, name="morning report", cron_expr="0 9 * * *", time_zone="America/New_York", target=HOOK
+        tenant=tenant,
+        fields=dict(name="morning report", cron_expr="0 9 * * *", time_zone="America/New_York", target=HOOK),
     )
     services.pause_job(job=job)
     upcoming = next_nine_ny(timezone.now())
@@ -74,7 +75,7 @@ def test_resume_confirmation_spells_out_each_catch_up_choice_and_does_it(admin_c
 
 
 def test_pause_and_trigger_from_the_job_page_then_runs_show_inline(admin_client, tenant):
-    job = services.create_job(tenant=tenant, name="poller", interval_seconds=3600, target=HOOK)
+    job = services.create_job(tenant=tenant, fields=dict(name="poller", interval_seconds=3600, target=HOOK))
     change = f"/admin/jobs/job/{job.pk}/change/"
     page = admin_client.get(change).content.decode()
     assert f'href="/admin/jobs/job/{job.pk}/operate/pause/"' in page
@@ -126,7 +127,7 @@ def test_recent_occurrences_come_from_the_ledger(admin_client, tenant):
 
 
 def test_labels_are_the_api_names_and_a_bad_choice_is_a_400(admin_client, tenant):
-    job = services.create_job(tenant=tenant, name="nightly", cron_expr="30 2 * * *", target=HOOK)
+    job = services.create_job(tenant=tenant, fields=dict(name="nightly", cron_expr="30 2 * * *", target=HOOK))
     page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
     assert re.search(r'<label[^>]*for="id_cron_expr"[^>]*>cron:</label>', page)
     assert re.search(r'<label[^>]*for="id_time_zone"[^>]*>timezone:</label>', page)

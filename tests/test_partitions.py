@@ -25,7 +25,9 @@ def partition_of(job_id, scheduled_at) -> str:
 
 
 def make_job(tenant):
-    return create_job(tenant=tenant, name="p", interval_seconds=60, target={"type": "task", "name": "noop"})
+    return create_job(
+        tenant=tenant, fields=dict(name="p", interval_seconds=60, target={"type": "task", "name": "noop"})
+    )
 
 
 def test_migration_created_today_and_a_week_ahead():

@@ -111,7 +111,9 @@ def test_secret_headers_must_be_a_list_of_header_names(api):
 def test_admin_pages_mask_secrets(admin_client, tenant, settings):
     from jobs import services
 
-    job = services.create_job(tenant=tenant, name="admin secrets", interval_seconds=60, target=target())
+    job = services.create_job(
+        tenant=tenant, fields=dict(name="admin secrets", interval_seconds=60, target=target())
+    )
     make_dead_run(job, datetime(2026, 3, 8, 7, tzinfo=UTC))
     run = JobRun.objects.get(job_id=job.id)
     pages = [

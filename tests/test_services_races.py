@@ -27,7 +27,7 @@ TARGET = {"type": "task", "name": "noop", "kwargs": {}}
 
 def make_job(tenant, **fields):
     fields = {"name": "j", "interval_seconds": 60, "target": TARGET, **fields}
-    return services.create_job(tenant=tenant, **fields)
+    return services.create_job(tenant=tenant, fields=fields)
 
 
 @pytest.mark.django_db(transaction=True)

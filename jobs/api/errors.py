@@ -14,6 +14,9 @@ from rest_framework.views import exception_handler as drf_handler
 
 from jobs.schedule import ScheduleError
 from jobs.services import ServiceError
+from jobs.validation import JobInvalid
+
+from .serializers import api_errors
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +30,9 @@ def exception_handler(exc, context):
             {"detail": f"Request body too large: the limit is {limit} bytes.", "limit_bytes": limit},
             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
+    if isinstance(exc, JobInvalid):
+        # The service judged the merged job: model field names, renamed for the API.
+        return Response(api_errors(exc.errors), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ServiceError):
         return Response({exc.field: [exc.message]}, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ScheduleError):

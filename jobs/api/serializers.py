@@ -1,11 +1,9 @@
-"""Job API shapes. Serializers parse and validate (rules live in jobs.validation);
-jobs.services does every write."""
+"""Job API shapes. Serializers parse types; what a create or a PATCH means (defaults,
+the trigger rule, the merge, jobs.validation) is jobs.services' (jobs/edits.py), whose
+JobInvalid the error handler turns into field-level 400s with the API's names."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from django.conf import settings
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -15,51 +13,18 @@ from jobs.describe import describe_job
 from jobs.health import overdue_seconds
 from jobs.jitter import JITTER_MAX_SECONDS
 from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
-from jobs.validation import TRIGGER_FIELDS, JobInvalid, validate_job
-from runs.selectors import redact_target, unmask_target
+from runs.api.fields import RejectUnknownMixin
+from runs.selectors import redact_target
 
 from .fields import StrictBooleanField, StrictCharField, StrictIntegerField, UtcDateTimeField
 
 # API name -> model field name, where they differ.
 API_TO_MODEL = {"cron": "cron_expr", "timezone": "time_zone"}
 MODEL_TO_API = {v: k for k, v in API_TO_MODEL.items()}
-# Field defaults of a new job (DESIGN section 4); the model agrees.
-DEFAULTS: dict[str, Any] = {
-    "time_zone": "UTC",
-    "misfire_policy": MisfirePolicy.RUN_ONCE,
-    "max_catch_up": 100,
-    "overlap_policy": OverlapPolicy.SKIP,
-    "max_attempts": 5,
-    "retry_backoff_seconds": 10,
-    "retry_backoff_cap_seconds": 3600,
-    "lease_seconds": 30,
-    "priority": 0,
-    "alert_after_failures": 3,
-    "jitter_seconds": 0,
-    "paused": False,
-    "start_at": None,
-    "end_at": None,
-    "cron_expr": None,
-    "interval_seconds": None,
-    "run_at": None,
-    "dst_policy": {},
-}
-EDITABLE_MODEL_FIELDS = (*DEFAULTS, "name", "target")
 
 
 def api_errors(errors: dict[str, list[str]]) -> dict[str, list[str]]:
     return {MODEL_TO_API.get(key, key): messages for key, messages in errors.items()}
-
-
-class RejectUnknownMixin:
-    """A typo such as `intervall_seconds` must be a 400, not a silently different job."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
-        return super().to_internal_value(data)
 
 
 class TargetField(serializers.JSONField):
@@ -198,41 +163,6 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
         data = super().to_representation(job)
         data["cron"] = job.cron_expr or None
         return data
-
-    def validate(self, attrs: dict) -> dict:
-        """Merge with the stored job (PATCH) or the defaults (POST), then apply the shared rules."""
-        job: Job | None = self.instance
-        changes = dict(attrs)
-        if job is not None and "target" in changes:
-            # A target read back with "***" for its secrets keeps the stored values.
-            changes["target"] = unmask_target(changes["target"], job.target)
-        if job is not None and any(f in changes for f in TRIGGER_FIELDS):
-            # Naming one trigger in a PATCH replaces the job's trigger: clear the other two.
-            for other in TRIGGER_FIELDS:
-                changes.setdefault(other, None)
-        if job is None:
-            current = dict(DEFAULTS)
-        else:
-            current = {f: getattr(job, f) for f in EDITABLE_MODEL_FIELDS}
-        merged = {**current, **changes}
-        if merged.get("cron_expr") == "":
-            merged["cron_expr"] = None
-        try:
-            clean = validate_job(
-                merged,
-                now=timezone.now(),
-                allow_private=settings.SCHEDULER_ALLOW_PRIVATE_TARGETS,
-                # A client that sends back an unchanged past run_at is not setting it.
-                changed=None if job is None else {k for k, v in changes.items() if getattr(job, k) != v},
-                # A new job's id is chosen by the view before validation (H is hashed with it).
-                job_id=job.id if job is not None else self.context.get("job_id"),
-            )
-        except JobInvalid as exc:
-            raise serializers.ValidationError(api_errors(exc.errors)) from None
-        # The model stores "no cron" as an empty string.
-        clean["cron_expr"] = clean.get("cron_expr") or ""
-        keys = merged.keys() if job is None else changes.keys()
-        return {key: clean[key] for key in keys}
 
 
 class ResumeSerializer(RejectUnknownMixin, serializers.Serializer):

@@ -7,7 +7,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from runs.api.fields import UtcDateTimeField
+from runs.api.fields import RejectUnknownMixin, UtcDateTimeField
 from runs.keys import format_utc
 from runs.models import JobRun, RunStatus
 from runs.selectors import attempt_note, redact_target
@@ -157,17 +157,10 @@ class ConflictSerializer(serializers.Serializer):
     status = serializers.CharField()
 
 
-class ReplayRequestSerializer(serializers.Serializer):
+class ReplayRequestSerializer(RejectUnknownMixin, serializers.Serializer):
     dry_run = serializers.BooleanField(
         required=False, default=False, help_text="List what would be re-queued and write nothing."
     )
-
-    def to_internal_value(self, data):
-        if isinstance(data, dict):
-            unknown = sorted(set(data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError({key: ["Unknown field."] for key in unknown})
-        return super().to_internal_value(data)
 
 
 class ReplayPlanSerializer(serializers.Serializer):

@@ -1,19 +1,9 @@
-"""Every path answers with and without the trailing slash (DESIGN section 4). The named
-spelling is the one `reverse` hands out and the OpenAPI schema documents; the other
-is an alias left out of the schema so each operation appears once."""
-
-from django.urls import path
-from drf_spectacular.utils import extend_schema
+"""The runs API; both spellings of every path (scheduler_project/urlpaths.py)."""
 
 from runs.api import views
+from scheduler_project.urlpaths import both
 
 KEY = "runs/<str:job_id>/<str:scheduled_at>"
-
-
-def both(route: str, view_class, name: str) -> list:
-    alias_route = route.removesuffix("/") if route.endswith("/") else route + "/"
-    alias_class = extend_schema(exclude=True)(type(f"{view_class.__name__}Alias", (view_class,), {}))
-    return [path(route, view_class.as_view(), name=name), path(alias_route, alias_class.as_view())]
 
 
 urlpatterns = [

@@ -29,7 +29,7 @@ def make_job(tenant, name: str = "nightly", **fields):
 
     fields.setdefault("interval_seconds", 3600)
     fields.setdefault("target", HTTP_TARGET)
-    return create_job(tenant=tenant, name=name, **fields)
+    return create_job(tenant=tenant, fields=dict(name=name, **fields))
 
 
 def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
