@@ -310,6 +310,11 @@ class JobAdmin(admin.ModelAdmin):
         extra_context = {**(extra_context or {}), "cronyard_tasks": tasks.catalog()}
         return super().changeform_view(request, object_id, form_url, extra_context)
 
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        # The posted form's kwargs problems by kwarg name, for the generated kwargs inputs.
+        context["cronyard_kwargs_errors"] = context["adminform"].form.kwargs_errors()
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
     def save_model(self, request, obj: Job, form, change: bool) -> None:
         # The form judged the same rules (jobs/edits.py); the service judges them again
         # on the locked row and writes.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django import forms
@@ -37,6 +38,9 @@ FORM_FIELDS = ("tenant", "name", "paused", "priority", *SCHEDULE_FORM_FIELDS, "t
 # Fields jobs.validation judges; the rest (tenant, paused) need only the form's own checks.
 VALIDATED_FIELDS = tuple(f for f in FORM_FIELDS if f not in ("tenant", "paused"))
 
+# `target.kwargs.<name>...: message` (runs.task_schema.errors): the kwarg a problem is about.
+_KWARG_PROBLEM = re.compile(r"^target\.kwargs\.([^.\[:\s]+)")
+
 _TARGET_EXAMPLE = json.dumps({"type": "http", "url": "https://example.com/hook", "method": "POST"})
 
 
@@ -57,7 +61,8 @@ class JobAdminForm(forms.ModelForm):
             "run_at": "One-time run (UTC).",
             "jitter_seconds": "Runs start up to this many seconds after their slot (a stable offset per "
             "slot); at most the schedule's shortest gap.",
-            "target": "Fill in the fields; they write the JSON below it (the stored value), "
+            "target": "Fill in the fields (a task gets one input per kwarg); they write the JSON "
+            "below it (the stored value), "
             f"e.g. {_TARGET_EXAMPLE} or "
             '{"type": "task", "name": "noop", "kwargs": {}}',
         }
@@ -122,3 +127,13 @@ class JobAdminForm(forms.ModelForm):
             return cleaned
         cleaned.update({k: v for k, v in clean.items() if k in cleaned or k == "cron_expr"})
         return cleaned
+
+    def kwargs_errors(self) -> dict[str, list[str]]:
+        """The target's problems about one task kwarg, by kwarg name: the change form shows
+        each beside that kwarg's input (they also stay in the target's error list)."""
+        by_kwarg: dict[str, list[str]] = {}
+        for message in self.errors.get("target", []):
+            match = _KWARG_PROBLEM.match(message)
+            if match:
+                by_kwarg.setdefault(match.group(1), []).append(message)
+        return by_kwarg

@@ -516,11 +516,99 @@ def test_create_a_job_with_the_structured_target_form(signed_in, acme):
     page.goto(f"/admin/jobs/job/{job.pk}/change/")
     expect(page.locator("#cy-target-url")).to_have_value("https://example.com/structured")
     page.select_option("#cy-target-type", "task")
-    page.fill("#cy-target-name", "echo")
-    page.fill("#cy-target-kwargs", '{"n": 3}')
+    page.select_option("#cy-target-name", "echo")
+    page.fill("#cy-target-kwargs", '{"n": 3}')  # echo takes **kwargs: free-form JSON
     with page.expect_navigation():
         page.click("input[name=_save]")
     expect(page.locator(".messagelist li.success")).to_have_count(1)
     job.refresh_from_db()
     assert job.target["type"] == "task" and job.target["name"] == "echo" and job.target["kwargs"] == {"n": 3}
     assert "url" not in job.target and "headers" not in job.target
+
+
+def add_task_job(page, acme, name: str) -> None:
+    page.goto("/admin/jobs/job/add/")
+    page.select_option("#id_tenant", label=str(acme))
+    page.fill("#id_name", name)
+    page.fill("#id_cron_expr", "0 6 * * *")
+    page.select_option("#cy-target-type", "task")
+
+
+def save(page) -> None:
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+
+
+def test_task_kwargs_form_writes_the_target_and_shows_field_errors(signed_in, acme):
+    page = signed_in
+    add_task_job(page, acme, "sleeper")
+    page.select_option("#cy-target-name", "sleep")
+    # One input per kwarg of the schema, filled with its default.
+    expect(page.locator("#cy-kwarg-seconds")).to_have_attribute("type", "number")
+    expect(page.locator("#cy-kwarg-seconds")).to_have_value("1")
+    expect(page.locator("#cy-task-about")).to_contain_text("Waits `seconds`")
+    expect(page.locator("#cy-target-kwargs")).to_be_hidden()  # sleep takes no other kwargs
+    page.fill("#cy-kwarg-seconds", "7.5")
+    page.locator("fieldset", has=page.locator("#cronyard-target")).evaluate("e => e.scrollIntoView()")
+    b.screenshot(page, "job_add_task_kwargs", full_page=False)
+    save(page)
+    expect(page.locator(".messagelist li.success")).to_have_count(1)
+    job = Job.objects.get(name="sleeper")
+    assert job.target["name"] == "sleep" and job.target["kwargs"] == {"seconds": 7.5}
+
+    # The stored kwargs refill the input; a wrong type typed into the raw JSON is the
+    # server's 400-style form error, shown beside the kwarg's own input.
+    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    expect(page.locator("#cy-kwarg-seconds")).to_have_value("7.5")
+    page.locator("details summary", has_text="Raw JSON").click()
+    page.fill("#id_target", '{"type": "task", "name": "sleep", "kwargs": {"seconds": "x", "keep": 1}}')
+    save(page)
+    expect(page.locator(".errornote")).to_be_visible()
+    expect(page.locator("#cy-kwarg-seconds-error")).to_contain_text("target.kwargs.seconds: must be a number")
+    # The unknown key is kept (and named where free-form kwargs are edited).
+    expect(page.locator("#cy-target-kwargs")).to_have_value('{\n "keep": 1\n}')
+    expect(page.locator("#cy-target-kwargs-error")).to_contain_text("target.kwargs.keep")
+    page.locator("#cy-kwarg-seconds-error").evaluate("e => e.scrollIntoView({block: 'center'})")
+    b.screenshot(page, "job_task_kwargs_error", full_page=False)
+    job.refresh_from_db()
+    assert job.target["kwargs"] == {"seconds": 7.5}  # nothing half-written
+
+
+def test_task_kwargs_form_has_an_input_per_kind(signed_in, acme):
+    page = signed_in
+    add_task_job(page, acme, "kinds")
+    page.select_option("#cy-target-name", "tests.form_kinds")
+    expect(page.locator("#cy-kwarg-count")).to_have_attribute("type", "number")
+    expect(page.locator("#cy-kwarg-count")).to_have_attribute("step", "1")
+    expect(page.locator("label[for=cy-kwarg-count]")).to_have_class(re.compile(r"\brequired\b"))
+    expect(page.locator("label[for=cy-kwarg-label]")).not_to_have_class(re.compile(r"\brequired\b"))
+    expect(page.locator("#cy-kwarg-verbose")).to_have_attribute("type", "checkbox")
+    expect(page.locator("select#cy-kwarg-mode option")).to_have_text(["(not set)", "fast", "slow"])
+    expect(page.locator("select#cy-kwarg-mode")).to_have_value('"fast"')
+    expect(page.locator("textarea#cy-kwarg-tags")).to_have_value("")
+    expect(page.locator("#cy-kwarg-label")).to_have_attribute("type", "text")
+
+    # A fraction where a whole number goes: the server names the field, beside it.
+    page.fill("#cy-kwarg-count", "2.5")
+    save(page)
+    whole = "target.kwargs.count: must be a whole number"
+    expect(page.locator("#cy-kwarg-count-error")).to_contain_text(whole)
+    expect(page.locator("#cy-kwarg-count")).to_have_value("2.5")
+    page.fill("#cy-kwarg-count", "3")
+    expect(page.locator("#cy-kwarg-count-error")).to_be_hidden()  # edited: the old error goes
+    page.check("#cy-kwarg-verbose")
+    page.select_option("#cy-kwarg-mode", label="slow")
+    page.fill("#cy-kwarg-tags", '["a", "b"]')
+    page.fill("#cy-kwarg-label", "nightly")
+    page.locator("fieldset", has=page.locator("#cronyard-target")).evaluate("e => e.scrollIntoView()")
+    b.screenshot(page, "job_add_task_kwargs_kinds", full_page=False)
+    save(page)
+    expect(page.locator(".messagelist li.success")).to_have_count(1)
+    job = Job.objects.get(name="kinds")
+    assert job.target["kwargs"] == {
+        "count": 3,
+        "verbose": True,
+        "mode": "slow",
+        "tags": ["a", "b"],
+        "label": "nightly",
+    }

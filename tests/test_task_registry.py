@@ -183,3 +183,33 @@ def test_executor_lacking_a_task_retries_the_run_and_alerts_with_its_name(proces
         what="two task.missing alerts",
     )
     assert '"task": "hang_async"' in log
+
+
+def test_admin_change_page_embeds_schemas_and_kwargs_errors_by_name(admin_client, tenant):
+    """The page carries what its kwargs form is built from (each task's schema, as the
+    validator sees it) and, after a refused post, each kwarg's problem under its name."""
+    import json
+    import re
+
+    from runs import tasks
+    from tests.test_admin_jobs import form_data
+
+    def embedded(page: str, element_id: str):
+        match = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', page, re.S)
+        assert match, f"no {element_id} in the page"
+        return json.loads(match.group(1))
+
+    page = admin_client.get("/admin/jobs/job/add/").content.decode()
+    catalog = {t["name"]: t for t in embedded(page, "cronyard-tasks")}
+    assert catalog["sleep"]["schema"] == tasks.schema("sleep")
+    assert catalog["sleep"]["schema"]["properties"]["seconds"] == {"type": "number", "default": 1.0}
+    assert catalog["tests.typed"]["schema"]["required"] == ["count"]
+    assert embedded(page, "cronyard-kwargs-errors") == {}
+
+    target = {"type": "task", "name": "tests.typed", "kwargs": {"count": 1.5, "tags": ["a", 2], "x": 1}}
+    response = admin_client.post("/admin/jobs/job/add/", form_data(tenant, target=json.dumps(target)))
+    assert response.status_code == 200 and not Job.objects.exists()
+    errors = embedded(response.content.decode(), "cronyard-kwargs-errors")
+    assert set(errors) == {"count", "tags", "x"}, errors
+    assert errors["count"][0].startswith("target.kwargs.count: ")
+    assert errors["tags"][0].startswith("target.kwargs.tags[1]: ")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Literal
 
 from runs.tasks import TaskContext, register
 
@@ -29,3 +30,16 @@ def hang_sync(context: TaskContext, seconds: float = 3600.0) -> str:
     SYNC_CALLS.append(context)
     time.sleep(float(seconds))
     return "finished late"
+
+
+@register("tests.form_kinds")
+def form_kinds(
+    context: TaskContext,
+    count: int,
+    verbose: bool = False,
+    mode: Literal["fast", "slow"] = "fast",
+    tags: list[str] | None = None,
+    label: str = "",
+) -> None:
+    """One kwarg of each input the admin's kwargs form generates (number, checkbox, select,
+    JSON, text); the console tests fill it in a real browser."""

@@ -40,6 +40,9 @@ class WebServer:
             # Tests truncate tables between cases: no idle connection should linger.
             "CONN_MAX_AGE": "0",
             "PYTHONUNBUFFERED": "1",
+            # The registry the test executors load (tests/conftest.py child_env): the admin's
+            # kwargs form is driven with the test tasks too.
+            "EXECUTOR_TASK_MODULES": "runs.builtin_tasks,tests.support.tasks",
         }
         self.proc: subprocess.Popen | None = None
         self.workers = 2
