@@ -79,6 +79,7 @@ def main() -> None:
     )
     execute = run("execute.py", "--runs", str(args.runs), "--executors", "1", "2", "4")
     raw_execute = run("raw_limit.py")
+    ledger = run("ledger.py")
     ratios = dispatch_ratios(
         json.loads((OUT / "dispatch.json").read_text()), json.loads((OUT / "raw_dispatch.json").read_text())
     )
@@ -109,6 +110,14 @@ loop without leases, schedule math or policies (`bench/raw_dispatch.py`):
 The limit (`bench/raw_limit.py`):
 
 {raw_execute}
+
+## Occurrence ledger: a year of a minutely job, page by page
+
+525,600 slots, mostly paused (12 ranged rows), 4,800 runs; each page through
+`jobs.ledger.occurrences`, the function `GET /jobs/{{id}}/occurrences` calls
+(`bench/ledger.py`):
+
+{tables(ledger)}
 
 ## Not measured yet
 
