@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from zoneinfo import ZoneInfo
+
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from jobs.schedule import load_zone
+from runs.keys import format_utc
 
 
 def relative(moment: datetime, *, now: datetime) -> str:
@@ -21,4 +26,22 @@ def relative(moment: datetime, *, now: datetime) -> str:
 
 def in_zone(moment: datetime, zone: str) -> str:
     """'2026-12-03 09:00 EST': wall-clock time in the job's zone, with its abbreviation."""
-    return moment.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M %Z")
+    # load_zone: tzdata's rules, the same the scheduler fires by (not the host's files).
+    return moment.astimezone(load_zone(zone)).strftime("%Y-%m-%d %H:%M %Z")
+
+
+def moment_html(moment: datetime | None, *, now: datetime, zone: str | None = None) -> SafeString | str:
+    """The console's one way to show an instant: UTC ISO to the second, how long ago or
+    ahead on a small second line, and on hover the exact instant and the wall time in
+    the job's zone (lists of runs, the dead-letter queue)."""
+    if moment is None:
+        return "—"
+    exact = format_utc(moment)
+    hover = f"{exact} · {in_zone(moment, zone)}" if zone else exact
+    return format_html(
+        '<span title="{}" style="white-space:nowrap">{}</span><br>'
+        '<span class="cronyard-relative" style="font-size:11px;color:var(--body-quiet-color)">{}</span>',
+        hover,
+        moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment.utcoffset() is not None else exact,
+        relative(moment, now=now),
+    )

@@ -17,6 +17,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import OuterRef, Subquery
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
@@ -26,8 +27,10 @@ from django.utils.html import format_html, format_html_join
 
 from jobs import health
 from jobs.admin_base import ReadOnlyAdmin, actor_of
+from jobs.display import moment_html
+from jobs.models import Job
 from runs import charts, selectors, services, timeseries
-from runs.keys import format_utc, parse_utc
+from runs.keys import parse_utc
 from runs.models import ACTIVE_STATUSES, DeadRun, ExecutorNode, JobRun, RunStatus
 from scheduler_project import liveness
 
@@ -64,8 +67,6 @@ class JobFilter(admin.SimpleListFilter):
     SIDEBAR_JOBS = 50
 
     def lookups(self, request, model_admin):
-        from jobs.models import Job
-
         jobs = list(Job.objects.order_by("name").values_list("id", "name")[: self.SIDEBAR_JOBS])
         chosen = self.value()
         if chosen and all(str(pk) != chosen for pk, _ in jobs):
@@ -106,9 +107,7 @@ class JobRunAdmin(admin.ModelAdmin):
         "status_badge",
         "trigger",
         "attempt_text",
-        "result_code",
-        "started_at",
-        "finished_at",
+        "ran",
         "tenant",
     )
     list_filter = ("status", "trigger", "tenant", JobFilter)
@@ -186,9 +185,33 @@ class JobRunAdmin(admin.ModelAdmin):
 
     # --- columns ----------------------------------------------------------------------
 
+    def get_queryset(self, request: HttpRequest):
+        # The job's zone, for the wall time shown on hover (runs keep no FK to jobs: one
+        # primary-key lookup per listed row).
+        zone = Job.objects.filter(id=OuterRef("job_id")).values("time_zone")[:1]
+        return super().get_queryset(request).annotate(job_zone=Subquery(zone))
+
     @admin.display(description="scheduled at (UTC)", ordering="scheduled_at")
     def scheduled(self, run: JobRun) -> str:
-        return format_utc(run.scheduled_at)
+        return moment_html(run.scheduled_at, now=timezone.now(), zone=getattr(run, "job_zone", None))
+
+    @admin.display(description="started (UTC)", ordering="started_at")
+    def ran(self, run: JobRun) -> str:
+        # One column for start and length: the list must fit 1280 px beside the filters;
+        # finished_at and the result code are on the run's page.
+        started = moment_html(run.started_at, now=timezone.now(), zone=getattr(run, "job_zone", None))
+        if run.started_at is None or run.finished_at is None:
+            return started
+        took = (run.finished_at - run.started_at).total_seconds()
+        return format_html(
+            '{} <span class="cronyard-relative" style="font-size:11px">· took {} s</span>',
+            started,
+            f"{took:.1f}",
+        )
+
+    @admin.display(description="finished (UTC)", ordering="finished_at")
+    def finished(self, run: JobRun) -> str:
+        return moment_html(run.finished_at, now=timezone.now(), zone=getattr(run, "job_zone", None))
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: JobRun) -> str:
@@ -483,7 +506,7 @@ class DeadRunAdmin(JobRunAdmin):
         "attempt_text",
         "result_code",
         "short_error",
-        "finished_at",
+        "finished",
         "replay_button",
     )
     list_filter = ("tenant", "trigger")

@@ -18,6 +18,7 @@ from playwright.sync_api import expect
 
 from jobs import planning, services
 from jobs.models import Job, SchedulerNode
+from runs.keys import format_utc
 from runs.models import JobRun
 from runs.queue import enqueue_runs
 from tests.support import browser as b
@@ -612,3 +613,37 @@ def test_task_kwargs_form_has_an_input_per_kind(signed_in, acme):
         "tags": ["a", "b"],
         "label": "nightly",
     }
+
+
+def test_runs_list_fits_1280_pixels_and_shows_one_moment_format(signed_in, acme):
+    page = signed_in
+    job = services.create_job(
+        tenant=acme,
+        fields=dict(
+            name="a job with a rather long name for the list",
+            cron_expr="0 9 * * *",
+            time_zone="America/New_York",
+            target=HOOK,
+        ),
+    )
+    (run,) = enqueue(job, *minutes_ago(3))
+    started = timezone.now() - timedelta(minutes=2)
+    JobRun.objects.filter(pk=run.pk).update(
+        status="succeeded", attempt=1, started_at=started, finished_at=started + timedelta(seconds=1)
+    )
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto("/admin/runs/jobrun/")
+    row = b.row(page, "a job with a rather long name")
+    # UTC ISO for every moment, a relative time beside it, the job's wall time on hover.
+    expect(row).to_contain_text(z(run.scheduled_at))
+    expect(row).to_contain_text(started.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    assert row.locator(f"span[title^='{format_utc(started)}'][title*='EST']").count() == 1
+    assert row.locator("span[title*='EST']").count() == 2  # scheduled and started
+    expect(row.locator(".cronyard-relative").first).to_contain_text("ago")
+    # Nothing is clipped: the table fits its scrolling container, left of the filters.
+    widths = page.evaluate(
+        "() => { const r = document.querySelector('#changelist .results');"
+        " return [r.scrollWidth, r.clientWidth]; }"
+    )
+    b.screenshot(page, "runs_list_1280")
+    assert widths[0] <= widths[1] + 1, widths
