@@ -10,6 +10,7 @@ from jobs import services
 from jobs.models import ApiToken, Job, SchedulerNode
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
+from tests.support.admin_form import job_form_data as form_data
 from tests.support.clock import travel
 
 CHANGELIST = "/admin/jobs/job/"
@@ -45,33 +46,6 @@ def names(response) -> set[str]:
 
 def messages_of(response) -> list[str]:
     return [str(m) for m in get_messages(response.wsgi_request)]
-
-
-def form_data(tenant, **overrides) -> dict:
-    data = {
-        "tenant": tenant.pk,
-        "name": "from admin",
-        "cron_expr": "*/5 * * * *",
-        "time_zone": "UTC",
-        "interval_seconds": "",
-        "run_at_0": "",
-        "run_at_1": "",
-        "start_at_0": "",
-        "start_at_1": "",
-        "end_at_0": "",
-        "end_at_1": "",
-        "target": '{"type": "http", "url": "https://example.com/hook"}',
-        "misfire_policy": "run_once",
-        "max_catch_up": "100",
-        "overlap_policy": "skip",
-        "max_attempts": "5",
-        "retry_backoff_seconds": "10",
-        "retry_backoff_cap_seconds": "3600",
-        "lease_seconds": "30",
-        "priority": "0",
-    }
-    data.update(overrides)
-    return data
 
 
 def test_changelist_renders_columns_filters_and_search(admin_client, jobs):

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from jobs import services
 from jobs.models import AuditEntry, Job
 from runs.models import JobRun
+from tests.support.admin_form import job_form_data
 from tests.support.runsapi import make_dead_run, make_run
 
 pytestmark = pytest.mark.django_db
@@ -150,30 +151,7 @@ CHANGELIST = "/admin/jobs/job/"
 
 
 def admin_form(tenant, **overrides) -> dict:
-    data = {
-        "tenant": tenant.pk,
-        "name": "from admin",
-        "cron_expr": "*/5 * * * *",
-        "time_zone": "UTC",
-        "interval_seconds": "",
-        "run_at_0": "",
-        "run_at_1": "",
-        "start_at_0": "",
-        "start_at_1": "",
-        "end_at_0": "",
-        "end_at_1": "",
-        "target": json.dumps(TARGET),
-        "misfire_policy": "run_once",
-        "max_catch_up": "100",
-        "overlap_policy": "skip",
-        "max_attempts": "5",
-        "retry_backoff_seconds": "10",
-        "retry_backoff_cap_seconds": "3600",
-        "lease_seconds": "30",
-        "priority": "0",
-    }
-    data.update(overrides)
-    return data
+    return job_form_data(tenant, **{"target": TARGET, **overrides})
 
 
 def test_every_admin_action_is_recorded_with_the_admin_user(admin_client, tenant):

@@ -13,7 +13,6 @@ Vectors (2026), worked out from the tz rules, not from the implementation:
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,6 +21,7 @@ from jobs import planning, services
 from jobs.models import Job
 from jobs.schedule import fire_times
 from runs.keys import format_utc, parse_utc
+from tests.support.admin_form import job_form_data
 from tests.support.clock import travel
 
 NY, LONDON, LORD_HOWE, CHATHAM = "America/New_York", "Europe/London", "Australia/Lord_Howe", "Pacific/Chatham"
@@ -391,31 +391,8 @@ def fast_password_hashing(settings):
 
 
 def _form(tenant, **overrides) -> dict:
-    data = {
-        "tenant": tenant.pk,
-        "name": "from admin",
-        "cron_expr": "30 1 * * *",
-        "time_zone": NY,
-        "dst_policy": "",
-        "interval_seconds": "",
-        "run_at_0": "",
-        "run_at_1": "",
-        "start_at_0": "",
-        "start_at_1": "",
-        "end_at_0": "",
-        "end_at_1": "",
-        "target": json.dumps(HOOK),
-        "misfire_policy": "run_once",
-        "max_catch_up": "100",
-        "overlap_policy": "skip",
-        "max_attempts": "5",
-        "retry_backoff_seconds": "10",
-        "retry_backoff_cap_seconds": "3600",
-        "lease_seconds": "30",
-        "priority": "0",
-    }
-    data.update(overrides)
-    return data
+    fields = {"target": HOOK, "cron_expr": "30 1 * * *", "time_zone": NY, "dst_policy": "", **overrides}
+    return job_form_data(tenant, **fields)
 
 
 @pytest.mark.parametrize(
