@@ -308,7 +308,17 @@ class JobAdmin(admin.ModelAdmin):
         # The task picker beside the target field: names, docstrings and kwargs schemas
         # of the registry this process validates against (runs.tasks).
         extra_context = {**(extra_context or {}), "cronyard_tasks": tasks.catalog()}
-        return super().changeform_view(request, object_id, form_url, extra_context)
+        try:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        except JobInvalid as exc:
+            # The form accepted the edit but the service, judging it again on the locked
+            # row, refused it (another edit changed the job meanwhile). The admin's
+            # transaction has rolled back: nothing was saved. Say so, not a server error.
+            problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.errors.items())
+            self.message_user(
+                request, f"Not saved: the job changed while you edited it ({problems}).", messages.ERROR
+            )
+            return HttpResponseRedirect(request.get_full_path())
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
         # The posted form's kwargs problems by kwarg name, for the generated kwargs inputs.

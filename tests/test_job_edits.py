@@ -87,3 +87,30 @@ def test_the_admin_and_api_previews_judge_a_schedule_alike(admin_client, api, ad
     answer = api.get("/api/v1/schedules/preview", api_query)
     assert admin.status_code == answer.status_code == 400
     assert admin.json()["error"] == next(iter(answer.json().values()))[0]
+
+
+@pytest.mark.django_db
+def test_an_admin_edit_the_service_refuses_is_a_message_not_a_500(admin_client, tenant, monkeypatch):
+    """The service judges an admin edit again on the locked row. If it refuses one the
+    form accepted, the admin's transaction rolls back whole and the operator is told."""
+    from jobs import admin as jobs_admin
+    from jobs.validation import JobInvalid
+    from tests.support.admin_form import job_form_data
+
+    job = make_job(tenant, interval_seconds=3600, cron_expr="")
+
+    def refuse_after_writing(**kwargs):
+        Job.objects.filter(pk=job.pk).update(name="half-written")  # must roll back too
+        raise JobInvalid({"interval_seconds": ["refused on the locked row"]})
+
+    monkeypatch.setattr(jobs_admin.services, "update_job", refuse_after_writing)
+    url = f"/admin/jobs/job/{job.pk}/change/"
+    response = admin_client.post(
+        url, job_form_data(tenant, name="renamed", cron_expr="", interval_seconds="60")
+    )
+    assert response.status_code == 302 and response.url == url
+    page = admin_client.get(url).content.decode()
+    assert (
+        "Not saved: the job changed while you edited it (interval_seconds: refused on the locked row)" in page
+    )
+    assert Job.objects.filter(pk=job.pk).values_list("name", "interval_seconds").get() == (job.name, 3600)
