@@ -26,7 +26,7 @@ from django.utils.html import format_html, format_html_join
 
 from jobs import health
 from jobs.audit import admin_actor
-from runs import charts, selectors, services, timeseries
+from runs import attempts, charts, selectors, services, timeseries
 from runs.keys import format_utc, parse_utc
 from runs.models import ACTIVE_STATUSES, DeadRun, ExecutorNode, JobRun, RunStatus
 from scheduler_project import liveness
@@ -219,19 +219,10 @@ class JobRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="attempts")
     def attempts_table(self, run: JobRun) -> str:
-        entries = [e for e in run.attempts or [] if isinstance(e, dict)]
+        entries = [e for e in map(attempts.from_stored, run.attempts or []) if e is not None]
         if not entries:
             return "no attempt recorded yet"
-        columns = (
-            "attempt",
-            "owner",
-            "started_at",
-            "finished_at",
-            "outcome",
-            "result_code",
-            "duration_ms",
-            "error",
-        )
+        columns = attempts.FIELDS
         head = format_html_join("", "<th>{}</th>", ((c,) for c in columns))
         rows = format_html_join(
             "",

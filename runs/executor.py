@@ -37,7 +37,8 @@ import psycopg
 
 from runs import breakers, nodes, queue, retry, targets, tasks
 from runs.alerts import Alerter, DeadRun
-from runs.keys import format_utc, run_key
+from runs.attempts import AttemptRecord
+from runs.keys import run_key
 from scheduler_project.outage import OutageLog
 
 log = logging.getLogger(__name__)
@@ -386,18 +387,17 @@ class Executor:
             retry_in_s=retry_in_s,
             result_code=result.result_code,
             error=result.error,
-            # No request headers in the history: they may carry the target's secrets.
-            entry={
-                "attempt": entry.run.attempt,
-                "owner": self.owner,
-                "started_at": format_utc(entry.started_wall),
-                "finished_at": format_utc(finished),
-                "duration_ms": round((time.monotonic() - entry.started_monotonic) * 1000, 1),
-                "outcome": outcome,
-                "result_code": result.result_code,
-                "error": result.error,
-                "retry_in_s": None if retry_in_s is None else round(retry_in_s, 3),
-            },
+            entry=AttemptRecord(
+                attempt=entry.run.attempt,
+                owner=self.owner,
+                started_at=entry.started_wall,
+                finished_at=finished,
+                duration_ms=(time.monotonic() - entry.started_monotonic) * 1000,
+                outcome=outcome,
+                result_code=result.result_code,
+                error=result.error,
+                retry_in_s=retry_in_s,
+            ).to_json(),
         )
 
     # --- writing outcomes ----------------------------------------------------------
