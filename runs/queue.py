@@ -435,9 +435,7 @@ cancelled AS (
     RETURNING o.job_id
 )
 SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
-""".replace(
-    "{_CANCELLED_BY_NEWER_ENTRY}", _CANCELLED_BY_NEWER_ENTRY
-)
+""".replace("{_CANCELLED_BY_NEWER_ENTRY}", _CANCELLED_BY_NEWER_ENTRY)
 
 _HEARTBEAT_SQL = """
 UPDATE job_runs r SET lease_until = now() + r.lease_seconds * interval '1 second'
@@ -508,6 +506,7 @@ health AS (
 -- (A data-modifying WITH runs to completion whether or not the result reads it.)
 SELECT job_id, scheduled_at, attempt FROM done
 """
+
 
 async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     """Hand back runs whose owner stopped heartbeating (lease expiries).
