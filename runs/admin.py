@@ -29,7 +29,7 @@ from jobs import health
 from jobs.admin_base import ReadOnlyAdmin, actor_of
 from jobs.display import moment_html
 from jobs.models import Job
-from runs import charts, selectors, services, timeseries
+from runs import attempts, charts, selectors, services, timeseries
 from runs.keys import parse_utc
 from runs.models import ACTIVE_STATUSES, DeadRun, ExecutorNode, JobRun, RunStatus
 from scheduler_project import liveness
@@ -238,19 +238,10 @@ class JobRunAdmin(admin.ModelAdmin):
 
     @admin.display(description="attempts")
     def attempts_table(self, run: JobRun) -> str:
-        entries = [e for e in run.attempts or [] if isinstance(e, dict)]
+        entries = [e for e in map(attempts.from_stored, run.attempts or []) if e is not None]
         if not entries:
             return "no attempt recorded yet"
-        columns = (
-            "attempt",
-            "owner",
-            "started_at",
-            "finished_at",
-            "outcome",
-            "result_code",
-            "duration_ms",
-            "error",
-        )
+        columns = attempts.FIELDS
         head = format_html_join("", "<th>{}</th>", ((c,) for c in columns))
         rows = format_html_join(
             "",

@@ -35,6 +35,11 @@ class DeadRun:
     result_code: int | None
     last_error: str
 
+    @classmethod
+    def of(cls, run, *, result_code: int | None, error: str) -> DeadRun:
+        """From a ClaimedRun or ReapedRun (anything with the run's key, tenant, name, attempt)."""
+        return cls(run.job_id, run.scheduled_at, run.tenant_id, run.job_name, run.attempt, result_code, error)
+
 
 @dataclass
 class AlertCounters:

@@ -13,6 +13,8 @@ from uuid import UUID
 
 from django.db import connection
 
+from runs import attempts
+
 NOTIFY_CHANNEL = "cronyard_runs"
 
 
@@ -230,7 +232,30 @@ class Completion:
     entry: dict  # the attempts-history entry
 
 
-_UTC_TEXT = """to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+# The history entry of an attempt whose lease ran out: when it finished is unknown.
+_REAPED_ENTRY = attempts.sql_entry(
+    attempt="r.attempt",
+    owner="r.owner",
+    started_at="r.started_at",
+    finished_at="NULL",
+    duration_ms="NULL",
+    outcome="'lease expired'",
+    result_code="NULL",
+    error="'lease expired (no heartbeat)'",
+    retry_in_s="0",
+)
+# ... and of one a newer run of a cancel_previous job cut short.
+_CANCELLED_BY_NEWER_ENTRY = attempts.sql_entry(
+    attempt="o.attempt",
+    owner="o.owner",
+    started_at="o.started_at",
+    finished_at="now()",
+    duration_ms=attempts.sql_duration_ms(started="o.started_at", finished="now()"),
+    outcome="'cancelled'",
+    result_code="NULL",
+    error="'cancelled by a newer run'",
+    retry_in_s="NULL",
+)
 
 _REAP_SQL = f"""
 WITH expired AS (
@@ -246,11 +271,7 @@ UPDATE job_runs r SET
     lease_until = NULL,
     finished_at = CASE WHEN r.attempt - r.deferrals >= r.max_attempts THEN now() END,
     last_error = 'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating',
-    attempts = r.attempts || jsonb_build_array(jsonb_build_object(
-        'attempt', r.attempt, 'owner', r.owner,
-        'started_at', {_UTC_TEXT.format(col="r.started_at")},
-        'finished_at', NULL, 'duration_ms', NULL, 'outcome', 'lease expired',
-        'result_code', NULL, 'error', 'lease expired (no heartbeat)', 'retry_in_s', 0))
+    attempts = r.attempts || jsonb_build_array({_REAPED_ENTRY})
 FROM expired e
 WHERE r.id = e.id AND r.scheduled_at = e.scheduled_at
   AND r.status = 'running' AND r.lease_until < now()
@@ -407,19 +428,14 @@ cancelled AS (
     UPDATE job_runs o SET
         status = 'cancelled', finished_at = now(), lease_until = NULL,
         last_error = 'cancelled by a newer run',
-        attempts = o.attempts || jsonb_build_array(jsonb_build_object(
-            'attempt', o.attempt, 'owner', o.owner,
-            'started_at', to_char(o.started_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-            'finished_at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-            'duration_ms', NULL, 'outcome', 'cancelled', 'result_code', NULL,
-            'error', 'cancelled by a newer run', 'retry_in_s', NULL))
+        attempts = o.attempts || jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY})
     FROM chosen c
     WHERE c.overlap_policy = 'cancel_previous' AND o.job_id = c.job_id
       AND o.status = 'running' AND o.scheduled_at < c.scheduled_at
     RETURNING o.job_id
 )
 SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
-"""
+""".replace("{_CANCELLED_BY_NEWER_ENTRY}", _CANCELLED_BY_NEWER_ENTRY)
 
 _HEARTBEAT_SQL = """
 UPDATE job_runs r SET lease_until = now() + r.lease_seconds * interval '1 second'
@@ -490,6 +506,7 @@ health AS (
 -- (A data-modifying WITH runs to completion whether or not the result reads it.)
 SELECT job_id, scheduled_at, attempt FROM done
 """
+
 
 async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     """Hand back runs whose owner stopped heartbeating (lease expiries).

@@ -20,7 +20,8 @@ from django.utils import timezone
 
 from jobs import audit
 from jobs.models import AuditAction
-from runs.keys import format_utc, run_key
+from runs.attempts import AttemptRecord
+from runs.keys import run_key
 from runs.models import JobRun, RunStatus, RunTrigger
 from runs.queue import notify_executors
 
@@ -137,17 +138,18 @@ def replay_run(
 def _cancelled_entry(run: JobRun, *, now: datetime, actor: str) -> dict:
     """History entry for the attempt a cancel cuts short: that attempt's own write will
     be fenced off, so without this the history would just stop."""
-    return {
-        "attempt": run.attempt,
-        "owner": run.owner,
-        "started_at": format_utc(run.started_at) if run.started_at else None,
-        "finished_at": format_utc(now),
-        "duration_ms": round((now - run.started_at).total_seconds() * 1000, 1) if run.started_at else None,
-        "outcome": "cancelled",
-        "result_code": None,
-        "error": f"cancelled by {actor}",
-        "retry_in_s": None,
-    }
+    started = run.started_at
+    return AttemptRecord(
+        attempt=run.attempt,
+        owner=run.owner,
+        started_at=started,
+        finished_at=now,
+        duration_ms=(now - started).total_seconds() * 1000 if started else None,
+        outcome="cancelled",
+        result_code=None,
+        error=f"cancelled by {actor}",
+        retry_in_s=None,
+    ).to_json()
 
 
 def _cancel_locked(run: JobRun, *, now: datetime, actor: str) -> None:

@@ -12,8 +12,21 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def on_stop_signal(signum: int, *, stopping: bool, stop: Callable[[str], None]) -> None:
+    """The one rule for SIGTERM/SIGINT, for the threaded Loop and the asyncio executor
+    alike: the first calls `stop(signal name)` (finish, then exit 0), a second exits now."""
+    name = signal.Signals(signum).name
+    if stopping:
+        log.warning("second %s: exiting now", name)
+        os._exit(128 + signum)
+    stop(name)
 
 
 class Loop:
@@ -42,15 +55,15 @@ class Loop:
         self._wake.set()
 
     def install_signal_handlers(self) -> None:
-        def handle(signum: int, frame) -> None:
-            if self.stopping.is_set():
-                log.warning("second %s: exiting now", signal.Signals(signum).name)
-                os._exit(128 + signum)
-            log.info("%s: finishing the current batch, then exiting", signal.Signals(signum).name)
+        def first(name: str) -> None:
+            log.info("%s: finishing the current batch, then exiting", name)
             self.stop()
 
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+        def handle(signum: int, frame) -> None:
+            on_stop_signal(signum, stopping=self.stopping.is_set(), stop=first)
+
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, handle)
 
     def run(self, *, once: bool = False) -> None:
         try:

@@ -25,6 +25,9 @@ EXECUTOR_SIDE = {
     for name in (
         "queue",
         "executor",
+        "executor_steps",
+        "inflight",
+        "attempts",
         "targets",
         "netguard",
         "retry",
@@ -55,7 +58,7 @@ SQL_MODULES = {
 PURE_SCHEDULE = {"jobs.schedule", "jobs.cron", "jobs.cron_calendar", "jobs.dst"}
 MAX_LINES = 400
 # Modules still over MAX_LINES, each waiting for its split (issue 13): this set only shrinks.
-TOO_LONG_YET = {"jobs.admin", "jobs.validation", "runs.admin", "runs.executor", "runs.queue"}
+TOO_LONG_YET = {"jobs.admin", "jobs.validation", "runs.admin", "runs.queue"}
 
 
 def sources() -> dict[str, Path]:

@@ -7,6 +7,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from runs import attempts
 from runs.api.fields import RejectUnknownMixin, UtcDateTimeField
 from runs.keys import format_utc
 from runs.models import JobRun, RunStatus
@@ -86,16 +87,18 @@ class RunSerializer(serializers.ModelSerializer):
 
 
 class AttemptSerializer(serializers.Serializer):
-    """Documents the shape of one attempts entry (written by the executor)."""
+    """Documents the shape of one attempts entry: runs/attempts.py AttemptRecord (every
+    key is present; an entry stored before a key existed shows it as null)."""
 
     attempt = serializers.IntegerField()
-    owner = serializers.CharField(required=False)
-    started_at = serializers.CharField(required=False, allow_null=True)
-    finished_at = serializers.CharField(required=False, allow_null=True)
-    outcome = serializers.CharField(required=False)
-    result_code = serializers.IntegerField(required=False, allow_null=True)
-    error = serializers.CharField(required=False, allow_blank=True)
-    duration_ms = serializers.IntegerField(required=False, allow_null=True)
+    owner = serializers.CharField(allow_null=True)
+    started_at = serializers.CharField(allow_null=True, help_text="RFC 3339 UTC, with microseconds.")
+    finished_at = serializers.CharField(allow_null=True, help_text="Null when unknown (a lease expired).")
+    duration_ms = serializers.FloatField(allow_null=True)
+    outcome = serializers.CharField(allow_null=True)
+    result_code = serializers.IntegerField(allow_null=True)
+    error = serializers.CharField(allow_blank=True, allow_null=True)
+    retry_in_s = serializers.FloatField(allow_null=True, help_text="Seconds until the retry; null: none.")
 
 
 class SnapshotMethods:
@@ -107,7 +110,7 @@ class SnapshotMethods:
 
     @extend_schema_field(AttemptSerializer(many=True))
     def get_attempts(self, run: JobRun) -> list:
-        return list(run.attempts or [])
+        return [e for e in map(attempts.from_stored, run.attempts or []) if e is not None]
 
     @extend_schema_field(OpenApiTypes.URI)
     def get_replay_url(self, run: JobRun) -> str:

@@ -1,0 +1,99 @@
+"""One attempt's entry in `job_runs.attempts`: the only definition of its keys and format.
+
+Three writers build it: the executor (an answered or handed-back call, in Python), an
+operator's cancel (runs/services.py, in Python) and two SQL statements (a reaped lease
+and a cancel by a newer run, runs/queue.py). Python writers use `AttemptRecord.to_json()`,
+SQL writers use `sql_entry()`; both give the same keys with the same formats:
+
+- timestamps: RFC 3339 UTC, always with microseconds ("2026-03-08T07:00:00.000000Z"),
+  which is what PostgreSQL's to_char gives; older rows hold seconds-only strings
+  when the microseconds were zero, and render unchanged (they are kept as stored);
+- `duration_ms`: a float rounded to 0.1 ms, null when unknown;
+- `retry_in_s`: seconds until the retry may start, rounded to ms; null when there is
+  no retry.
+
+Readers (the API serializer, the admin table) take `FIELDS` and `from_stored()`, so an
+old entry missing a key renders with that key null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+
+
+def format_moment(moment: datetime) -> str:
+    """The history's timestamp format (the same as `_UTC_SQL` below produces)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    attempt: int
+    owner: str | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    duration_ms: float | None
+    outcome: str
+    result_code: int | None
+    error: str
+    retry_in_s: float | None
+
+    def to_json(self) -> dict:
+        """The stored entry. No request headers, ever: they may carry the target's secrets."""
+        return {
+            **asdict(self),
+            "started_at": None if self.started_at is None else format_moment(self.started_at),
+            "finished_at": None if self.finished_at is None else format_moment(self.finished_at),
+            "duration_ms": None if self.duration_ms is None else round(float(self.duration_ms), 1),
+            "retry_in_s": None if self.retry_in_s is None else round(float(self.retry_in_s), 3),
+        }
+
+
+FIELDS: tuple[str, ...] = tuple(f.name for f in fields(AttemptRecord))
+
+
+def from_stored(entry: object) -> dict | None:
+    """A stored entry for display: every key of FIELDS present (null when an old row lacks
+    it), values as stored, keys this module does not know kept. None for a non-object."""
+    if not isinstance(entry, dict):
+        return None
+    return {**dict.fromkeys(FIELDS), **entry}
+
+
+_UTC_SQL = """to_char(({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+
+
+def sql_entry(
+    *,
+    attempt: str,
+    owner: str,
+    started_at: str,
+    finished_at: str,
+    duration_ms: str,
+    outcome: str,
+    result_code: str,
+    error: str,
+    retry_in_s: str,
+) -> str:
+    """The `jsonb_build_object(...)` of one entry, from SQL expressions (trusted constants
+    of runs/queue.py, never user input). Timestamps are timestamptz expressions and are
+    formatted here; every key must be given, so a new field cannot be forgotten in SQL."""
+    values = {
+        "attempt": attempt,
+        "owner": owner,
+        "started_at": "NULL" if started_at == "NULL" else _UTC_SQL.format(expr=started_at),
+        "finished_at": "NULL" if finished_at == "NULL" else _UTC_SQL.format(expr=finished_at),
+        "duration_ms": duration_ms,
+        "outcome": outcome,
+        "result_code": result_code,
+        "error": error,
+        "retry_in_s": retry_in_s,
+    }
+    assert tuple(values) == FIELDS, "sql_entry and AttemptRecord disagree"
+    return "jsonb_build_object(" + ", ".join(f"'{key}', {value}" for key, value in values.items()) + ")"
+
+
+def sql_duration_ms(*, started: str, finished: str) -> str:
+    """duration_ms in SQL, rounded like AttemptRecord.to_json()."""
+    return f"round((extract(epoch FROM ({finished}) - ({started})) * 1000)::numeric, 1)"

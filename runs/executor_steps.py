@@ -1,0 +1,388 @@
+"""The executor's steps: each is one unit of work that returns what it did.
+
+`claim_once`, `reap_once`, `write_outcomes_once`, `heartbeat_once` and `node_beat_once`
+are what `Scheduler.step()` is for the scheduler: tests await them in-process against
+the real database (tests/test_executor_steps.py), and runs/executor.py drives them. A
+step raises `psycopg.Error` when its connection fails; the driver logs the outage and
+reconnects (`reconnect`), so a test sees the real error.
+
+The database is reached through psycopg AsyncConnections with the raw SQL of
+runs/queue.py, never the ORM, each with its own job:
+- claim connection: reaping, short claim transactions (never open during a call) and
+  circuit-breaker admission;
+- write connection: outcomes of finished attempts, batched into one UPDATE;
+- heartbeat connection: one UPDATE extending every in-flight lease;
+- node connection: the executor_nodes row, named after the owner so a dead process
+  drops out at once (runs/nodes.py).
+
+Every outcome write is `WHERE attempt = <mine> AND status = 'running'`: a run this
+process no longer holds (reclaimed after a stall, or cancelled) writes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg
+
+from runs import breakers, inflight, nodes, queue, retry, targets, tasks
+from runs.alerts import Alerter, DeadRun
+from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written, default_owner
+from runs.keys import run_key
+from scheduler_project.outage import OutageLog
+
+log = logging.getLogger("runs.executor")
+
+WRITE_BATCH = 500
+RECONNECT_DELAY_SECONDS = 1.0
+# Generic plans are kept per connection (see queue.connect_async); re-plan this often
+# so a plan made when the queue was small does not outlive the backlog's arrival.
+REPLAN_SECONDS = 5.0
+
+
+@dataclass
+class ExecutorSteps:
+    concurrency: int = 32
+    poll_seconds: float = 1.0
+    grace_seconds: float = 10.0
+    allow_private: bool = False
+    webhook_url: str = ""
+    task_modules: Iterable[str] = ()
+    claim_batch: int = 100
+    # The node heartbeat follows the schedulers' lease so one liveness rule fits both.
+    node_lease_seconds: float = 30.0
+    aging_seconds: float = queue.DEFAULT_AGING_SECONDS
+    breaker_policy: breakers.Policy = field(default_factory=breakers.Policy)
+    conninfo: str | None = None
+    owner: str = field(default_factory=default_owner)
+    rng: random.Random = field(default_factory=random.Random)
+    counters: Counters = field(default_factory=Counters)
+
+    def __post_init__(self) -> None:
+        self._inflight: dict[RunKey, InFlight] = {}
+        self._calls = 0  # runs of _inflight whose call has not returned yet
+        self._results: list[tuple[InFlight, queue.Completion]] = []
+        self._alerter = Alerter(webhook_url=self.webhook_url)
+        # All connections report here: one "away" and one "back" line per outage.
+        self._outage = OutageLog(name="executor")
+        self._last_claim_at: datetime | None = None
+        self._next_beat = float("inf")  # monotonic time the in-flight leases need extending
+
+    # --- opening and closing -----------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect (waiting for the database if it is down), register the node, load tasks."""
+        self._wake = asyncio.Event()
+        self._results_ready = asyncio.Event()
+        later = time.monotonic() + REPLAN_SECONDS
+        self._next_replan = {"claim": later, "write": later}
+        tasks.load_modules(self.task_modules)
+        # A process (re)started while the database is down waits for it, like one
+        # that was already running, instead of exiting.
+        self._claim_conn = await self._connect(wait_first=False)
+        self._write_conn = await self._connect(wait_first=False)
+        self._beat_conn = await self._connect(wait_first=False)
+        self._node_conn = await nodes.connect(self._conninfo(), node_id=self.owner)
+        await self.node_beat_once()  # registered before the first claim
+        self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
+
+    async def close(self) -> None:
+        """Abandon calls still running (their leases expire), leave, disconnect."""
+        for entry in self._inflight.values():
+            if entry.task is not None:
+                entry.task.cancel()
+        await asyncio.gather(*(e.task for e in self._inflight.values() if e.task), return_exceptions=True)
+        await self._alerter.close(timeout=min(self.grace_seconds, 5.0))
+        await self._session.close()
+        try:
+            await nodes.leave(self._node_conn, node_id=self.owner)
+        except psycopg.Error:
+            pass  # the row expires; the closed session already marks it dead
+        for conn in (self._claim_conn, self._write_conn, self._beat_conn, self._node_conn):
+            await close_quietly(conn)
+
+    def in_flight(self) -> list[InFlight]:
+        return list(self._inflight.values())
+
+    # --- the steps -----------------------------------------------------------------------
+
+    async def reap_once(self) -> list[queue.ReapedRun]:
+        """Hand back runs whose owner (any executor) stopped heartbeating. Does not wait
+        for a free slot: an orphan counts against its tenant's cap until it is reaped."""
+        reaped = await queue.reap_expired_leases(self._claim_conn)
+        for run in reaped:
+            self.counters.lease_expiries += 1
+            log.warning(
+                "lease expired: attempt %d of %s (owner %s) -> %s",
+                run.attempt,
+                run_key(run.job_id, run.scheduled_at),
+                run.owner,
+                run.status,
+            )
+            if run.status == "dead":
+                self.counters.dead += 1
+                self._alerter.dead(DeadRun.of(run, result_code=None, error=run.last_error))
+        return reaped
+
+    async def claim_once(self) -> Claimed:
+        """Claim what the free slots allow, admit it past the breakers, start its calls."""
+        limit = min(self._free_slots(), self.claim_batch)
+        if limit <= 0:
+            return Claimed(limit, [], [])
+        if time.monotonic() >= self._next_replan["claim"]:
+            await queue.replan(self._claim_conn)
+            self._next_replan["claim"] = time.monotonic() + REPLAN_SECONDS
+        claimed = await queue.claim_runs(
+            self._claim_conn, owner=self.owner, limit=limit, aging_seconds=self.aging_seconds
+        )
+        started = await self._admit(claimed)
+        if not claimed:
+            # Plans made now see an empty queue; make them again when work comes.
+            self._next_replan["claim"] = 0.0
+        for run in started:
+            self._start(run)
+        if claimed:
+            self._last_claim_at = max(run.started_at for run in claimed)
+        return Claimed(limit, claimed, started)
+
+    async def write_outcomes_once(self) -> Written:
+        """Write one batch of finished attempts' outcomes, each fenced by its attempt."""
+        if not self._results:
+            return Written()
+        if time.monotonic() >= self._next_replan["write"]:
+            try:
+                await queue.replan(self._write_conn)
+            except psycopg.Error:
+                pass  # the write below finds out
+            self._next_replan["write"] = time.monotonic() + REPLAN_SECONDS
+        batch = self._results[:WRITE_BATCH]
+        del self._results[:WRITE_BATCH]
+        for entry, _ in batch:
+            entry.writing = True
+        try:
+            written = await queue.complete_runs(self._write_conn, [c for _, c in batch])
+        except psycopg.DataError as exc:
+            # The database refuses the data itself: retrying the same batch would
+            # fail forever and stop this executor recording anything.
+            written = await self._write_one_by_one(batch, exc)
+        except psycopg.Error:
+            self._results[:0] = batch  # written after the reconnect
+            raise
+        self._written(batch, written)
+        await self._record_hosts(batch)
+        return Written(written=len(written), fenced=len(batch) - len(written))
+
+    async def heartbeat_once(self) -> Beat:
+        """Extend every in-flight lease; drop (cancel, write nothing) runs no longer ours."""
+        # Runs whose outcome is waiting to be written keep their lease too: a slow
+        # write (a failover, a reconnect) must not let the run be reclaimed and
+        # executed again after the call already happened. The write decides them.
+        keys = list(self._inflight)
+        held = await queue.heartbeat_runs(self._beat_conn, keys)
+        lost = []
+        for key in keys:
+            entry = self._inflight.get(key)
+            if key in held or entry is None or entry.writing or entry.lost:
+                continue
+            entry.lost = True
+            if entry.task is not None:
+                entry.task.cancel()
+            del self._inflight[key]
+            self._fenced(entry)
+            lost.append(key)
+            self._wake.set()
+        return Beat(held=len(held), lost=tuple(lost))
+
+    async def node_beat_once(self) -> int:
+        """Refresh this executor's node row; returns the in-flight count it reported."""
+        await nodes.beat(
+            self._node_conn,
+            node_id=self.owner,
+            concurrency=self.concurrency,
+            in_flight=len(self._inflight),
+            last_claim_at=self._last_claim_at,
+            expire_after_seconds=5 * self.node_lease_seconds,
+        )
+        return len(self._inflight)
+
+    # --- claiming and calling ----------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        """Runs we may claim now.
+
+        `concurrency` bounds calls, not rows awaiting their outcome write: a slot frees
+        when the call returns, so the next claim overlaps the previous outcomes' write
+        instead of waiting for it. Outcomes not yet written are bounded separately so
+        a stuck writer stops the claiming too.
+        """
+        return min(self.concurrency - self._calls, self.concurrency + self.claim_batch - len(self._inflight))
+
+    async def _admit(self, claimed: list[queue.ClaimedRun]) -> list[queue.ClaimedRun]:
+        """The claimed runs that may be sent now; runs/breakers.py defers the others
+        (their host's circuit is open, or their retry is over its host's budget)."""
+        candidates = inflight.breaker_candidates(claimed)
+        if not candidates:
+            return claimed
+        try:
+            admission = await breakers.admit(self._claim_conn, candidates, policy=self.breaker_policy)
+        except psycopg.Error as exc:
+            # The runs are claimed: sending them beats letting their leases expire (which
+            # would use an attempt each). The next claim finds the connection broken.
+            log.warning("circuit breaker check failed (%s); sending %d run(s) unchecked", exc, len(claimed))
+            return claimed
+        deferred = {d.key for d in admission.defer}
+        self.counters.deferred += len(deferred)
+        return [run for run in claimed if (run.job_id, run.scheduled_at, run.attempt) not in deferred]
+
+    def _start(self, run: queue.ClaimedRun) -> None:
+        self.counters.claimed += 1
+        entry = InFlight.start(run)
+        self._inflight[entry.key] = entry
+        self._next_beat = min(self._next_beat, time.monotonic() + run.lease_seconds / 3)
+        self._calls += 1
+        entry.task = asyncio.create_task(self._execute(entry))
+        entry.task.add_done_callback(self._call_done)
+
+    def _call_done(self, _task: asyncio.Task) -> None:
+        self._calls -= 1
+        self._wake.set()  # a slot is free: claim again without waiting for the write
+
+    async def _execute(self, entry: InFlight) -> None:
+        run = entry.run
+        try:
+            result = await targets.call(run, session=self._session, allow_private=self.allow_private)
+        except asyncio.CancelledError:
+            return  # whoever cancelled it owns the run's fate (fenced / handed back)
+        except Exception as exc:  # a bug in our own code must not kill the loop
+            log.exception("calling %s failed unexpectedly", entry.run_key)
+            result = retry.CallResult(retry.RETRY, error=retry.truncate(f"{type(exc).__name__}: {exc}"))
+        if entry.host is not None:
+            entry.host_outcome = inflight.host_outcome(result)
+        if entry.lost:
+            return
+        if result.missing_task:
+            self._alerter.missing_task(
+                task=result.missing_task,
+                job_id=run.job_id,
+                scheduled_at=run.scheduled_at,
+                attempt=run.attempt,
+                owner=self.owner,
+            )
+        decision = retry.decide(
+            result,
+            attempt=run.attempts_used,
+            max_attempts=run.max_attempts,
+            base=run.retry_backoff_seconds,
+            cap=run.retry_backoff_cap_seconds,
+            rng=self.rng,
+        )
+        completion = inflight.completion(
+            entry,
+            owner=self.owner,
+            status=decision.status,
+            outcome=decision.outcome,
+            result=result,
+            retry_in_s=decision.retry_in_s,
+        )
+        self._results.append((entry, completion))
+        self._results_ready.set()
+
+    # --- after a write -----------------------------------------------------------------
+
+    async def _record_hosts(self, batch: list[tuple[InFlight, queue.Completion]]) -> None:
+        """Feed the answers of HTTP calls (fenced or not: the host did answer) to the breakers."""
+        outcomes = [(e.host, e.host_outcome) for e, _ in batch if e.host and e.host_outcome]
+        if not outcomes:
+            return
+        try:
+            await breakers.record(self._write_conn, outcomes, policy=self.breaker_policy)
+        except psycopg.Error as exc:
+            # Breaker state only spares a sick host; the outcomes themselves are written.
+            log.warning("recording %d host outcome(s) failed (%s)", len(outcomes), exc)
+            self._write_conn = await self.reconnect(self._write_conn)
+
+    async def _write_one_by_one(
+        self, batch: list[tuple[InFlight, queue.Completion]], error: psycopg.DataError
+    ) -> set[RunKey]:
+        """Write each outcome alone; one the database still refuses is stored without
+        its error text and response details, which are what it could not take."""
+        log.warning("writing %d outcome(s) was refused (%s); writing them one by one", len(batch), error)
+        written: set[RunKey] = set()
+        await self._write_conn.rollback()
+        for _, completion in batch:
+            for attempt in (completion, inflight.scrubbed(completion, error)):
+                try:
+                    written |= await queue.complete_runs(self._write_conn, [attempt])
+                    break
+                except psycopg.DataError as exc:
+                    await self._write_conn.rollback()
+                    log.error("outcome of %s refused by the database: %s", completion.job_id, exc)
+        return written
+
+    def _written(self, batch: list[tuple[InFlight, queue.Completion]], written: set[RunKey]) -> None:
+        loop = asyncio.get_running_loop()
+        for entry, completion in batch:
+            self._inflight.pop(entry.key, None)
+            if entry.key not in written:
+                self._fenced(entry)
+                continue
+            handed_back = completion.entry["outcome"] == "handed back"
+            if handed_back:
+                self.counters.handed_back += 1
+            if completion.status == "succeeded":
+                self.counters.succeeded += 1
+            elif completion.status == "retrying" and not handed_back:
+                self.counters.retried += 1
+                # Retry our own backoff promptly instead of at the next poll.
+                loop.call_later((completion.retry_in_s or 0) + 0.01, self._wake.set)
+            elif completion.status == "dead":
+                self.counters.dead += 1
+                run = entry.run
+                self._alerter.dead(
+                    DeadRun.of(run, result_code=completion.result_code, error=completion.error)
+                )
+        self._wake.set()
+
+    def _fenced(self, entry: InFlight) -> None:
+        self.counters.fenced += 1
+        log.warning(
+            "fenced: attempt %d of %s is no longer ours (lease lost or run cancelled); wrote nothing",
+            entry.run.attempt,
+            entry.run_key,
+        )
+
+    # --- connections -------------------------------------------------------------------
+
+    def _conninfo(self) -> str:
+        return self.conninfo or queue.database_conninfo()
+
+    async def reconnect(self, conn):
+        """A new connection in place of a failed one (after RECONNECT_DELAY_SECONDS)."""
+        await close_quietly(conn)
+        return await self._connect(wait_first=True)
+
+    async def _connect(self, *, wait_first: bool):
+        while True:
+            if wait_first:
+                await asyncio.sleep(RECONNECT_DELAY_SECONDS)
+            wait_first = True
+            try:
+                conn = await queue.connect_async(self.conninfo)
+            except psycopg.Error as exc:
+                self._outage.failed(exc)
+                continue
+            self._outage.ok()
+            return conn
+
+
+async def close_quietly(conn) -> None:
+    try:
+        await conn.close()
+    except psycopg.Error:
+        pass

@@ -1,0 +1,182 @@
+"""What the executor holds for each claimed run, what its steps report, and the
+outcome writes it builds.
+
+No I/O here: the executor's steps (runs/executor_steps.py) keep these in memory and
+hand the `queue.Completion`s built here to runs/queue.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from uuid import UUID
+
+from runs import breakers, queue, retry
+from runs.attempts import AttemptRecord
+from runs.keys import run_key
+
+RunKey = tuple[UUID, datetime, int]
+
+
+@dataclass
+class InFlight:
+    run: queue.ClaimedRun
+    started_monotonic: float
+    started_wall: datetime
+    task: asyncio.Task | None = None
+    writing: bool = False  # its outcome is in a write batch; the write decides
+    lost: bool = False  # fenced, cancelled or handed back: its outcome is discarded
+    host: str | None = None  # HTTP targets: scheme://host:port, the circuit breaker's unit
+    host_outcome: str | None = None  # breakers.UP / DOWN once the call answered
+
+    @classmethod
+    def start(cls, run: queue.ClaimedRun) -> InFlight:
+        return cls(
+            run=run, started_monotonic=time.monotonic(), started_wall=datetime.now(UTC), host=host_of(run)
+        )
+
+    @property
+    def key(self) -> RunKey:
+        return (self.run.job_id, self.run.scheduled_at, self.run.attempt)
+
+    @property
+    def run_key(self) -> str:
+        return run_key(self.run.job_id, self.run.scheduled_at)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What one claim did: runs claimed, those started now, those the breakers deferred."""
+
+    limit: int
+    claimed: list[queue.ClaimedRun]
+    started: list[queue.ClaimedRun]
+
+    @property
+    def full(self) -> bool:
+        """The batch was full: the queue may hold more right now."""
+        return self.limit > 0 and len(self.claimed) == self.limit
+
+
+@dataclass(frozen=True)
+class Written:
+    written: int = 0
+    fenced: int = 0  # no longer ours (lease lost or run cancelled): nothing was written
+
+
+@dataclass(frozen=True)
+class Beat:
+    held: int = 0  # leases extended
+    lost: tuple[RunKey, ...] = ()  # dropped: their calls are cancelled, nothing is written
+
+
+def default_owner() -> str:
+    """hostname:pid:random, unique per process start (a node id and a lease owner)."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"[:100]
+
+
+@dataclass
+class Counters:
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    fenced: int = 0
+    handed_back: int = 0
+    lease_expiries: int = 0
+    deferred: int = 0
+
+
+def completion(
+    entry: InFlight,
+    *,
+    owner: str,
+    status: str,
+    outcome: str,
+    result: retry.CallResult,
+    retry_in_s: float | None,
+) -> queue.Completion:
+    """The write that ends `entry`'s attempt, with its history entry."""
+    return queue.Completion(
+        job_id=entry.run.job_id,
+        scheduled_at=entry.run.scheduled_at,
+        attempt=entry.run.attempt,
+        status=status,
+        retry_in_s=retry_in_s,
+        result_code=result.result_code,
+        error=result.error,
+        entry=AttemptRecord(
+            attempt=entry.run.attempt,
+            owner=owner,
+            started_at=entry.started_wall,
+            finished_at=datetime.now(UTC),
+            duration_ms=(time.monotonic() - entry.started_monotonic) * 1000,
+            outcome=outcome,
+            result_code=result.result_code,
+            error=result.error,
+            retry_in_s=retry_in_s,
+        ).to_json(),
+    )
+
+
+def hand_back_completion(entry: InFlight, *, owner: str) -> queue.Completion:
+    """An unfinished attempt consumed its number (it is the fence): with none left
+    the run is dead like any other that ran out of attempts, not queued again."""
+    run = entry.run
+    if run.attempts_used >= run.max_attempts:
+        result = retry.CallResult(
+            retry.RETRY,
+            error=(
+                f"handed back with no attempts left: attempt {run.attempts_used} of {run.max_attempts}"
+                " did not finish before the executor shut down"
+            ),
+        )
+        return completion(
+            entry, owner=owner, status="dead", outcome="handed back", result=result, retry_in_s=None
+        )
+    result = retry.CallResult(
+        retry.RETRY, error="handed back: the executor shut down before the call finished"
+    )
+    return completion(
+        entry, owner=owner, status="retrying", outcome="handed back", result=result, retry_in_s=0.0
+    )
+
+
+def scrubbed(completion: queue.Completion, error: Exception) -> queue.Completion:
+    """The same write without the error text and response details the database refused."""
+    note = f"outcome details could not be stored ({type(error).__name__})"
+    entry = {**completion.entry, "error": note}
+    return dataclasses.replace(completion, error=note, entry=entry)
+
+
+def host_of(run: queue.ClaimedRun) -> str | None:
+    target = run.target if isinstance(run.target, dict) else {}
+    return breakers.host_key(str(target.get("url") or "")) if target.get("type") == "http" else None
+
+
+def host_outcome(result: retry.CallResult) -> str | None:
+    """DOWN for what says the host is sick (no answer, 5xx, 429, 408, 425); UP for any
+    other answer; None when nothing was sent (a refused address, an invalid URL)."""
+    if result.kind == retry.RETRY:
+        return breakers.DOWN
+    if result.kind == retry.SUCCESS or result.result_code is not None:
+        return breakers.UP
+    return None
+
+
+def breaker_candidates(claimed: list[queue.ClaimedRun]) -> list[breakers.Candidate]:
+    """The claimed HTTP runs the circuit breakers must admit (tasks have no host)."""
+    candidates = []
+    for run in claimed:
+        host = host_of(run)
+        if host is not None:
+            key = (run.job_id, run.scheduled_at, run.attempt)
+            left = run.max_attempts - run.attempts_used
+            candidates.append(breakers.Candidate(key, host, run.attempts_used > 1, run.deferred_since, left))
+    return candidates
