@@ -18,7 +18,7 @@ old entry missing a key renders with that key null.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 
 
@@ -41,8 +41,10 @@ class AttemptRecord:
 
     def to_json(self) -> dict:
         """The stored entry. No request headers, ever: they may carry the target's secrets."""
+        # vars(), not asdict(): asdict deep-copies every field, and on the executor's hot
+        # path (one entry per finished attempt) that was a quarter of its CPU time.
         return {
-            **asdict(self),
+            **vars(self),
             "started_at": None if self.started_at is None else format_moment(self.started_at),
             "finished_at": None if self.finished_at is None else format_moment(self.finished_at),
             "duration_ms": None if self.duration_ms is None else round(float(self.duration_ms), 1),
