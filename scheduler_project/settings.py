@@ -59,8 +59,23 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "scheduler_project.wsgi.application"
 
+def embedded_database_url(base_dir: Path) -> str:
+    """The embedded cluster of this checkout, as scripts/embedded_pg.py set it up.
+
+    Its port is whichever was free at init (54329 when it could be), recorded in
+    var/pg/port (var/pg may link to a cluster placed elsewhere): a `manage.py` command
+    run beside `make run` must reach this checkout's cluster, not whatever listens on
+    the preferred port.
+    """
+    try:
+        port = int((base_dir / "var" / "pg" / "port").read_text().strip())
+    except (OSError, ValueError):
+        port = 54329
+    return f"postgres://cronyard@127.0.0.1:{port}/cronyard"
+
+
 DATABASES = {
-    "default": env.db("DATABASE_URL", default="postgres://cronyard@127.0.0.1:54329/cronyard"),
+    "default": env.db("DATABASE_URL", default=embedded_database_url(BASE_DIR)),
 }
 # Persistent connections: schedulers and executors run tight loops.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)

@@ -222,3 +222,14 @@ def test_root_in_a_folder_postgres_cannot_traverse():
     finally:
         cli("destroy", script=script)
         shutil.rmtree(private, ignore_errors=True)
+
+
+def test_manage_py_finds_this_checkouts_cluster_without_database_url(tmp_path):
+    """A command run beside `make run` (README: create_tenant) must reach the cluster of
+    its own checkout, whose port was whichever was free at init, not 54329 blindly."""
+    from scheduler_project.settings import embedded_database_url
+
+    assert embedded_database_url(tmp_path) == "postgres://cronyard@127.0.0.1:54329/cronyard"  # not set up yet
+    (tmp_path / "var" / "pg").mkdir(parents=True)
+    (tmp_path / "var" / "pg" / "port").write_text("41025\n")
+    assert embedded_database_url(tmp_path) == "postgres://cronyard@127.0.0.1:41025/cronyard"
