@@ -18,6 +18,7 @@ cost is bounded by the page size, not by the length of the job's history.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -71,15 +72,21 @@ def occurrences(
     keys = sorted({*runs, *current})
     horizon = keys[want - 1] if len(keys) >= want else hi
     ranged: dict[datetime, SlotRange] = {}
+    since = job.schedule_since or job.created_at
     for rng in SlotRange.objects.filter(job=job, last_at__gt=lo, first_at__lte=horizon).order_by("first_at")[
         :want
     ]:
-        for t in slots_between(
-            _schedule_of(job, rng),
-            after=max(lo, rng.first_at - _TICK),
-            until=min(horizon, rng.last_at),
-            limit=want,
-        ):
+        until = min(horizon, rng.last_at)
+        if rng.first_at > since:
+            # Recorded under the current schedule (every schedule edit moves
+            # schedule_since past its ranges): its slots are the current slots within its
+            # bounds, already enumerated above, and `current` covers up to the horizon.
+            inside = current[bisect_left(current, rng.first_at) : bisect_right(current, until)]
+        else:
+            inside = slots_between(
+                _schedule_of(job, rng), after=max(lo, rng.first_at - _TICK), until=until, limit=want
+            )
+        for t in inside:
             ranged.setdefault(t, rng)
 
     page = sorted({*runs, *current, *ranged})[:want]
