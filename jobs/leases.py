@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from scheduler_project import db, liveness
+from scheduler_project import liveness
 from scheduler_project.outage import OutageLog
 
 log = logging.getLogger(__name__)
@@ -318,8 +318,3 @@ def try_maintenance_lock(cursor, *, namespace: int = NAMESPACE) -> bool:
 
 def maintenance_unlock(cursor, *, namespace: int = NAMESPACE) -> None:
     cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [namespace, MAINTENANCE_KEY])
-
-
-def conninfo_from_settings(settings_dict: dict) -> str:
-    """libpq conninfo for the database Django uses (the test database under pytest)."""
-    return db.conninfo(settings_dict)

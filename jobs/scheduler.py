@@ -93,7 +93,7 @@ class Scheduler(Loop):
         self.maintain_partitions = maintain_partitions
         self.heartbeat_thread = heartbeat_thread
         self.lease = leases.LeaseManager(
-            conninfo=conninfo or leases.conninfo_from_settings(connection.settings_dict),
+            conninfo=conninfo or db.conninfo(connection.settings_dict),
             node_id=self.node_id,
             hostname=socket.gethostname()[:255],
             pid=os.getpid(),

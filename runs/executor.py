@@ -33,12 +33,12 @@ import psycopg
 
 from runs import breakers, inflight, nodes, queue, tasks
 from runs.executor_steps import RECONNECT_DELAY_SECONDS, ExecutorSteps, close_quietly
-from runs.inflight import InFlight, default_owner
+from runs.inflight import InFlight
 from scheduler_project.loop import STOP_SIGNALS, on_stop_signal
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Executor", "default_owner"]
+__all__ = ["Executor"]
 
 T = TypeVar("T")
 

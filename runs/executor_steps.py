@@ -33,8 +33,9 @@ import psycopg
 
 from runs import breakers, inflight, nodes, queue, retry, targets, tasks
 from runs.alerts import Alerter, DeadRun
-from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written, default_owner
+from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
 from runs.keys import run_key
+from scheduler_project import liveness
 from scheduler_project.outage import OutageLog
 
 log = logging.getLogger("runs.executor")
@@ -60,7 +61,8 @@ class ExecutorSteps:
     aging_seconds: float = queue.DEFAULT_AGING_SECONDS
     breaker_policy: breakers.Policy = field(default_factory=breakers.Policy)
     conninfo: str | None = None
-    owner: str = field(default_factory=default_owner)
+    # The executor node id and every lease it takes: one id builder for all nodes.
+    owner: str = field(default_factory=liveness.make_node_id)
     rng: random.Random = field(default_factory=random.Random)
     counters: Counters = field(default_factory=Counters)
 

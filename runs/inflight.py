@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
-import secrets
-import socket
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -74,11 +71,6 @@ class Written:
 class Beat:
     held: int = 0  # leases extended
     lost: tuple[RunKey, ...] = ()  # dropped: their calls are cancelled, nothing is written
-
-
-def default_owner() -> str:
-    """hostname:pid:random, unique per process start (a node id and a lease owner)."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"[:100]
 
 
 @dataclass

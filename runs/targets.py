@@ -98,14 +98,12 @@ def trace_id(key: str) -> str:
 
 
 def run_headers(run: ClaimedRun) -> dict[str, str]:
-    job_id = str(run.job_id)
-    scheduled_at = format_utc(run.scheduled_at)
-    key = f"{job_id}/{scheduled_at}"  # = run_key(), without formatting twice
+    key = run_key(run.job_id, run.scheduled_at)
     return {
         "Idempotency-Key": key,
         "X-Run-Attempt": str(run.attempt),
-        "X-Job-Id": job_id,
-        "X-Scheduled-At": scheduled_at,
+        "X-Job-Id": str(run.job_id),
+        "X-Scheduled-At": format_utc(run.scheduled_at),
         "traceparent": f"00-{trace_id(key)}-{secrets.token_hex(8)}-01",
     }
 

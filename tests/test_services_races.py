@@ -16,11 +16,11 @@ import pytest
 from django.db import connection
 
 from jobs import planning, services
-from jobs.leases import conninfo_from_settings
 from jobs.models import Job
 from runs import partitions
 from runs.models import JobRun
 from runs.queue import enqueue_runs
+from scheduler_project import db
 
 TARGET = {"type": "task", "name": "noop", "kwargs": {}}
 
@@ -33,7 +33,7 @@ def make_job(tenant, **fields):
 @pytest.mark.django_db(transaction=True)
 def test_delete_during_a_scheduler_batch_leaves_no_run_behind(tenant):
     job = make_job(tenant)
-    batch = psycopg.connect(conninfo_from_settings(connection.settings_dict))
+    batch = psycopg.connect(db.conninfo(connection.settings_dict))
     batch.execute("BEGIN")
     batch.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE SKIP LOCKED", [job.id])
     batch.execute(
@@ -220,7 +220,7 @@ def test_retention_gives_up_on_a_busy_day_instead_of_blocking_job_runs(tenant):
     JobRun.objects.filter(job_id=job.pk).update(status="succeeded")
     later = today + timedelta(days=31)
     partitions.maintain(days_ahead=0, retention_days=10_000, today=later)
-    reader = psycopg.connect(conninfo_from_settings(connection.settings_dict))
+    reader = psycopg.connect(db.conninfo(connection.settings_dict))
     reader.execute("BEGIN")
     reader.execute("SELECT count(*) FROM job_runs")  # a long read, e.g. a runs listing
     results: dict = {}
