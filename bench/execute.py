@@ -81,7 +81,8 @@ def clear(tenant: int) -> None:
 def enqueue(tenant: int, n: int, target: dict) -> None:
     from django.db import transaction
 
-    from runs.queue import NewRun, enqueue_runs, notify_executors
+    from runs.queue import enqueue_runs, notify_executors
+    from runs.rows import NewRun
 
     base = datetime.now(UTC) - timedelta(minutes=1)
     runs = [

@@ -64,7 +64,7 @@ def worker(conninfo: str, tenant: int, batch: int, start, done) -> None:
 
 def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
     from bench.execute import clear, enqueue, finished
-    from runs.queue import database_conninfo
+    from runs.connections import database_conninfo
 
     clear(tenant)
     enqueue(tenant, runs, {"type": "task", "name": "noop", "kwargs": {}})

@@ -1,7 +1,7 @@
 """Job health: the "overdue" rule and the alert sweep.
 
 Health counters (last outcome, last success/failure, consecutive failures) are written
-by the executors' outcome statement (runs.queue); this module reads them. Alerts:
+by the executors' outcome statement (runs.claims); this module reads them. Alerts:
 
 * overdue: a job whose next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS
   (the scheduler is behind or down) is alerted once per late slot;

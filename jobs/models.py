@@ -12,7 +12,7 @@ class Tenant(models.Model):
         default=10, help_text="Most runs of this tenant executing at the same moment."
     )
     # Fair share: below their caps, tenants with due runs get executor slots in
-    # proportion to their weight (see runs/queue.py, the claim).
+    # proportion to their weight (see runs/claims.py, the claim).
     weight = models.PositiveIntegerField(
         default=1,
         validators=[MinValueValidator(1)],
@@ -108,7 +108,7 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    # Health: written by the executors' outcome statement (runs.queue._COMPLETE_SQL),
+    # Health: written by the executors' outcome statement (runs.claims._COMPLETE_SQL),
     # never by Django; a run's final or retried attempt counts, a hand-back does not.
     last_outcome = models.CharField(max_length=16, blank=True, default="", editable=False)
     last_success_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 
 from jobs import jitter, schedule
 from jobs.models import Job, Misfire, MisfirePolicy, SlotOutcome, SlotRange, SlotReason
-from runs.queue import NewRun
+from runs.rows import NewRun
 
 # A misfire's missed slots are counted one by one up to this many (about 20 ms of
 # cron arithmetic); past it the count is recorded as a lower bound. Interval jobs

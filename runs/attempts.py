@@ -2,7 +2,7 @@
 
 Three writers build it: the executor (an answered or handed-back call, in Python), an
 operator's cancel (runs/services.py, in Python) and two SQL statements (a reaped lease
-and a cancel by a newer run, runs/queue.py). Python writers use `AttemptRecord.to_json()`,
+and a cancel by a newer run, runs/claims.py). Python writers use `AttemptRecord.to_json()`,
 SQL writers use `sql_entry()`; both give the same keys with the same formats:
 
 - timestamps: RFC 3339 UTC, always with microseconds ("2026-03-08T07:00:00.000000Z"),
@@ -79,7 +79,7 @@ def sql_entry(
     retry_in_s: str,
 ) -> str:
     """The `jsonb_build_object(...)` of one entry, from SQL expressions (trusted constants
-    of runs/queue.py, never user input). Timestamps are timestamptz expressions and are
+    of runs/claims.py, never user input). Timestamps are timestamptz expressions and are
     formatted here; every key must be given, so a new field cannot be forgotten in SQL."""
     values = {
         "attempt": attempt,

@@ -31,7 +31,7 @@ from typing import TypeVar
 
 import psycopg
 
-from runs import breakers, inflight, nodes, queue, tasks
+from runs import breakers, claims, connections, inflight, nodes, tasks
 from runs.executor_steps import RECONNECT_DELAY_SECONDS, ExecutorSteps, close_quietly
 from runs.inflight import InFlight
 from scheduler_project.loop import STOP_SIGNALS, on_stop_signal
@@ -60,7 +60,7 @@ class Executor(ExecutorSteps):
             "allow_private": settings.SCHEDULER_ALLOW_PRIVATE_TARGETS,
             "webhook_url": settings.SCHEDULER_ALERT_WEBHOOK_URL,
             "task_modules": tuple(settings.EXECUTOR_TASK_MODULES),
-            "conninfo": queue.database_conninfo(),
+            "conninfo": connections.database_conninfo(),
             "node_lease_seconds": float(settings.SCHEDULER_LEASE_SECONDS),
             "aging_seconds": settings.EXECUTOR_PRIORITY_AGING_SECONDS,
             "breaker_policy": breakers.Policy.from_settings(),
@@ -206,7 +206,7 @@ class Executor(ExecutorSteps):
         while True:
             conn = None
             try:
-                conn = await queue.listen_connection(self.conninfo)
+                conn = await connections.listen_connection(self.conninfo)
                 self._outage.ok()
                 self._wake.set()  # anything queued while we were not listening
                 async for _ in conn.notifies():
@@ -251,7 +251,7 @@ class Executor(ExecutorSteps):
         await asyncio.gather(*(e.task for e in entries if e.task is not None), return_exceptions=True)
         batch = [(e, inflight.hand_back_completion(e, owner=self.owner)) for e in entries]
         try:
-            written = await queue.complete_runs(self._write_conn, [c for _, c in batch])
+            written = await claims.complete_runs(self._write_conn, [c for _, c in batch])
         except psycopg.Error as exc:
             log.error("could not hand back %d run(s) (%s); their leases will expire", len(batch), exc)
             return

@@ -7,7 +7,7 @@ step raises `psycopg.Error` when its connection fails; the driver logs the outag
 reconnects (`reconnect`), so a test sees the real error.
 
 The database is reached through psycopg AsyncConnections with the raw SQL of
-runs/queue.py, never the ORM, each with its own job:
+runs/claims.py, never the ORM, each with its own job:
 - claim connection: reaping, short claim transactions (never open during a call) and
   circuit-breaker admission;
 - write connection: outcomes of finished attempts, batched into one UPDATE;
@@ -31,7 +31,7 @@ from datetime import datetime
 
 import psycopg
 
-from runs import breakers, inflight, nodes, queue, retry, targets, tasks
+from runs import breakers, claims, connections, inflight, nodes, retry, rows, targets, tasks
 from runs.alerts import Alerter, DeadRun
 from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
 from runs.keys import run_key
@@ -42,7 +42,7 @@ log = logging.getLogger("runs.executor")
 
 WRITE_BATCH = 500
 RECONNECT_DELAY_SECONDS = 1.0
-# Generic plans are kept per connection (see queue.connect_async); re-plan this often
+# Generic plans are kept per connection (see connections.connect_async); re-plan this often
 # so a plan made when the queue was small does not outlive the backlog's arrival.
 REPLAN_SECONDS = 5.0
 
@@ -58,7 +58,7 @@ class ExecutorSteps:
     claim_batch: int = 100
     # The node heartbeat follows the schedulers' lease so one liveness rule fits both.
     node_lease_seconds: float = 30.0
-    aging_seconds: float = queue.DEFAULT_AGING_SECONDS
+    aging_seconds: float = claims.DEFAULT_AGING_SECONDS
     breaker_policy: breakers.Policy = field(default_factory=breakers.Policy)
     conninfo: str | None = None
     # The executor node id and every lease it takes: one id builder for all nodes.
@@ -69,7 +69,7 @@ class ExecutorSteps:
     def __post_init__(self) -> None:
         self._inflight: dict[RunKey, InFlight] = {}
         self._calls = 0  # runs of _inflight whose call has not returned yet
-        self._results: list[tuple[InFlight, queue.Completion]] = []
+        self._results: list[tuple[InFlight, rows.Completion]] = []
         self._alerter = Alerter(webhook_url=self.webhook_url)
         # All connections report here: one "away" and one "back" line per outage.
         self._outage = OutageLog(name="executor")
@@ -114,10 +114,10 @@ class ExecutorSteps:
 
     # --- the steps -----------------------------------------------------------------------
 
-    async def reap_once(self) -> list[queue.ReapedRun]:
+    async def reap_once(self) -> list[rows.ReapedRun]:
         """Hand back runs whose owner (any executor) stopped heartbeating. Does not wait
         for a free slot: an orphan counts against its tenant's cap until it is reaped."""
-        reaped = await queue.reap_expired_leases(self._claim_conn)
+        reaped = await claims.reap_expired_leases(self._claim_conn)
         for run in reaped:
             self.counters.lease_expiries += 1
             log.warning(
@@ -138,9 +138,9 @@ class ExecutorSteps:
         if limit <= 0:
             return Claimed(limit, [], [])
         if time.monotonic() >= self._next_replan["claim"]:
-            await queue.replan(self._claim_conn)
+            await connections.replan(self._claim_conn)
             self._next_replan["claim"] = time.monotonic() + REPLAN_SECONDS
-        claimed = await queue.claim_runs(
+        claimed = await claims.claim_runs(
             self._claim_conn, owner=self.owner, limit=limit, aging_seconds=self.aging_seconds
         )
         started = await self._admit(claimed)
@@ -159,7 +159,7 @@ class ExecutorSteps:
             return Written()
         if time.monotonic() >= self._next_replan["write"]:
             try:
-                await queue.replan(self._write_conn)
+                await connections.replan(self._write_conn)
             except psycopg.Error:
                 pass  # the write below finds out
             self._next_replan["write"] = time.monotonic() + REPLAN_SECONDS
@@ -168,7 +168,7 @@ class ExecutorSteps:
         for entry, _ in batch:
             entry.writing = True
         try:
-            written = await queue.complete_runs(self._write_conn, [c for _, c in batch])
+            written = await claims.complete_runs(self._write_conn, [c for _, c in batch])
         except psycopg.DataError as exc:
             # The database refuses the data itself: retrying the same batch would
             # fail forever and stop this executor recording anything.
@@ -186,7 +186,7 @@ class ExecutorSteps:
         # write (a failover, a reconnect) must not let the run be reclaimed and
         # executed again after the call already happened. The write decides them.
         keys = list(self._inflight)
-        held = await queue.heartbeat_runs(self._beat_conn, keys)
+        held = await claims.heartbeat_runs(self._beat_conn, keys)
         lost = []
         for key in keys:
             entry = self._inflight.get(key)
@@ -225,7 +225,7 @@ class ExecutorSteps:
         """
         return min(self.concurrency - self._calls, self.concurrency + self.claim_batch - len(self._inflight))
 
-    async def _admit(self, claimed: list[queue.ClaimedRun]) -> list[queue.ClaimedRun]:
+    async def _admit(self, claimed: list[rows.ClaimedRun]) -> list[rows.ClaimedRun]:
         """The claimed runs that may be sent now; runs/breakers.py defers the others
         (their host's circuit is open, or their retry is over its host's budget)."""
         candidates = inflight.breaker_candidates(claimed)
@@ -242,7 +242,7 @@ class ExecutorSteps:
         self.counters.deferred += len(deferred)
         return [run for run in claimed if (run.job_id, run.scheduled_at, run.attempt) not in deferred]
 
-    def _start(self, run: queue.ClaimedRun) -> None:
+    def _start(self, run: rows.ClaimedRun) -> None:
         self.counters.claimed += 1
         entry = InFlight.start(run)
         self._inflight[entry.key] = entry
@@ -297,7 +297,7 @@ class ExecutorSteps:
 
     # --- after a write -----------------------------------------------------------------
 
-    async def _record_hosts(self, batch: list[tuple[InFlight, queue.Completion]]) -> None:
+    async def _record_hosts(self, batch: list[tuple[InFlight, rows.Completion]]) -> None:
         """Feed the answers of HTTP calls (fenced or not: the host did answer) to the breakers."""
         outcomes = [(e.host, e.host_outcome) for e, _ in batch if e.host and e.host_outcome]
         if not outcomes:
@@ -310,7 +310,7 @@ class ExecutorSteps:
             self._write_conn = await self.reconnect(self._write_conn)
 
     async def _write_one_by_one(
-        self, batch: list[tuple[InFlight, queue.Completion]], error: psycopg.DataError
+        self, batch: list[tuple[InFlight, rows.Completion]], error: psycopg.DataError
     ) -> set[RunKey]:
         """Write each outcome alone; one the database still refuses is stored without
         its error text and response details, which are what it could not take."""
@@ -320,14 +320,14 @@ class ExecutorSteps:
         for _, completion in batch:
             for attempt in (completion, inflight.scrubbed(completion, error)):
                 try:
-                    written |= await queue.complete_runs(self._write_conn, [attempt])
+                    written |= await claims.complete_runs(self._write_conn, [attempt])
                     break
                 except psycopg.DataError as exc:
                     await self._write_conn.rollback()
                     log.error("outcome of %s refused by the database: %s", completion.job_id, exc)
         return written
 
-    def _written(self, batch: list[tuple[InFlight, queue.Completion]], written: set[RunKey]) -> None:
+    def _written(self, batch: list[tuple[InFlight, rows.Completion]], written: set[RunKey]) -> None:
         loop = asyncio.get_running_loop()
         for entry, completion in batch:
             self._inflight.pop(entry.key, None)
@@ -362,7 +362,7 @@ class ExecutorSteps:
     # --- connections -------------------------------------------------------------------
 
     def _conninfo(self) -> str:
-        return self.conninfo or queue.database_conninfo()
+        return self.conninfo or connections.database_conninfo()
 
     async def reconnect(self, conn):
         """A new connection in place of a failed one (after RECONNECT_DELAY_SECONDS)."""
@@ -375,7 +375,7 @@ class ExecutorSteps:
                 await asyncio.sleep(RECONNECT_DELAY_SECONDS)
             wait_first = True
             try:
-                conn = await queue.connect_async(self.conninfo)
+                conn = await connections.connect_async(self.conninfo)
             except psycopg.Error as exc:
                 self._outage.failed(exc)
                 continue

@@ -2,7 +2,7 @@
 outcome writes it builds.
 
 No I/O here: the executor's steps (runs/executor_steps.py) keep these in memory and
-hand the `queue.Completion`s built here to runs/queue.py.
+hand the `rows.Completion`s built here to runs/claims.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from uuid import UUID
 
-from runs import breakers, queue, retry
+from runs import breakers, retry, rows
 from runs.attempts import AttemptRecord
 from runs.keys import run_key
 
@@ -23,7 +23,7 @@ RunKey = tuple[UUID, datetime, int]
 
 @dataclass
 class InFlight:
-    run: queue.ClaimedRun
+    run: rows.ClaimedRun
     started_monotonic: float
     started_wall: datetime
     task: asyncio.Task | None = None
@@ -33,7 +33,7 @@ class InFlight:
     host_outcome: str | None = None  # breakers.UP / DOWN once the call answered
 
     @classmethod
-    def start(cls, run: queue.ClaimedRun) -> InFlight:
+    def start(cls, run: rows.ClaimedRun) -> InFlight:
         return cls(
             run=run, started_monotonic=time.monotonic(), started_wall=datetime.now(UTC), host=host_of(run)
         )
@@ -52,8 +52,8 @@ class Claimed:
     """What one claim did: runs claimed, those started now, those the breakers deferred."""
 
     limit: int
-    claimed: list[queue.ClaimedRun]
-    started: list[queue.ClaimedRun]
+    claimed: list[rows.ClaimedRun]
+    started: list[rows.ClaimedRun]
 
     @property
     def full(self) -> bool:
@@ -93,9 +93,9 @@ def completion(
     outcome: str,
     result: retry.CallResult,
     retry_in_s: float | None,
-) -> queue.Completion:
+) -> rows.Completion:
     """The write that ends `entry`'s attempt, with its history entry."""
-    return queue.Completion(
+    return rows.Completion(
         job_id=entry.run.job_id,
         scheduled_at=entry.run.scheduled_at,
         attempt=entry.run.attempt,
@@ -117,7 +117,7 @@ def completion(
     )
 
 
-def hand_back_completion(entry: InFlight, *, owner: str) -> queue.Completion:
+def hand_back_completion(entry: InFlight, *, owner: str) -> rows.Completion:
     """An unfinished attempt consumed its number (it is the fence): with none left
     the run is dead like any other that ran out of attempts, not queued again."""
     run = entry.run
@@ -140,14 +140,14 @@ def hand_back_completion(entry: InFlight, *, owner: str) -> queue.Completion:
     )
 
 
-def scrubbed(completion: queue.Completion, error: Exception) -> queue.Completion:
+def scrubbed(completion: rows.Completion, error: Exception) -> rows.Completion:
     """The same write without the error text and response details the database refused."""
     note = f"outcome details could not be stored ({type(error).__name__})"
     entry = {**completion.entry, "error": note}
     return dataclasses.replace(completion, error=note, entry=entry)
 
 
-def host_of(run: queue.ClaimedRun) -> str | None:
+def host_of(run: rows.ClaimedRun) -> str | None:
     target = run.target if isinstance(run.target, dict) else {}
     return breakers.host_key(str(target.get("url") or "")) if target.get("type") == "http" else None
 
@@ -162,7 +162,7 @@ def host_outcome(result: retry.CallResult) -> str | None:
     return None
 
 
-def breaker_candidates(claimed: list[queue.ClaimedRun]) -> list[breakers.Candidate]:
+def breaker_candidates(claimed: list[rows.ClaimedRun]) -> list[breakers.Candidate]:
     """The claimed HTTP runs the circuit breakers must admit (tasks have no host)."""
     candidates = []
     for run in claimed:

@@ -23,7 +23,7 @@ from runs import retry, tasks
 from runs.errors import PermanentError
 from runs.keys import format_utc, run_key
 from runs.netguard import address_refusal, parse_ip_host, refusal_message
-from runs.queue import ClaimedRun
+from runs.rows import ClaimedRun
 
 DEFAULT_TIMEOUT_SECONDS = 30
 DEFAULT_TASK_TIMEOUT_SECONDS = 300

@@ -1,7 +1,7 @@
 """Job health and its alerts (issue 10, items 2 and 3).
 
 Health is written by the executors' outcome statement: these tests drive that very
-statement (runs.queue.complete_runs) against the real database, then read the job
+statement (runs.claims.complete_runs) against the real database, then read the job
 through the API; the alert sweep runs in a real Scheduler step and POSTs to a real
 HTTP server on 127.0.0.1.
 """
@@ -18,7 +18,7 @@ from django.db import connection
 from jobs.models import Job
 from jobs.planning import run_for
 from jobs.scheduler import Scheduler
-from runs import queue
+from runs import claims, connections, queue, rows
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.scheduler import make_job
@@ -41,7 +41,7 @@ def finish(job: Job, outcomes: list[str], *, handed_back: bool = False) -> None:
     queue.enqueue_runs([run_for(job, scheduled_at=t, trigger="schedule", overlap_check=False) for t in slots])
     JobRun.objects.filter(job_id=job.id, scheduled_at__in=slots).update(status="running", attempt=1)
     completions = [
-        queue.Completion(
+        rows.Completion(
             job_id=job.id,
             scheduled_at=t,
             attempt=1,
@@ -55,9 +55,9 @@ def finish(job: Job, outcomes: list[str], *, handed_back: bool = False) -> None:
     ]
 
     async def write():
-        conn = await queue.connect_async(database_url())
+        conn = await connections.connect_async(database_url())
         try:
-            return await queue.complete_runs(conn, completions)
+            return await claims.complete_runs(conn, completions)
         finally:
             await conn.close()
 

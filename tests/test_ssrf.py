@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from jobs.services import create_tenant
-from runs import queue
+from runs import connections
 from runs.executor import Executor
 from runs.netguard import SWITCH, address_refusal
 from runs.targets import GuardedConnector
@@ -194,7 +194,10 @@ def execute(keys, *, allow_private: bool, timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         Executor(
-            conninfo=queue.database_conninfo(), allow_private=allow_private, concurrency=100, grace_seconds=30
+            conninfo=connections.database_conninfo(),
+            allow_private=allow_private,
+            concurrency=100,
+            grace_seconds=30,
         ).run(once=True)
         runs = {key: row(key) for key in keys}
         if all(run.status in ("succeeded", "dead", "retrying") for run in runs.values()):

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from runs.models import JobRun
-from runs.queue import NewRun, enqueue_runs, notify_executors
+from runs.queue import enqueue_runs, notify_executors
+from runs.rows import NewRun
 
 
 def queue_runs(
@@ -100,10 +101,10 @@ def set_running(key, *, attempt: int = 1, lease: timedelta = timedelta(seconds=3
 def _on_executor_connection(work):
     """Run `work(conn)` on an executor-style psycopg AsyncConnection (needs transactional_db:
     it is another session, it sees only committed rows)."""
-    from runs import queue
+    from runs import connections
 
     async def go():
-        conn = await queue.connect_async(queue.database_conninfo())
+        conn = await connections.connect_async(connections.database_conninfo())
         try:
             return await work(conn)
         finally:
@@ -113,12 +114,12 @@ def _on_executor_connection(work):
 
 
 def claim_now(*, limit: int = 10, owner: str = "test-claimer"):
-    from runs import queue
+    from runs import claims
 
-    return _on_executor_connection(lambda conn: queue.claim_runs(conn, owner=owner, limit=limit))
+    return _on_executor_connection(lambda conn: claims.claim_runs(conn, owner=owner, limit=limit))
 
 
 def reap_now():
-    from runs import queue
+    from runs import claims
 
-    return _on_executor_connection(queue.reap_expired_leases)
+    return _on_executor_connection(claims.reap_expired_leases)
