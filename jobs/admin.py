@@ -27,10 +27,11 @@ from jobs import activity, console, services
 from jobs.admin_base import ReadOnlyAdmin, actor_of
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
 from jobs.display import in_zone, relative
+from jobs.field_rules import check_dst_policy
 from jobs.forms import POLICY_FORM_FIELDS, SCHEDULE_FORM_FIELDS, JobAdminForm
 from jobs.health import overdue_seconds
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
-from jobs.validation import JobInvalid, check_dst_policy
+from jobs.validation import JobInvalid
 from runs import tasks
 from runs.admin import status_pill
 from runs.keys import format_utc
