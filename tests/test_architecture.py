@@ -235,3 +235,16 @@ def test_small_helpers_have_one_home():
         "both spellings": {"scheduler_project.urls", "scheduler_project.urlpaths"},
         "preview check": {"jobs.describe"},
     }
+
+
+def test_next_fire_time_and_fire_times_share_one_path():
+    """One path from a trigger to its fire times (issue 13, item 5): `next_fire_time`
+    (the scheduler's next slot) and `fire_times` (previews, the ledger, backfill) both
+    take them from `_fire_instants`; neither walks a trigger kind on its own."""
+    defs = {name: list(_defs(ast.FunctionDef, name)) for name in ("next_fire_time", "fire_times")}
+    walkers = ("next_cron_time", "next_interval_time", "next_cron", "_check_interval")
+    for name, found in defs.items():
+        ((module, node),) = found
+        assert module == "jobs.schedule"
+        assert _calls(node, "_fire_instants"), f"{name} does not go through _fire_instants"
+        assert not any(_calls(node, walker) for walker in walkers), f"{name} walks a trigger itself"
