@@ -248,3 +248,15 @@ def test_next_fire_time_and_fire_times_share_one_path():
         assert module == "jobs.schedule"
         assert _calls(node, "_fire_instants"), f"{name} does not go through _fire_instants"
         assert not any(_calls(node, walker) for walker in walkers), f"{name} walks a trigger itself"
+
+
+def test_a_class_name_names_one_thing():
+    """Two classes of one name (the dead-letter proxy model and the alert about a dead
+    run were both `DeadRun`) send a newcomer to the wrong one. Django's management
+    commands must all be called `Command`."""
+    homes: dict[str, list[str]] = {}
+    for module, tree in MODULES.items():
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and ".management.commands." not in module:
+                homes.setdefault(node.name, []).append(module)
+    assert not {name: where for name, where in homes.items() if len(where) > 1}
