@@ -79,16 +79,16 @@ class Alerter:
         log.error("alert %s", json.dumps(body, sort_keys=True))
         self._post(body)
 
-    def missing_task(self, *, task: str, job_id, scheduled_at, attempt: int, owner: str) -> None:
-        """A run names a task this executor has not registered: the run is retried, and
-        the operator is told which task and which executor, on every attempt."""
+    def missing_task(self, run, *, task: str, owner: str) -> None:
+        """A run (a ClaimedRun) names a task this executor has not registered: the run is
+        retried, and the operator is told which task and which executor, on every attempt."""
         body = {
             "event": "task.missing",
             "task": task,
-            "run_key": run_key(job_id, scheduled_at),
-            "job_id": str(job_id),
-            "scheduled_at": format_utc(scheduled_at),
-            "attempt": attempt,
+            "run_key": run_key(run.job_id, run.scheduled_at),
+            "job_id": str(run.job_id),
+            "scheduled_at": format_utc(run.scheduled_at),
+            "attempt": run.attempt,
             "executor": owner,
         }
         log.error("alert %s", json.dumps(body, sort_keys=True))

@@ -269,13 +269,7 @@ class ExecutorSteps:
         if entry.lost:
             return
         if result.missing_task:
-            self._alerter.missing_task(
-                task=result.missing_task,
-                job_id=run.job_id,
-                scheduled_at=run.scheduled_at,
-                attempt=run.attempt,
-                owner=self.owner,
-            )
+            self._alerter.missing_task(run, task=result.missing_task, owner=self.owner)
         decision = retry.decide(
             result,
             attempt=run.attempts_used,
