@@ -16,9 +16,11 @@ APPS = ("jobs", "runs", "scheduler_project")
 
 INFRASTRUCTURE = {
     "scheduler_project.db",
+    "scheduler_project.liveness",
     "scheduler_project.loop",
     "scheduler_project.outage",
     "scheduler_project.serve",
+    "scheduler_project.urlpaths",
 }
 EXECUTOR_SIDE = {
     f"runs.{name}"
@@ -45,6 +47,10 @@ EXECUTOR_SIDE = {
         "breakers",
     )
 }
+# What the operator-facing rest of `runs` (admin, API, selectors, services, metrics) may
+# use of `jobs`: the models, the audit log, the one overdue rule, the one way to show an
+# instant, and the admin's shared base.
+JOBS_SEEN_BY_RUNS = {"jobs.models", "jobs.audit", "jobs.health", "jobs.display", "jobs.admin_base"}
 SQL_MODULES = {
     "jobs.leases",
     "jobs.dispatch_sql",
@@ -112,6 +118,21 @@ def test_infrastructure_imports_neither_app(name):
 def test_the_executor_side_imports_nothing_from_jobs(name):
     bad = sorted(m for m in imported(MODULES[name]) if m.split(".")[0] == "jobs")
     assert not bad, f"{name} imports {bad}: an executor must not load scheduling code"
+
+
+def test_the_rest_of_runs_sees_only_the_shared_jobs_modules():
+    bad = {}
+    for name, tree in MODULES.items():
+        if name.split(".")[0] != "runs" or name in EXECUTOR_SIDE:
+            continue
+        used = {m for m in imported(tree) if m.split(".")[0] == "jobs" and m != "jobs"}
+        # `from jobs.models import Job` lists both jobs.models and jobs.models.Job.
+        outside = sorted(
+            m for m in used if not any(m == ok or m.startswith(f"{ok}.") for ok in JOBS_SEEN_BY_RUNS)
+        )
+        if outside:
+            bad[name] = outside
+    assert not bad, f"runs modules reaching further into jobs than {sorted(JOBS_SEEN_BY_RUNS)}: {bad}"
 
 
 @pytest.mark.parametrize("name", sorted(PURE_SCHEDULE))
