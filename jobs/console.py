@@ -24,7 +24,9 @@ CATCH_UP_CHOICES = (
 
 
 @dataclass(frozen=True)
-class Plan:
+class OperationPlan:
+    """What pausing, resuming or triggering a job will do, said before it is done."""
+
     operation: str
     summary: str  # the headline: "Resume: next run 09:00 EST tomorrow; ..."
     details: list[str]
@@ -36,7 +38,7 @@ def when(moment: datetime | None, job: Job, *, now: datetime) -> str:
     return f"{in_zone(moment, job.time_zone)} ({relative(moment, now=now)})"
 
 
-def plan(*, job: Job, operation: str, catch_up: str = "none", now: datetime) -> Plan:
+def plan(*, job: Job, operation: str, catch_up: str = "none", now: datetime) -> OperationPlan:
     if operation == "pause":
         return _pause(job, now)
     if operation == "resume":
@@ -50,9 +52,9 @@ def _count(n: int, exact: bool, word: str) -> str:
     return f"{'at least ' if not exact else ''}{n} {word}{'' if n == 1 else 's'}"
 
 
-def _pause(job: Job, now: datetime) -> Plan:
+def _pause(job: Job, now: datetime) -> OperationPlan:
     if job.paused:
-        return Plan("pause", "Pause: the job is already paused; nothing changes.", [])
+        return OperationPlan("pause", "Pause: the job is already paused; nothing changes.", [])
     details = ["No slot fires while the job is paused; Resume decides whether the missed ones run."]
     if job.next_run_at is not None and job.next_run_at <= now:
         missed = missed_slots(job, first=job.next_run_at, now=now)
@@ -62,17 +64,17 @@ def _pause(job: Job, now: datetime) -> Plan:
         )
     nxt = job.next_run_at if job.next_run_at and job.next_run_at > now else None
     nxt = nxt or (next_slot(job, after=now, anchor=job.next_run_at) if job.next_run_at else None)
-    return Plan("pause", f"Pause: the next slot, {when(nxt, job, now=now)}, will not run.", details)
+    return OperationPlan("pause", f"Pause: the next slot, {when(nxt, job, now=now)}, will not run.", details)
 
 
-def _resume(job: Job, catch_up: str, now: datetime) -> Plan:
+def _resume(job: Job, catch_up: str, now: datetime) -> OperationPlan:
     if not job.paused:
-        return Plan("resume", "Resume: the job is not paused; nothing changes.", [])
+        return OperationPlan("resume", "Resume: the job is not paused; nothing changes.", [])
     due = job.next_run_at is not None and job.next_run_at <= now
     nxt = next_slot(job, after=now, anchor=job.next_run_at) if due else job.next_run_at
     head = f"Resume: next run {when(nxt, job, now=now)}"
     if not due:
-        return Plan("resume", f"{head}; no slot fell while paused.", [])
+        return OperationPlan("resume", f"{head}; no slot fell while paused.", [])
     missed = missed_slots(job, first=job.next_run_at, now=now)
     fell = _count(missed.count, missed.count_exact, "slot")
     if catch_up == "latest":
@@ -89,7 +91,9 @@ def _resume(job: Job, catch_up: str, now: datetime) -> Plan:
         tail += f", {skipped} beyond max catch-up ({job.max_catch_up}) will not run" if skipped else ""
     else:
         tail = f"; {fell} fell while paused and will not run"
-    return Plan("resume", head + tail + ".", [f"Paused slots: {_span(missed.first, missed.last, job)}."])
+    return OperationPlan(
+        "resume", head + tail + ".", [f"Paused slots: {_span(missed.first, missed.last, job)}."]
+    )
 
 
 def _span(first: datetime, last: datetime, job: Job) -> str:
@@ -98,7 +102,7 @@ def _span(first: datetime, last: datetime, job: Job) -> str:
     return f"{in_zone(first, job.time_zone)} to {in_zone(last, job.time_zone)}"
 
 
-def _trigger(job: Job, now: datetime) -> Plan:
+def _trigger(job: Job, now: datetime) -> OperationPlan:
     details = ["A manual run has its own run key; the schedule is not moved."]
     if job.overlap_policy != "allow":
         details.append(
@@ -110,4 +114,4 @@ def _trigger(job: Job, now: datetime) -> Plan:
     nxt = job.next_run_at if not job.paused else None
     summary = f"Trigger now: one manual run is queued at {in_zone(now + timedelta(0), job.time_zone)}"
     summary += f"; the next scheduled run stays {when(nxt, job, now=now)}." if nxt else "."
-    return Plan("trigger", summary, details)
+    return OperationPlan("trigger", summary, details)

@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 
 # Key 1 of every two-int advisory lock the scheduler takes ("CRON" in ASCII).
 NAMESPACE = 0x43524F4E
-# Key 2 used with NAMESPACE for "one node runs partition maintenance" (partitions are >= 0).
-MAINTENANCE_KEY = -1
 
 _APPNAME_MAX = 63  # NAMEDATALEN - 1
 
@@ -309,12 +307,3 @@ class LeaseManager:
                 share,
                 len(live),
             )
-
-
-def try_maintenance_lock(cursor, *, namespace: int = NAMESPACE) -> bool:
-    cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", [namespace, MAINTENANCE_KEY])
-    return bool(cursor.fetchone()[0])
-
-
-def maintenance_unlock(cursor, *, namespace: int = NAMESPACE) -> None:
-    cursor.execute("SELECT pg_advisory_unlock(%s, %s)", [namespace, MAINTENANCE_KEY])

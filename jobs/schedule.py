@@ -15,19 +15,31 @@ Callers use this module; the parts live beside it:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Required, TypedDict, Unpack
 from uuid import UUID
+from zoneinfo import ZoneInfo
 
-from jobs.cron import ScheduleError, compile_cron, expand_cron, invalid, is_fixed_time
-from jobs.dst import DST_MISSING, DST_REPEATED, dst_policy_for, effective_dst_policy, load_zone, next_cron
+from jobs.cron import Compiled, ScheduleError, compile_cron, expand_cron, invalid, is_fixed_time
+from jobs.dst import (
+    DST_MISSING,
+    DST_REPEATED,
+    DstPolicy,
+    dst_policy_for,
+    effective_dst_policy,
+    load_zone,
+    next_cron,
+)
 
 __all__ = [
     "DST_MISSING",
     "DST_REPEATED",
     "FireTime",
     "ScheduleError",
+    "Trigger",
     "dst_policy_for",
     "expand_cron",
     "fire_times",
@@ -129,49 +141,34 @@ def _trigger_kind(cron: str | None, interval_seconds: int | None, run_at: dateti
     return set_[0]
 
 
-def next_fire_time(
-    *,
-    cron: str | None,
-    timezone: str,
-    interval_seconds: int | None,
-    run_at: datetime | None,
-    anchor: datetime | None,
-    after: datetime,
-    job_id: str | UUID | None = None,
-    dst_policy: Mapping[str, str | None] | None = None,
-) -> datetime | None:
-    """Next fire time strictly after ``after`` for any trigger kind (UTC).
+class Trigger(TypedDict, total=False):
+    """One trigger: the keyword arguments `fire_times` and `next_fire_time` share."""
+
+    cron: Required[str | None]
+    timezone: Required[str]
+    interval_seconds: Required[int | None]
+    run_at: Required[datetime | None]
+    anchor: Required[datetime | None]
+    job_id: str | UUID | None
+    dst_policy: Mapping[str, str | None] | None
+
+
+def next_fire_time(*, after: datetime, **trigger: Unpack[Trigger]) -> datetime | None:
+    """Next fire time strictly after ``after`` (UTC), or None: the first of `fire_times`.
 
     ``dst_policy`` applies to cron only: interval and one-time triggers are DST-free.
     """
-    _require_aware(after, "after")
-    kind = _trigger_kind(cron, interval_seconds, run_at)
-    if kind == "cron":
-        assert cron is not None
-        return next_cron_time(cron, timezone, after, job_id, dst_policy)
-    if kind == "interval_seconds":
-        assert interval_seconds is not None
-        if anchor is None:
-            raise ScheduleError("Interval jobs need an anchor time")
-        return next_interval_time(interval_seconds, anchor, after)
-    assert run_at is not None
-    _require_aware(run_at, "run_at")
-    return run_at.astimezone(UTC) if run_at > after else None
+    first = next(_fire_instants(after, **trigger), None)
+    return first[0] if first else None
 
 
 def fire_times(
     *,
-    cron: str | None,
-    timezone: str,
-    interval_seconds: int | None,
-    run_at: datetime | None,
-    anchor: datetime | None,
     after: datetime,
-    job_id: str | UUID | None = None,
     count: int | None = None,
     until: datetime | None = None,
     limit: int = 10_000,
-    dst_policy: Mapping[str, str | None] | None = None,
+    **trigger: Unpack[Trigger],
 ) -> list[FireTime]:
     """Successive fire times strictly after ``after``.
 
@@ -179,48 +176,70 @@ def fire_times(
     (``until`` itself is included), or after ``limit`` items, whichever
     comes first.
     """
-    _require_aware(after, "after")
+    instants = _fire_instants(after, **trigger)
     if until is not None:
         _require_aware(until, "until")
-    kind = _trigger_kind(cron, interval_seconds, run_at)
-    zone = load_zone(timezone)
+    zone = load_zone(trigger["timezone"])
     cap = limit if count is None else min(count, limit)
     out: list[FireTime] = []
-    if cap <= 0:
-        return out
-
-    def emit(instant: datetime, note: str | None) -> bool:
+    for instant, note in itertools.islice(instants, max(cap, 0)):
         if until is not None and instant > until:
-            return False
+            break
         out.append(FireTime(instant, instant.astimezone(zone), note))
-        return len(out) < cap
+    return out
 
+
+def _fire_instants(
+    after: datetime,
+    *,
+    cron: str | None,
+    timezone: str,
+    interval_seconds: int | None,
+    run_at: datetime | None,
+    anchor: datetime | None,
+    job_id: str | UUID | None = None,
+    dst_policy: Mapping[str, str | None] | None = None,
+) -> Iterator[tuple[datetime, str | None]]:
+    """(UTC instant, DST note) of every fire time strictly after ``after``, in order:
+    the one path from a trigger to its fire times (`next_fire_time` takes the first,
+    `fire_times` a list), so the slot the scheduler dispatches is the first one every
+    preview and the ledger list.
+
+    The arguments are judged here, before the first item is asked for.
+    """
+    _require_aware(after, "after")
+    kind = _trigger_kind(cron, interval_seconds, run_at)
     if kind == "run_at":
         assert run_at is not None
         _require_aware(run_at, "run_at")
-        if run_at > after:
-            emit(run_at.astimezone(UTC), None)
-        return out
-
+        return iter([(run_at.astimezone(UTC), None)] if run_at > after else [])
     if kind == "interval_seconds":
         assert interval_seconds is not None
         if anchor is None:
             raise ScheduleError("Interval jobs need an anchor time")
-        step = timedelta(seconds=_check_interval(interval_seconds))
-        try:
-            instant = next_interval_time(interval_seconds, anchor, after)
-            while emit(instant, None):
-                instant += step
-        except OverflowError:
-            pass  # ran past datetime.max: the list simply ends there
-        return out
-
+        return _interval_instants(interval_seconds, anchor, after)
     assert cron is not None
     compiled = compile_cron(cron, job_id)
     policy = effective_dst_policy(dst_policy, fixed_time=compiled.fixed_time)
-    cursor = after.astimezone(UTC)
-    while True:
-        found = next_cron(compiled, zone, cursor, policy)
-        if found is None or not emit(*found):
-            return out
+    return _cron_instants(compiled, load_zone(timezone), after.astimezone(UTC), policy)
+
+
+def _interval_instants(
+    interval_seconds: int, anchor: datetime, after: datetime
+) -> Iterator[tuple[datetime, None]]:
+    step = timedelta(seconds=_check_interval(interval_seconds))
+    try:
+        instant = next_interval_time(interval_seconds, anchor, after)
+        while True:
+            yield instant, None
+            instant += step
+    except OverflowError:
+        return  # ran past datetime.max: the schedule simply ends there
+
+
+def _cron_instants(
+    compiled: Compiled, zone: ZoneInfo, cursor: datetime, policy: DstPolicy
+) -> Iterator[tuple[datetime, str | None]]:
+    while (found := next_cron(compiled, zone, cursor, policy)) is not None:
+        yield found
         cursor = found[0]

@@ -302,15 +302,8 @@ class Scheduler(Loop):
             return
         self._next_maintenance = time.monotonic() + MAINTENANCE_EVERY_SECONDS
         try:
-            with connection.cursor() as cursor:
-                # maintain() serialises on a transaction lock; a try-lock first means
-                # nodes that start together do not queue behind each other.
-                if not leases.try_maintenance_lock(cursor):
-                    return
-                try:
-                    partitions.maintain(retention_days=settings.RUN_RETENTION_DAYS)
-                finally:
-                    leases.maintenance_unlock(cursor)
+            # wait=False: a node that finds another maintaining skips until next time.
+            partitions.maintain(retention_days=settings.RUN_RETENTION_DAYS, wait=False)
         except DatabaseError as exc:
             log.warning("partition maintenance failed: %s", exc)
             connection.close()

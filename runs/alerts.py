@@ -26,7 +26,10 @@ WEBHOOK_TIMEOUT_SECONDS = 10
 
 
 @dataclass(frozen=True)
-class DeadRun:
+class DeadRunAlert:
+    """What the `run.dead` alert says about a run that died (not the dead-letter queue's
+    runs.models.DeadRun, which is a view of the run rows)."""
+
     job_id: object
     scheduled_at: object
     tenant_id: int
@@ -36,7 +39,7 @@ class DeadRun:
     last_error: str
 
     @classmethod
-    def of(cls, run, *, result_code: int | None, error: str) -> DeadRun:
+    def of(cls, run, *, result_code: int | None, error: str) -> DeadRunAlert:
         """From a ClaimedRun or ReapedRun (anything with the run's key, tenant, name, attempt)."""
         return cls(run.job_id, run.scheduled_at, run.tenant_id, run.job_name, run.attempt, result_code, error)
 
@@ -56,7 +59,7 @@ class Alerter:
     _session: aiohttp.ClientSession | None = None
     _pending: set[asyncio.Task] = field(default_factory=set)
 
-    def payload(self, run: DeadRun) -> dict:
+    def payload(self, run: DeadRunAlert) -> dict:
         return {
             "event": "run.dead",
             "run_key": run_key(run.job_id, run.scheduled_at),
@@ -69,23 +72,23 @@ class Alerter:
             "last_error": run.last_error,
         }
 
-    def dead(self, run: DeadRun) -> None:
+    def dead(self, run: DeadRunAlert) -> None:
         """Record a death; returns at once (the webhook POST happens in the background)."""
         self.counters.dead += 1
         body = self.payload(run)
         log.error("alert %s", json.dumps(body, sort_keys=True))
         self._post(body)
 
-    def missing_task(self, *, task: str, job_id, scheduled_at, attempt: int, owner: str) -> None:
-        """A run names a task this executor has not registered: the run is retried, and
-        the operator is told which task and which executor, on every attempt."""
+    def missing_task(self, run, *, task: str, owner: str) -> None:
+        """A run (a ClaimedRun) names a task this executor has not registered: the run is
+        retried, and the operator is told which task and which executor, on every attempt."""
         body = {
             "event": "task.missing",
             "task": task,
-            "run_key": run_key(job_id, scheduled_at),
-            "job_id": str(job_id),
-            "scheduled_at": format_utc(scheduled_at),
-            "attempt": attempt,
+            "run_key": run_key(run.job_id, run.scheduled_at),
+            "job_id": str(run.job_id),
+            "scheduled_at": format_utc(run.scheduled_at),
+            "attempt": run.attempt,
             "executor": owner,
         }
         log.error("alert %s", json.dumps(body, sort_keys=True))

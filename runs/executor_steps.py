@@ -32,7 +32,7 @@ from datetime import datetime
 import psycopg
 
 from runs import breakers, claims, connections, inflight, nodes, retry, rows, targets, tasks
-from runs.alerts import Alerter, DeadRun
+from runs.alerts import Alerter, DeadRunAlert
 from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
 from runs.keys import run_key
 from scheduler_project import liveness
@@ -129,7 +129,7 @@ class ExecutorSteps:
             )
             if run.status == "dead":
                 self.counters.dead += 1
-                self._alerter.dead(DeadRun.of(run, result_code=None, error=run.last_error))
+                self._alerter.dead(DeadRunAlert.of(run, result_code=None, error=run.last_error))
         return reaped
 
     async def claim_once(self) -> Claimed:
@@ -269,13 +269,7 @@ class ExecutorSteps:
         if entry.lost:
             return
         if result.missing_task:
-            self._alerter.missing_task(
-                task=result.missing_task,
-                job_id=run.job_id,
-                scheduled_at=run.scheduled_at,
-                attempt=run.attempt,
-                owner=self.owner,
-            )
+            self._alerter.missing_task(run, task=result.missing_task, owner=self.owner)
         decision = retry.decide(
             result,
             attempt=run.attempts_used,
@@ -347,7 +341,7 @@ class ExecutorSteps:
                 self.counters.dead += 1
                 run = entry.run
                 self._alerter.dead(
-                    DeadRun.of(run, result_code=completion.result_code, error=completion.error)
+                    DeadRunAlert.of(run, result_code=completion.result_code, error=completion.error)
                 )
         self._wake.set()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -43,15 +43,13 @@ class CronyardCollector(Collector):
             value=lateness,
         )
         yield GaugeMetricFamily("cronyard_jobs_due", "Unpaused jobs whose next_run_at has passed.", value=due)
-        overdue = GaugeMetricFamily(
+        late = settings.SCHEDULER_OVERDUE_ALERT_SECONDS
+        yield _labelled(
             "cronyard_jobs_overdue",
             "Unpaused jobs whose next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS, per tenant.",
-            labels=["tenant"],
+            "tenant",
+            sorted(health.overdue_by_tenant(now=now, late_seconds=late).items()),
         )
-        late = settings.SCHEDULER_OVERDUE_ALERT_SECONDS
-        for slug, count in sorted(health.overdue_by_tenant(now=now, late_seconds=late).items()):
-            overdue.add_metric([slug], count)
-        yield overdue
 
         depth = GaugeMetricFamily(
             "cronyard_queue_depth", "Active runs by priority and status.", labels=["priority", "status"]
@@ -62,20 +60,17 @@ class CronyardCollector(Collector):
                 depth.add_metric([str(priority), str(run_status)], counts.get((priority, run_status), 0))
         yield depth
 
-        since = now - TOTALS_WINDOW
-        totals = GaugeMetricFamily(
+        window = selectors.window_totals(since=now - TOTALS_WINDOW)
+        expiries = window.pop("lease_expiries")
+        yield _labelled(
             # A gauge over a sliding window, so no `_total`: Prometheus keeps that suffix for
             # counters, which only go up and which rate() may be applied to.
             "cronyard_runs_last_24h",
             "Runs scheduled in the last 24 h: dispatched (all rows), succeeded, retried "
             "(attempts beyond the first), dead, skipped, cancelled. A sliding window, not a counter.",
-            labels=["status"],
+            "status",
+            window.items(),
         )
-        window = selectors.window_totals(since=since)
-        expiries = window.pop("lease_expiries")
-        for name, value in window.items():
-            totals.add_metric([name], value)
-        yield totals
         yield GaugeMetricFamily(
             "cronyard_lease_expiries_last_24h",
             "Attempts whose lease expired before they reported, over runs scheduled in the last 24 h.",
@@ -83,21 +78,18 @@ class CronyardCollector(Collector):
         )
 
         nodes = selectors.scheduler_nodes()
-        owned = GaugeMetricFamily(
+        yield _labelled(
             "cronyard_partitions_owned",
             "Partitions a scheduler node holds, as of its last heartbeat.",
-            labels=["node"],
+            "node",
+            ((node.node_id, node.partitions) for node in nodes),
         )
-        age = GaugeMetricFamily(
+        yield _labelled(
             "cronyard_scheduler_heartbeat_age_seconds",
             "Seconds since a node's last heartbeat.",
-            labels=["node"],
+            "node",
+            ((node.node_id, node.heartbeat_age_seconds) for node in nodes),
         )
-        for node in nodes:
-            owned.add_metric([node.node_id], node.partitions)
-            age.add_metric([node.node_id], node.heartbeat_age_seconds)
-        yield owned
-        yield age
         yield GaugeMetricFamily(
             "cronyard_scheduler_nodes",
             "Live scheduler nodes (heartbeat younger than two leases and lease session connected).",
@@ -109,44 +101,47 @@ class CronyardCollector(Collector):
             "Live executors (the same liveness rule as scheduler nodes).",
             value=sum(1 for n in executors if n.alive),
         )
-        in_flight = GaugeMetricFamily(
+        yield _labelled(
             "cronyard_executor_in_flight",
             "Runs an executor holds, as of its last heartbeat.",
-            labels=["node"],
+            "node",
+            ((node.node_id, node.in_flight) for node in executors),
         )
-        for node in executors:
-            in_flight.add_metric([node.node_id], node.in_flight)
-        yield in_flight
         yield GaugeMetricFamily(
             "cronyard_partitions_unowned",
             "Partitions that no live scheduler node holds.",
             value=selectors.unowned_partitions(nodes=nodes, total=settings.SCHEDULER_PARTITIONS),
         )
 
-        running = GaugeMetricFamily(
+        loads = selectors.tenant_load(limit=1000)
+        yield _labelled(
             "cronyard_tenant_running",
             "Running runs per tenant (tenants with active runs).",
-            labels=["tenant"],
+            "tenant",
+            ((load.slug, load.running) for load in loads),
         )
-        limit = GaugeMetricFamily(
+        yield _labelled(
             "cronyard_tenant_max_concurrency",
             "max_concurrency of tenants with active runs.",
-            labels=["tenant"],
+            "tenant",
+            ((load.slug, load.max_concurrency) for load in loads),
         )
-        for load in selectors.tenant_load(limit=1000):
-            running.add_metric([load.slug], load.running)
-            limit.add_metric([load.slug], load.max_concurrency)
-        yield running
-        yield limit
-
-        circuits = GaugeMetricFamily(
+        yield _labelled(
             "cronyard_circuit_open",
             "1 per target host (scheme://host:port) whose circuit breaker is open or half-open.",
-            labels=["host"],
+            "host",
+            ((host.host, 1) for host in selectors.open_circuits(limit=1000)),
         )
-        for host in selectors.open_circuits(limit=1000):
-            circuits.add_metric([host.host], 1)
-        yield circuits
+
+
+def _labelled(
+    name: str, documentation: str, label: str, samples: Iterable[tuple[str, float]]
+) -> GaugeMetricFamily:
+    """A gauge with one label: one sample per (label value, value)."""
+    family = GaugeMetricFamily(name, documentation, labels=[label])
+    for key, value in samples:
+        family.add_metric([key], value)
+    return family
 
 
 def metrics_token() -> str:

@@ -77,6 +77,7 @@ class MaintenanceReport:
     created: list[str]
     dropped: list[str]
     moved_rows: int
+    skipped: bool = False  # wait=False found another maintainer at work: nothing done
 
 
 def partition_name(day: date) -> str:
@@ -139,6 +140,8 @@ def _create_day(cursor, day: date) -> int:
 # needs an ACCESS EXCLUSIVE lock on job_runs itself, and while it waits every new query
 # on job_runs queues behind it: the wait must stay short.
 DROP_LOCK_TIMEOUT_MS = 1_000
+# The transaction-level advisory lock (hashed) of "one maintainer at a time".
+MAINTAINER_LOCK = "cronyard.maintain_partitions"
 _LOCK_NOT_AVAILABLE = "55P03"
 
 
@@ -148,15 +151,26 @@ def maintain(
     retention_days: int,
     today: date | None = None,
     lock_timeout_ms: int = DROP_LOCK_TIMEOUT_MS,
+    wait: bool = True,
 ) -> MaintenanceReport:
-    """Create partitions from today through today+days_ahead; drop days older than retention."""
+    """Create partitions from today through today+days_ahead; drop days older than retention.
+
+    One maintainer at a time, whoever calls (the command, every scheduler node each
+    hour, a migration). `wait=False` (the schedulers) skips at once when another one is
+    at work, so nodes that start together do not queue behind each other; the report
+    then says `skipped`.
+    """
     today = today or datetime.now(UTC).date()
     created: list[str] = []
     dropped: list[str] = []
     moved = 0
     with transaction.atomic(), connection.cursor() as cursor:
-        # One maintainer at a time, whoever calls (command, scheduler, migration).
-        cursor.execute("SELECT pg_advisory_xact_lock(hashtext('cronyard.maintain_partitions'))")
+        if wait:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [MAINTAINER_LOCK])
+        else:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(hashtext(%s))", [MAINTAINER_LOCK])
+            if not cursor.fetchone()[0]:
+                return MaintenanceReport(created=[], dropped=[], moved_rows=0, skipped=True)
         have = set(existing_days(cursor))
         for offset in range(days_ahead + 1):
             day = today + timedelta(days=offset)

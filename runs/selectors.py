@@ -15,11 +15,13 @@ from datetime import datetime
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
 
+from django.contrib.admin.models import LogEntry
 from django.contrib.postgres.aggregates import JSONBAgg
 from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
-from runs.models import JobRun, RunStatus
+from jobs.models import Job, SchedulerNode, Tenant
+from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
 from scheduler_project import liveness
 
 REDACTED = "***"
@@ -223,8 +225,6 @@ def oldest_due(*, now: datetime) -> tuple[float, int]:
     In a healthy system only a handful of jobs are due at any moment, so this reads
     the partial due index (`WHERE NOT paused`) and a few rows.
     """
-    from jobs.models import Job
-
     row = Job.objects.filter(paused=False, next_run_at__lte=now).aggregate(
         oldest=Min("next_run_at"), due=Count("id")
     )
@@ -302,8 +302,6 @@ def _health(cls, node, **derived):
 
 def scheduler_nodes() -> list[NodeHealth]:
     """Scheduler nodes with their liveness as scheduler_project.liveness decides it."""
-    from jobs.models import SchedulerNode
-
     return [
         _health(
             NodeHealth,
@@ -329,8 +327,6 @@ class ExecutorHealth:
 
 def executor_nodes() -> list[ExecutorHealth]:
     """Registered executors (runs/nodes.py), alive by the same rule as the schedulers."""
-    from runs.models import ExecutorNode
-
     return [
         _health(ExecutorHealth, node)
         for node in liveness.with_alive(ExecutorNode.objects.order_by("node_id"))
@@ -348,8 +344,6 @@ def unowned_partitions(*, nodes: list[NodeHealth], total: int) -> int:
 
 def tenant_load(*, limit: int = 100) -> list[TenantLoad]:
     """Tenants with active runs: running vs max_concurrency, and how many wait."""
-    from jobs.models import Tenant
-
     by_tenant: Counter = Counter()
     waiting: Counter = Counter()
     for (tenant_id, status), n in _active_counts("tenant_id", "status").items():
@@ -371,13 +365,9 @@ def tenant_load(*, limit: int = 100) -> list[TenantLoad]:
 
 
 def recent_admin_changes(*, limit: int = 20):
-    from django.contrib.admin.models import LogEntry
-
     return LogEntry.objects.select_related("user", "content_type").order_by("-action_time")[:limit]
 
 
 def open_circuits(*, limit: int = 100) -> list:
     """Target hosts whose circuit breaker is open or half-open (probing), longest open first."""
-    from runs.models import TargetHost
-
     return list(TargetHost.objects.exclude(state="closed").order_by("opened_at", "host")[:limit])

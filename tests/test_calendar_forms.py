@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from jobs.schedule import ScheduleError, fire_times, load_zone, validate_cron
 from runs.keys import parse_utc
+from tests.support.admin_form import job_form_data
 
 ZONES = [
     "Pacific/Chatham",
@@ -208,23 +209,7 @@ def test_admin_form_refuses_bad_forms_on_the_cron_field(
     admin_client, settings, tenant, expr, message
 ) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    data = {
-        "tenant": tenant.pk,
-        "name": "from admin",
-        "cron_expr": expr,
-        "time_zone": "UTC",
-        "dst_policy": "",
-        "interval_seconds": "",
-        "target": '{"type": "http", "url": "https://example.com/hook"}',
-        "misfire_policy": "run_once",
-        "max_catch_up": "100",
-        "overlap_policy": "skip",
-        "max_attempts": "5",
-        "retry_backoff_seconds": "10",
-        "retry_backoff_cap_seconds": "3600",
-        "lease_seconds": "30",
-        "priority": "0",
-    }
+    data = job_form_data(tenant, cron_expr=expr, dst_policy="")
     response = admin_client.post("/admin/jobs/job/add/", data)
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors

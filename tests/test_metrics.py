@@ -177,3 +177,26 @@ def test_metric_names_follow_prometheus_conventions(client, known_state):
                 assert sample.name.endswith(("_total", "_created")), sample.name
             else:
                 assert not sample.name.endswith("_total"), f"{family.type} {sample.name}"
+
+
+def test_executor_gauges_per_node(client, tenant):
+    from runs.models import ExecutorNode
+
+    now = timezone.now()
+    for node_id, in_flight in (("exec-a", 3), ("exec-b", 0)):
+        ExecutorNode.objects.create(
+            node_id=node_id,
+            hostname="h",
+            pid=1,
+            started_at=now,
+            heartbeat_at=now,
+            concurrency=8,
+            in_flight=in_flight,
+        )
+    with nodes.sessions("exec-a"):  # exec-b has no session: registered, not alive
+        families = scrape(client)
+    assert families["cronyard_executor_in_flight"] == {
+        (("node", "exec-a"),): 3.0,
+        (("node", "exec-b"),): 0.0,
+    }
+    assert value(families, "cronyard_executor_nodes") == 1.0

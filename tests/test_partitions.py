@@ -1,16 +1,19 @@
 """job_runs day partitions: created ahead, rows rescued from the default partition,
 old days dropped for retention."""
 
+import time
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 from django.db import connection
 
 from jobs.planning import run_for
 from jobs.services import create_job
 from runs.models import JobRun
-from runs.partitions import maintain, partition_name
+from runs.partitions import MAINTAINER_LOCK, maintain, partition_name
 from runs.queue import enqueue_runs
+from scheduler_project import db
 
 pytestmark = pytest.mark.django_db
 
@@ -90,3 +93,23 @@ def test_retention_applies_to_the_ledger_ranges(tenant):
     SlotRange.objects.bulk_create([old, recent])
     maintain(days_ahead=0, retention_days=30)
     assert list(SlotRange.objects.filter(job=job).values_list("last_at", flat=True)) == [recent.last_at]
+
+
+def test_a_maintainer_that_finds_another_at_work_skips_instead_of_queueing():
+    """The scheduler asks for maintenance every hour on every node: with `wait=False` a
+    node that finds another maintainer at work skips at once (nodes that start together
+    do not queue behind each other), and the next call, once the lock is free, runs."""
+    other = psycopg.connect(db.conninfo(connection.settings_dict), autocommit=True)
+    try:
+        other.execute("BEGIN")
+        other.execute(f"SELECT pg_advisory_xact_lock(hashtext('{MAINTAINER_LOCK}'))")
+        started = time.monotonic()
+        report = maintain(days_ahead=9, retention_days=30, wait=False)
+        assert report.skipped and report.created == []
+        assert time.monotonic() - started < 30, "a skipping maintainer must not wait for the lock"
+        other.execute("COMMIT")
+    finally:
+        other.close()
+    report = maintain(days_ahead=9, retention_days=30, wait=False)
+    assert not report.skipped
+    assert partition_name(datetime.now(UTC).date() + timedelta(days=9)) in report.created

@@ -657,6 +657,26 @@ def test_next_fire_time_dispatch() -> None:
 
 
 @pytest.mark.parametrize(
+    ("trigger", "after"),
+    [
+        # the spring gap and the autumn overlap, under each policy, and an H expression
+        (dict(cron="30 2 * * *", timezone=NY), z(2026, 3, 8, 5)),
+        (dict(cron="30 1 * * *", timezone=NY, dst_policy={"repeated": "both"}), z(2026, 11, 1, 5, 31)),
+        (dict(cron="30 2 * * *", timezone=NY, dst_policy={"missing": "skip"}), z(2026, 3, 8, 5)),
+        (dict(cron="H H * * *", timezone="Europe/Berlin", job_id="job-7"), z(2026, 3, 29)),
+        (dict(cron="0 0 1 1 *", timezone="UTC"), z(9999, 6, 1)),  # past datetime.max: None
+        (dict(interval_seconds=3600, anchor=z(2026, 1, 1, 0, 0, 7)), z(2026, 1, 1, 5)),
+        (dict(run_at=z(2026, 5, 1, 12)), z(2026, 5, 1)),
+        (dict(run_at=z(2026, 5, 1, 12)), z(2026, 5, 1, 12)),  # past: None
+    ],
+)
+def test_next_fire_time_is_the_first_of_fire_times(trigger: dict, after: datetime) -> None:
+    kwargs = dict(cron=None, timezone="UTC", interval_seconds=None, run_at=None, anchor=None) | trigger
+    first = fire_times(after=after, count=1, **kwargs)
+    assert next_fire_time(after=after, **kwargs) == (first[0].utc if first else None)
+
+
+@pytest.mark.parametrize(
     "kwargs",
     [
         dict(cron=None, interval_seconds=None, run_at=None),

@@ -29,7 +29,7 @@ def api_errors(errors: dict[str, list[str]]) -> dict[str, list[str]]:
 
 class TargetField(serializers.JSONField):
     """`{"type": "http", "url", "method", "headers", "body", "timeout_seconds", "secret_headers"}` or
-    `{"type": "task", "name", "kwargs", "timeout_seconds"}`; validated in jobs.validation.check_target.
+    `{"type": "task", "name", "kwargs", "timeout_seconds"}`; validated in jobs.target_rules.check_target.
 
     Secret header values (Authorization, Cookie, names containing token/secret/key/
     password, and those listed in `secret_headers`) are write-only: they read back as
@@ -63,7 +63,7 @@ _DST_POLICY_SCHEMA = {
 
 @extend_schema_field(_DST_POLICY_SCHEMA)
 class DstPolicyField(serializers.JSONField):
-    """Validated in jobs.validation.check_dst_policy; shown with both keys (null = not chosen)."""
+    """Validated in jobs.field_rules.check_dst_policy; shown with both keys (null = not chosen)."""
 
     def to_representation(self, value):
         value = value or {}

@@ -61,11 +61,8 @@ class WebServer:
         while True:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"gunicorn exited {self.proc.returncode}:\n{self.log()}")
-            try:
-                if requests.get(f"{self.url}/api/v1/health", timeout=5).status_code < 500:
-                    return
-            except requests.ConnectionError:
-                pass
+            if self._answers():
+                return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"gunicorn not answering after {timeout:.0f}s:\n{self.log()}")
             time.sleep(0.2)
@@ -83,15 +80,18 @@ class WebServer:
         deadline = time.monotonic() + timeout
         while True:
             current = self._workers()
-            if current and not current & old and len(current) >= self.workers:
-                try:
-                    if requests.get(f"{self.url}/api/v1/health", timeout=5).status_code < 500:
-                        return
-                except requests.ConnectionError:
-                    pass
+            if current and not current & old and len(current) >= self.workers and self._answers():
+                return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"gunicorn workers not replaced after {timeout:.0f}s:\n{self.log()}")
             time.sleep(0.1)
+
+    def _answers(self) -> bool:
+        """Whether a worker answers the health endpoint (anything but a 5xx)."""
+        try:
+            return requests.get(f"{self.url}/api/v1/health", timeout=5).status_code < 500
+        except requests.ConnectionError:
+            return False
 
     def _workers(self) -> set[int]:
         """Pids of the gunicorn master's live children (from /proc)."""
