@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from croniter import croniter
 from cronsim import CronSim
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from jobs.schedule import ScheduleError, fire_times, load_zone, validate_cron
@@ -69,6 +69,13 @@ def _cronsim_form(expr: str) -> str:
     return expr.upper().replace("FRIL", "5L").replace("FRI#", "5#").replace("SAT#", "6#")
 
 
+def _exists(moment: datetime) -> bool:
+    """Whether an aware local wall time happens at all (is not in a spring-forward gap)."""
+    wall = moment.replace(tzinfo=None)
+    return moment.astimezone(UTC).astimezone(moment.tzinfo).replace(tzinfo=None) == wall
+
+
+@example(expr="*/30 0 * 3,4,9,10,11 7#1", tz="America/Santiago", after=datetime(2026, 9, 1, tzinfo=UTC))
 @SETTINGS
 @given(expr=cronsim_exprs(), tz=st.sampled_from(ZONES), after=starts())
 def test_l_and_hash_forms_match_cronsim_across_zones(expr: str, tz: str, after: datetime) -> None:
@@ -76,6 +83,11 @@ def test_l_and_hash_forms_match_cronsim_across_zones(expr: str, tz: str, after: 
     reference = CronSim(_cronsim_form(expr), after.astimezone(zone))
     expected = []
     for moment in reference:
+        if not _exists(moment):
+            # cronsim's aware iteration (elapsed-time jobs: the minute or hour starts with
+            # `*`) yields wall times inside a spring-forward gap; Debian cron, and we, skip
+            # them (hypothesis found '*/30 0 * 3,4,9,10,11 7#1' in America/Santiago).
+            continue
         moment = moment.astimezone(UTC)
         if moment > after + WITHIN or len(expected) == COUNT:
             break
