@@ -48,6 +48,7 @@ EXECUTOR_SIDE = {
 SQL_MODULES = {
     "jobs.leases",
     "jobs.dispatch_sql",
+    "jobs.rate_limit_sql",
     "jobs.health",
     "runs.queue",
     "runs.claims",
