@@ -35,6 +35,7 @@ from runs import tasks
 from runs.admin import status_pill
 from runs.keys import format_utc
 from runs.models import JobRun
+from runs.selectors import dispatch_note
 from scheduler_project import db, liveness
 
 PREVIEW_COUNT = 5
@@ -261,7 +262,7 @@ class JobAdmin(admin.ModelAdmin):
                     format_utc(o.scheduled_at),
                     in_zone(o.scheduled_at, job.time_zone),
                     o.outcome,
-                    o.reason or "",
+                    (o.run is not None and dispatch_note(o.run)) or o.reason or "",
                     format_html('<a href="{}">run</a>', reverse("admin:runs_jobrun_change", args=[o.run.pk]))
                     if o.run is not None
                     else "",

@@ -1,5 +1,5 @@
-"""Tenant dispatch rate limit (max_runs_per_minute): the allocation, and Scheduler.step()
-in-process on the real database."""
+"""Tenant dispatch rate limit (max_runs_per_minute): the allocation, Scheduler.step() in-process
+on the real database, and what the ledger and run detail say about a deferred run."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from jobs import rate_limits, services
 from jobs.models import Job, Tenant, TenantDispatchWindow
 from jobs.rate_limits import Wanted, allocate, window_of
 from jobs.scheduler import Scheduler
+from runs.keys import format_utc
 from runs.models import JobRun
+from scheduler_project import db
 from tests.conftest import database_url
 from tests.support.scheduler import bulk_interval_jobs
 
@@ -178,6 +180,38 @@ def test_skipped_runs_take_no_share_of_the_budget(tenant, make_scheduler):
     assert Counter(r.status for r in new) == {"queued": 5, "skipped": 5}
     # The five queued ones fit this minute: a skipped run starts nothing, so takes nothing.
     assert all(r.rate_limited_to is None for r in new)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_ledger_and_run_detail_say_the_run_was_deferred(tenant, api, make_scheduler, admin_client):
+    services.set_rate_limit(tenant=tenant, max_runs_per_minute=1)
+    # On the database's clock: the ledger speaks for slots inside a job's life only.
+    due = db.now().replace(microsecond=0) - timedelta(seconds=5)
+    jobs = herd(tenant, 2, due=due)
+    Job.objects.filter(id__in=[j.id for j in jobs]).update(created_at=due - MINUTE)
+    drain(make_scheduler(node_id="n1", clock=None))
+    run = JobRun.objects.filter(tenant=tenant, rate_limited_to__isnull=False).get()
+    on_time = JobRun.objects.filter(tenant=tenant, rate_limited_to__isnull=True).get()
+    note = f"deferred by tenant rate limit to {format_utc(run.rate_limited_to)}"
+
+    detail = api.get(f"/api/v1/runs/{run.job_id}/{format_utc(run.scheduled_at)}/").json()
+    assert detail["dispatch_note"] == note and detail["rate_limited_to"] == format_utc(run.rate_limited_to)
+    assert detail["not_before"] == format_utc(run.rate_limited_to)
+
+    def occurrence(job_id) -> dict:
+        query = {"from": format_utc(due), "to": format_utc(due + timedelta(seconds=1))}
+        return api.get(f"/api/v1/jobs/{job_id}/occurrences", query).json()["results"][0]
+
+    deferred_slot = occurrence(run.job_id)
+    assert deferred_slot["outcome"] == "fired" and deferred_slot["reason"] == "rate_limited"
+    assert deferred_slot["run"]["dispatch_note"] == note
+    plain = occurrence(on_time.job_id)
+    assert plain["reason"] is None and plain["run"]["dispatch_note"] is None
+
+    page = admin_client.get(f"/admin/runs/jobrun/{run.pk}/change/").content.decode()
+    assert note in page
+    job_page = admin_client.get(f"/admin/jobs/job/{run.job_id}/change/").content.decode()
+    assert note in job_page
 
 
 def test_limits_ride_on_the_due_jobs_read():
