@@ -33,7 +33,16 @@ def _count_of(rows) -> Coalesce:
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("slug", "name", "max_concurrency", "weight", "token_count", "job_count", "created_at")
+    list_display = (
+        "slug",
+        "name",
+        "max_concurrency",
+        "weight",
+        "max_runs_per_minute",
+        "token_count",
+        "job_count",
+        "created_at",
+    )
     search_fields = ("slug", "name")
     actions = ("issue_new_token",)
     inlines = (ApiTokenInline,)
@@ -62,7 +71,11 @@ class TenantAdmin(admin.ModelAdmin):
             super().save_model(request, obj, form, change)
             return
         tenant, token = services.create_tenant(
-            slug=obj.slug, name=obj.name, max_concurrency=obj.max_concurrency, weight=obj.weight
+            slug=obj.slug,
+            name=obj.name,
+            max_concurrency=obj.max_concurrency,
+            weight=obj.weight,
+            max_runs_per_minute=obj.max_runs_per_minute,
         )
         obj.pk = tenant.pk
         obj._state.adding = False

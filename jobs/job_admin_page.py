@@ -14,6 +14,7 @@ from jobs.display import in_zone, relative
 from jobs.models import Job
 from runs.admin_html import status_pill
 from runs.keys import format_utc
+from runs.selectors import dispatch_note
 
 PREVIEW_COUNT = 5
 
@@ -115,7 +116,7 @@ class JobPagePanels:
                     format_utc(o.scheduled_at),
                     in_zone(o.scheduled_at, job.time_zone),
                     o.outcome,
-                    o.reason or "",
+                    (o.run is not None and dispatch_note(o.run)) or o.reason or "",
                     format_html('<a href="{}">run</a>', reverse("admin:runs_jobrun_change", args=[o.run.pk]))
                     if o.run is not None
                     else "",

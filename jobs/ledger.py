@@ -4,7 +4,8 @@
 row per slot that did not run:
 
 * run rows are the `fired` slots (any status; a run the overlap policy skipped is
-  `skipped` with `overlap_skip` or `buffer_full`);
+  `skipped` with `overlap_skip` or `buffer_full`; one whose start the tenant's rate
+  limit deferred is `fired` with `rate_limited`);
 * `SlotRange` rows are the slots that got no run and why (`paused`, `misfire_skip`,
   ...), one row per range, expanded on read with the schedule copied into the row;
 * the job's current schedule, from the moment it took effect (`schedule_since`),
@@ -31,6 +32,7 @@ from runs.models import JobRun
 _TICK = timedelta(microseconds=1)
 # Overlap skips are run rows with status skipped; the job's policy at dispatch says which.
 _OVERLAP_REASON = {"skip": "overlap_skip", "buffer_one": "buffer_full"}
+RATE_LIMITED = "rate_limited"
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,9 @@ def occurrences(
         r.scheduled_at: r
         for r in JobRun.objects.filter(job_id=job.id, scheduled_at__gt=lo, scheduled_at__lte=hi)
         .order_by("scheduled_at")
-        .only("job_id", "scheduled_at", "status", "attempt", "trigger", "overlap_policy")[:want]
+        .only("job_id", "scheduled_at", "status", "attempt", "trigger", "overlap_policy", "rate_limited_to")[
+            :want
+        ]
     }
     era_start = max(lo, (job.schedule_since or job.created_at) - _TICK)
     current = slots_between(job, after=era_start, until=hi, limit=want) if era_start < hi else []
@@ -100,6 +104,10 @@ def _classify(
     if run is not None:
         if run.status == "skipped":
             return Occurrence(at, "skipped", _OVERLAP_REASON.get(run.overlap_policy, "overlap_skip"), run)
+        if run.rate_limited_to is not None:
+            # Fired, but its start was pushed to a later minute by the tenant's
+            # max_runs_per_minute (jobs/rate_limits.py); the run's dispatch_note says when.
+            return Occurrence(at, "fired", RATE_LIMITED, run)
         return Occurrence(at, "fired", None, run)
     if rng is not None:
         return Occurrence(at, rng.outcome, rng.reason)

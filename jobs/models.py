@@ -4,6 +4,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+MAX_RUNS_PER_MINUTE = 1_000_000
+
 
 class Tenant(models.Model):
     slug = models.SlugField(max_length=64, unique=True)
@@ -18,6 +20,15 @@ class Tenant(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Share of executor slots relative to other tenants with due runs.",
     )
+    # Dispatch rate limit (jobs/rate_limits.py): runs beyond it in a minute are not
+    # dropped, their not_before moves to a later minute. NULL = unlimited.
+    max_runs_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(MAX_RUNS_PER_MINUTE)],
+        help_text="Most scheduled runs of this tenant dispatched to start in one minute "
+        "(the excess starts in later minutes). Empty: unlimited.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -26,10 +37,36 @@ class Tenant(models.Model):
         constraints = [
             # The claim divides by it.
             models.CheckConstraint(name="tenants_weight_positive", condition=models.Q(weight__gte=1)),
+            models.CheckConstraint(
+                name="tenants_max_runs_per_minute_range",
+                condition=models.Q(max_runs_per_minute__gte=1, max_runs_per_minute__lte=MAX_RUNS_PER_MINUTE),
+            ),
         ]
 
     def __str__(self) -> str:
         return self.slug
+
+
+class TenantDispatchWindow(models.Model):
+    """Runs of a rate-limited tenant dispatched to start in one minute (jobs/rate_limits.py).
+
+    Shared by every scheduler: written only in dispatch transactions, under the row of
+    the tenant's lock window (`window_start = '-infinity'`), which serialises the
+    tenant's allocations. Keyed and (on Citus) distributed by tenant, so an update locks
+    rows of one shard only and never the tenants reference table. No foreign key: the
+    rows are a minute's bookkeeping, pruned once their minute is past.
+    """
+
+    pk = models.CompositePrimaryKey("tenant_id", "window_start")
+    tenant_id = models.BigIntegerField()
+    window_start = models.DateTimeField()
+    runs = models.IntegerField(default=0)
+
+    class Meta:
+        db_table = "tenant_dispatch_windows"
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}@{self.window_start}: {self.runs}"
 
 
 class ApiToken(models.Model):

@@ -11,6 +11,7 @@ transaction, not the partition lease, is what keeps firing exactly-once):
     lock the planned rows FOR UPDATE SKIP LOCKED, only if unchanged since the read
     CAS-advance next_run_at for them in one UPDATE
     INSERT the runs of the jobs whose CAS succeeded (ON CONFLICT DO NOTHING)
+    defer the excess of rate-limited tenants (jobs/rate_limits.py; no statement if none)
     record misfires, NOTIFY executors, COMMIT
 
 Planning is never done while rows are locked: a week-long backlog once made the
@@ -31,7 +32,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
-from jobs import dispatch_sql, health, leases
+from jobs import dispatch_sql, health, leases, rate_limits
 from jobs.models import Job, Misfire, SlotRange
 from jobs.planning import Plan, plan_job
 from runs import partitions
@@ -199,6 +200,7 @@ class Scheduler(Loop):
             plans_ok = [p for p in plans_locked if p.job.id in advanced]
             runs = [run for p in plans_ok for run in p.runs]
             inserted = enqueue_runs(runs)
+            rate_limits.defer_excess(plans=plans_ok, inserted=inserted, now=db_now)
             misfires = [p.misfire for p in plans_ok if p.misfire is not None]
             if misfires:
                 Misfire.objects.bulk_create(misfires)
@@ -262,7 +264,7 @@ class Scheduler(Loop):
         """
         if not owned:
             return []
-        due = Job.objects.filter(partition_id__in=owned, paused=False)
+        due = rate_limits.with_limits(Job.objects.filter(partition_id__in=owned, paused=False))
         cutoff = now - self.threshold
         limit = self.batch_limit
         jobs = list(due.filter(next_run_at__gt=cutoff, next_run_at__lte=now).order_by("next_run_at")[:limit])

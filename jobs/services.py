@@ -21,6 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from jobs import audit, edits, planning
@@ -60,12 +61,41 @@ def partition_for(job_id: UUID) -> int:
 
 @transaction.atomic
 def create_tenant(
-    *, slug: str, name: str = "", max_concurrency: int = 10, weight: int = 1
+    *,
+    slug: str,
+    name: str = "",
+    max_concurrency: int = 10,
+    weight: int = 1,
+    max_runs_per_minute: int | None = None,
 ) -> tuple[Tenant, str]:
+    check_rate_limit(max_runs_per_minute)
     tenant = Tenant.objects.create(
-        slug=slug, name=name or slug, max_concurrency=max_concurrency, weight=weight
+        slug=slug,
+        name=name or slug,
+        max_concurrency=max_concurrency,
+        weight=weight,
+        max_runs_per_minute=max_runs_per_minute,
     )
     return tenant, _issue_token(tenant=tenant, label="created with tenant")
+
+
+def check_rate_limit(value: int | None) -> None:
+    """The model field's own range (1..MAX_RUNS_PER_MINUTE or None); a ValidationError names it."""
+    if value is None:
+        return
+    try:
+        Tenant._meta.get_field("max_runs_per_minute").run_validators(value)
+    except ValidationError as exc:
+        raise ValidationError({"max_runs_per_minute": exc.messages}) from exc
+
+
+@transaction.atomic
+def set_rate_limit(*, tenant: Tenant, max_runs_per_minute: int | None) -> Tenant:
+    """Set or clear (None) a tenant's dispatch rate limit; the next batch applies it."""
+    check_rate_limit(max_runs_per_minute)
+    Tenant.objects.filter(pk=tenant.pk).update(max_runs_per_minute=max_runs_per_minute)
+    tenant.max_runs_per_minute = max_runs_per_minute
+    return tenant
 
 
 @transaction.atomic

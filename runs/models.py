@@ -74,6 +74,9 @@ class JobRun(models.Model):
     # budget spent): those claims used no attempt, so attempts used = attempt - deferrals.
     deferrals = models.PositiveIntegerField(db_default=0, editable=False)
     deferred_since = models.DateTimeField(null=True, blank=True, editable=False)
+    # Set by dispatch when the tenant's max_runs_per_minute pushed not_before to a later
+    # minute (jobs/rate_limits.py): the occurrence ledger and the run detail say so.
+    rate_limited_to = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "job_runs"

@@ -112,6 +112,7 @@ class JobRunAdmin(RunOperations, admin.ModelAdmin):
                     "max_attempts",
                     "priority",
                     "not_before",
+                    "dispatch_note",
                     "lease_until",
                     "owner",
                     "started_at",
@@ -196,6 +197,10 @@ class JobRunAdmin(RunOperations, admin.ModelAdmin):
         note = selectors.attempt_note(run)
         base = f"{run.attempt} / {run.max_attempts}"
         return f"{base} ({note})" if note else base
+
+    @admin.display(description="dispatch")
+    def dispatch_note(self, run: JobRun) -> str:
+        return selectors.dispatch_note(run) or "started when due"
 
     @admin.display(description="run key (Idempotency-Key)")
     def run_key(self, run: JobRun) -> str:

@@ -21,6 +21,7 @@ from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
 from jobs.models import Job, SchedulerNode, Tenant
+from runs.keys import format_utc
 from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
 from scheduler_project import liveness
 
@@ -185,6 +186,13 @@ def replayed_after(run: JobRun) -> int | None:
         )
     ]
     return max(final) if final else max(run.attempt - 1, 0)
+
+
+def dispatch_note(run: JobRun) -> str | None:
+    """What dispatch did to the run's start: 'deferred by tenant rate limit to <instant>'."""
+    if run.rate_limited_to is None:
+        return None
+    return f"deferred by tenant rate limit to {format_utc(run.rate_limited_to)}"
 
 
 def attempt_note(run: JobRun) -> str | None:

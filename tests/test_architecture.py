@@ -54,6 +54,7 @@ JOBS_SEEN_BY_RUNS = {"jobs.models", "jobs.audit", "jobs.health", "jobs.display",
 SQL_MODULES = {
     "jobs.leases",
     "jobs.dispatch_sql",
+    "jobs.rate_limit_sql",
     "jobs.health",
     "runs.queue",
     "runs.claims",

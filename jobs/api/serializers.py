@@ -248,6 +248,9 @@ class OccurrenceRunSerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     trigger = serializers.CharField()
     url = serializers.CharField()
+    dispatch_note = serializers.CharField(
+        allow_null=True, help_text="e.g. 'deferred by tenant rate limit to 2026-12-03T09:04:00Z'."
+    )
 
 
 class OccurrenceSerializer(serializers.Serializer):
@@ -256,7 +259,8 @@ class OccurrenceSerializer(serializers.Serializer):
     reason = serializers.CharField(
         allow_null=True,
         help_text="paused, overlap_skip, buffer_full, misfire_skip, misfire_coalesced, catch_up_limit, "
-        "schedule_changed or overdue; null for a fired slot.",
+        "schedule_changed or overdue; for a fired slot null, or rate_limited when the tenant's "
+        "max_runs_per_minute deferred its start (run.dispatch_note says to when).",
     )
     run = OccurrenceRunSerializer(allow_null=True)
 

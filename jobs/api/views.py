@@ -28,6 +28,7 @@ from jobs.models import Job
 from jobs.schedule import ScheduleError
 from jobs.validation import SCHEDULE_KEY
 from runs.keys import format_utc, parse_utc
+from runs.selectors import dispatch_note
 from scheduler_project import db
 
 from .serializers import (
@@ -293,6 +294,7 @@ def occurrence_json(item: ledger.Occurrence) -> dict:
             "attempt": run.attempt,
             "trigger": run.trigger,
             "url": run_url(run.job_id, run.scheduled_at),
+            "dispatch_note": dispatch_note(run),
         },
     }
 

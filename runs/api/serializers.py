@@ -11,7 +11,7 @@ from runs import attempts
 from runs.api.fields import RejectUnknownMixin, UtcDateTimeField
 from runs.keys import format_utc
 from runs.models import JobRun, RunStatus
-from runs.selectors import attempt_note, redact_target
+from runs.selectors import attempt_note, dispatch_note, redact_target
 
 
 def run_path_kwargs(run: JobRun) -> dict:
@@ -46,6 +46,8 @@ class RunSerializer(serializers.ModelSerializer):
     finished_at = UtcDateTimeField(read_only=True)
     key = serializers.CharField(source="run_key", read_only=True)
     attempt_note = serializers.SerializerMethodField()
+    rate_limited_to = UtcDateTimeField(read_only=True)
+    dispatch_note = serializers.SerializerMethodField()
     url = serializers.SerializerMethodField()
 
     class Meta:
@@ -62,6 +64,8 @@ class RunSerializer(serializers.ModelSerializer):
             "attempt_note",
             "priority",
             "not_before",
+            "rate_limited_to",
+            "dispatch_note",
             "lease_until",
             "started_at",
             "finished_at",
@@ -80,6 +84,17 @@ class RunSerializer(serializers.ModelSerializer):
     )
     def get_attempt_note(self, run: JobRun) -> str | None:
         return attempt_note(run)
+
+    @extend_schema_field(
+        {
+            "type": "string",
+            "nullable": True,
+            "description": "What dispatch did to the start, e.g. 'deferred by tenant rate limit to "
+            "2026-12-03T09:04:00Z' (the tenant's max_runs_per_minute).",
+        }
+    )
+    def get_dispatch_note(self, run: JobRun) -> str | None:
+        return dispatch_note(run)
 
     @extend_schema_field(OpenApiTypes.URI)
     def get_url(self, run: JobRun) -> str:
