@@ -156,9 +156,19 @@ def start_executors(procs, count: int, concurrency: int) -> list:
     return started
 
 
+def postgres_cpu() -> dict[int, float]:
+    from django.db import connection
+
+    from bench import cpu
+
+    with connection.cursor() as cursor:
+        return {pid: cpu.cpu_seconds(pid) for pid in cpu.postgres_pids(cursor)}
+
+
 def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, tenant: int) -> dict:
     from tqdm import tqdm
 
+    from bench import cpu
     from tests.support.processes import Processes
 
     clear(tenant)
@@ -166,10 +176,12 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
     procs = Processes(executor_env(), LOGS)
     try:
         children = start_executors(procs, executors, concurrency)
+        pg_before = postgres_cpu()
         enqueue(tenant, n, target)
         # Executors cannot see the runs before the commit, which enqueue() has just
         # done: the clock measures draining, not inserting.
         started = time.monotonic()
+        executor_cpu = cpu.total([p.pid for p in children])
         peak_rss = 0.0
         with tqdm(total=n, desc=f"{kind} x{executors}", unit="run", file=sys.stderr, leave=False) as bar:
             while True:
@@ -182,6 +194,9 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
                     raise RuntimeError(f"{kind}: only {done}/{n} finished in 10 minutes")
                 time.sleep(0.05)
         elapsed = time.monotonic() - started
+        executor_cpu = cpu.total([p.pid for p in children]) - executor_cpu
+        # (PostgreSQL's figure includes inserting the runs and this loop's polling.)
+        pg_cpu = sum(after - pg_before.get(pid, 0.0) for pid, after in postgres_cpu().items())
     finally:
         procs.stop_all()
     clear(tenant)
@@ -194,6 +209,9 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
         "runs_per_s": round(n / elapsed),
         "failed": failed,
         "peak_rss_mb": round(peak_rss, 1),
+        "executor_cpu_ms_per_run": round(executor_cpu * 1000 / n, 3),
+        "postgres_cpu_ms_per_run": round(pg_cpu * 1000 / n, 3),
+        "cpu_busy": round((executor_cpu + pg_cpu) / elapsed, 2),
     }
 
 
@@ -232,18 +250,24 @@ def main() -> None:
                 print(
                     f"{kind:5} executors={executors} runs={result['runs']} concurrency={args.concurrency}: "
                     f"{result['seconds']}s = {result['runs_per_s']} runs/s "
-                    f"(failed {result['failed']}, peak RSS {result['peak_rss_mb']} MB/executor)",
+                    f"(failed {result['failed']}, peak RSS {result['peak_rss_mb']} MB/executor, CPU ms/run: "
+                    f"executors {result['executor_cpu_ms_per_run']}, "
+                    f"PostgreSQL {result['postgres_cpu_ms_per_run']})",
                     file=sys.stderr,
                     flush=True,
                 )
     finally:
         if server is not None:
             server.__exit__(None, None, None)
-    print("| target | executors | runs | runs/s | seconds | failed | peak RSS/executor |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| target | executors | runs | runs/s | seconds | failed | peak RSS/executor "
+        "| executor CPU ms/run | PostgreSQL CPU ms/run |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         cells = [r["kind"], r["executors"], r["runs"], r["runs_per_s"], r["seconds"], r["failed"]]
-        print("| " + " | ".join(str(c) for c in cells) + f" | {r['peak_rss_mb']} MB |")
+        cells += [f"{r['peak_rss_mb']} MB", r["executor_cpu_ms_per_run"], r["postgres_cpu_ms_per_run"]]
+        print("| " + " | ".join(str(c) for c in cells) + " |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     if any(r["failed"] for r in results):
