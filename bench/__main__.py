@@ -42,6 +42,7 @@ class Bench:
     def run(self, script: str, *args: str, probe=None) -> str:
         """Run bench/<script>; the bar's postfix shows the elapsed time and what `probe` says."""
         self.overall.set_description(f"bench: {script} {' '.join(args)}"[:100])
+        self.overall.set_postfix_str("")
         stop = threading.Event()
         started = time.monotonic()
 

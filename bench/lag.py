@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.dispatch import ensure_database, shares  # noqa: E402
-from bench.execute import LOGS, executor_env, http_target, make_jobs, start_executors  # noqa: E402
+from bench.execute import LOGS, http_target, make_jobs, start_executors  # noqa: E402
 from bench.noop_server import ARRIVALS_PATH, COUNT_PATH, RESET_PATH, NoopServer  # noqa: E402
 
 LEAD_SECONDS = 3.0  # from the UPDATE that spreads the jobs to the first due one
@@ -85,6 +85,14 @@ def reset_jobs(*, n: int, target: dict, interval_seconds: int) -> None:
         cursor.execute("VACUUM ANALYZE jobs")
 
 
+def process_env(args) -> dict:
+    """The product's settings (no bench-only poll intervals), unless --scheduler-poll says."""
+    env = {**os.environ, "SCHEDULER_ALLOW_PRIVATE_TARGETS": "true", "LOG_LEVEL": "WARNING"}
+    if args.scheduler_poll is not None:
+        env["SCHEDULER_POLL_SECONDS"] = str(args.scheduler_poll)
+    return env
+
+
 def start_processes(procs, *, schedulers: int, executors: int, concurrency: int) -> list:
     """Schedulers holding a fair share of the partitions each, executors registered."""
     import psycopg
@@ -128,13 +136,14 @@ def stage_percentiles(*, since: datetime, until: datetime) -> dict:
 
 
 def steady(server: NoopServer, args, progress) -> dict:
+    from django.conf import settings
     from django.db import connection
 
     from scheduler_project import db
     from tests.support.processes import Processes
 
     reset_jobs(n=args.jobs, target=http_target(server.url), interval_seconds=args.period)
-    procs = Processes({**executor_env(), "CONN_MAX_AGE": "600"}, LOGS)
+    procs = Processes(process_env(args), LOGS)
     try:
         start_processes(
             procs, schedulers=args.schedulers, executors=args.executors, concurrency=args.concurrency
@@ -180,6 +189,7 @@ def steady(server: NoopServer, args, progress) -> dict:
         "warmup_s": args.warmup,
         "window_s": args.window,
         "expected": expected,
+        "scheduler_poll_s": args.scheduler_poll or settings.SCHEDULER_POLL_SECONDS,
         "received": len(window),
         "p50_s": round(percentile(lags, 0.5), 3) if lags else None,
         "p99_s": round(percentile(lags, 0.99), 3) if lags else None,
@@ -197,7 +207,7 @@ def burst(server: NoopServer, args, progress) -> dict:
     from tests.support.processes import Processes
 
     reset_jobs(n=args.burst, target=http_target(server.url), interval_seconds=3600)
-    procs = Processes({**executor_env(), "CONN_MAX_AGE": "600"}, LOGS)
+    procs = Processes(process_env(args), LOGS)
     try:
         start_processes(
             procs, schedulers=args.schedulers, executors=args.executors, concurrency=args.concurrency
@@ -250,6 +260,11 @@ def main() -> None:
     parser.add_argument("--schedulers", type=int, default=2)
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--scheduler-poll",
+        type=float,
+        help="SCHEDULER_POLL_SECONDS for the schedulers (default: the setting's)",
+    )
     parser.add_argument("--db", default="cronyard_bench_lag", help="scratch database name")
     parser.add_argument("--json", type=Path, help="also write the results (and every lag) here")
     args = parser.parse_args()
@@ -280,7 +295,7 @@ def main() -> None:
     print()
     print(
         f"Stages (database stamps, p50/p99 s): scheduled_at → run row created {s['dispatch_p50_p99_s']}, "
-        f"created → claimed {s['claim_p50_p99_s']}."
+        f"created → claimed {s['claim_p50_p99_s']}; SCHEDULER_POLL_SECONDS = {s['scheduler_poll_s']:g}."
     )
     if burst_result:
         b = burst_result
