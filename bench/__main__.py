@@ -245,7 +245,15 @@ def execute_part(
                 str(bench.data / "raw_http.json"),
             )
             limit = bench.json("raw_http.json")[0]
-            rows.append({"kind": "http", **ours, "ours": ours["runs_per_s"], "limit": limit["runs_per_s"]})
+            rows.append(
+                {
+                    "kind": "http",
+                    **ours,
+                    "ours": ours["runs_per_s"],
+                    "limit": limit["runs_per_s"],
+                    "limit_cpu_ms_per_run": limit["client_cpu_ms_per_request"],
+                }
+            )
     return rows
 
 
@@ -303,13 +311,14 @@ def execute_table(rows: list[dict], kind: str, limit_name: str) -> str:
     one = next((r["ours"] for r in mine if r["executors"] == 1), None)
     lines = [
         f"| executors | runs | Cronyard runs/s | {limit_name} runs/s | ratio | vs 1 executor "
-        "| peak RSS/executor (MB) |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| peak RSS/executor (MB) | executor CPU ms/run | PostgreSQL CPU ms/run | commits/run |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in mine:
         lines.append(
             f"| {r['executors']} | {r['runs']} | {r['ours']} | {r['limit']} | {ratio(r['ours'], r['limit'])} "
-            f"| {ratio(r['ours'], one)} | {r['peak_rss_mb']} |"
+            f"| {ratio(r['ours'], one)} | {r['peak_rss_mb']} | {r.get('executor_cpu_ms_per_run')} "
+            f"| {r.get('postgres_cpu_ms_per_run')} | {r.get('commits_per_run')} |"
         )
     return "\n".join(lines)
 
@@ -375,6 +384,12 @@ process and one process per executor, against the same server (`bench/raw_http.p
 
 {execute_table(execute, "http", "raw aiohttp")}
 
+The raw loop's client CPU per request: {
+        ", ".join(
+            f"{r['limit_cpu_ms_per_run']} ms ({r['executors']} proc)" for r in execute if r["kind"] == "http"
+        )
+    } (compare with the executor CPU per run above; the difference is Cronyard's own work per call).
+
 ![executor scaling]({relative(plots["executor"], report)})
 
 ## End-to-end lag: scheduled_at → the target receives the request
@@ -387,6 +402,9 @@ measured window, after the warm-up. Targets: p50 < 0.5 s, p99 < 2 s.
 {lag_text}
 
 ![lag distribution]({relative(plots["lag"], report)})
+
+What these numbers mean, where the time goes and what would move them:
+`docs/DECISIONS.md`, "Benchmarks (issue 12)".
 
 ## Occurrence ledger: a year of a minutely job, page by page
 

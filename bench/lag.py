@@ -131,8 +131,12 @@ def stage_percentiles(*, since: datetime, until: datetime) -> dict:
             [since, until],
         )
         dispatch, claim = cursor.fetchone()
+        # Slots more than SCHEDULER_MISFIRE_THRESHOLD_SECONDS late are misfires, not runs:
+        # a machine too loaded to keep up shows here, not as a long lag.
+        cursor.execute("SELECT coalesce(sum(missed_count), 0) FROM job_misfires")
+        misfires = cursor.fetchone()[0]
     rounded = [[round(float(v), 3) for v in pair] if pair else [None, None] for pair in (dispatch, claim)]
-    return {"dispatch_p50_p99_s": rounded[0], "claim_p50_p99_s": rounded[1]}
+    return {"dispatch_p50_p99_s": rounded[0], "claim_p50_p99_s": rounded[1], "misfired_slots": misfires}
 
 
 def steady(server: NoopServer, args, progress) -> dict:
@@ -297,6 +301,13 @@ def main() -> None:
         f"Stages (database stamps, p50/p99 s): scheduled_at → run row created {s['dispatch_p50_p99_s']}, "
         f"created → claimed {s['claim_p50_p99_s']}; SCHEDULER_POLL_SECONDS = {s['scheduler_poll_s']:g}."
     )
+    if s["received"] < s["expected"] or s["misfired_slots"]:
+        print()
+        print(
+            f"**Fell behind:** {s['expected'] - s['received']} runs of the window never reached the target "
+            f"within a minute of its end; {s['misfired_slots']} slots were misfires (more than "
+            "SCHEDULER_MISFIRE_THRESHOLD_SECONDS late)."
+        )
     if burst_result:
         b = burst_result
         print()
@@ -311,8 +322,7 @@ def main() -> None:
         )
     if args.json:
         args.json.write_text(json.dumps({"steady": steady_result, "burst": burst_result}))
-    if s["received"] < s["expected"] or (burst_result and burst_result["received"] < args.burst):
-        sys.exit("some runs never reached the target")
+    # Falling behind is a result to report (above), not a failure of the benchmark.
 
 
 if __name__ == "__main__":
