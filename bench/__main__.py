@@ -133,32 +133,14 @@ def dispatch_part(
         flag = ["--workload", workload] if len(workloads) > 1 else []
         for n in jobs:
             counts = [str(k) for k in processes]
-            bench.run(
-                "dispatch.py",
-                "--jobs",
-                str(n),
-                "--schedulers",
-                *counts,
-                "--db",
-                db,
-                *flag,
-                "--json",
-                str(bench.data / "dispatch.json"),
-                probe=job_runs_probe(db),
-            )
-            bench.run(
-                "raw_dispatch.py",
-                "--jobs",
-                str(n),
-                "--workers",
-                *counts,
-                "--db",
-                db,
-                *flag,
-                "--json",
-                str(bench.data / "raw_dispatch.json"),
-                probe=job_runs_probe(db),
-            )
+            for script, processes_flag, out in (
+                ("dispatch.py", "--schedulers", "dispatch.json"),
+                ("raw_dispatch.py", "--workers", "raw_dispatch.json"),
+            ):
+                bench.run(
+                    script, "--jobs", str(n), processes_flag, *counts, "--db", db, *flag,
+                    "--json", str(bench.data / out), probe=job_runs_probe(db),
+                )  # fmt: skip
             limits = {r["workers"]: r["runs_per_second"] for r in bench.json("raw_dispatch.json")}
             for r in bench.json("dispatch.json"):
                 rows.append(

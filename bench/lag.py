@@ -27,6 +27,8 @@ import statistics
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -115,6 +117,23 @@ def start_processes(procs, *, schedulers: int, executors: int, concurrency: int)
     return children
 
 
+@contextmanager
+def running(server: NoopServer, args, *, jobs: int, interval_seconds: int) -> Iterator[None]:
+    """`jobs` fresh jobs (not yet due), the processes up and ready, the recordings empty."""
+    from tests.support.processes import Processes
+
+    reset_jobs(n=jobs, target=http_target(server.url), interval_seconds=interval_seconds)
+    procs = Processes(process_env(args), LOGS)
+    try:
+        start_processes(
+            procs, schedulers=args.schedulers, executors=args.executors, concurrency=args.concurrency
+        )
+        server_reset(server)
+        yield
+    finally:
+        procs.stop_all()
+
+
 def stage_percentiles(*, since: datetime, until: datetime) -> dict:
     """Where the time goes, from the database's own stamps of the measured runs (seconds)."""
     from django.db import connection
@@ -144,15 +163,8 @@ def steady(server: NoopServer, args, progress) -> dict:
     from django.db import connection
 
     from scheduler_project import db
-    from tests.support.processes import Processes
 
-    reset_jobs(n=args.jobs, target=http_target(server.url), interval_seconds=args.period)
-    procs = Processes(process_env(args), LOGS)
-    try:
-        start_processes(
-            procs, schedulers=args.schedulers, executors=args.executors, concurrency=args.concurrency
-        )
-        server_reset(server)
+    with running(server, args, jobs=args.jobs, interval_seconds=args.period):
         t0 = db.now() + timedelta(seconds=LEAD_SECONDS)
         with connection.cursor() as cursor:
             # Evenly spread over one period, in id order (random, so partitions mix).
@@ -181,8 +193,6 @@ def steady(server: NoopServer, args, progress) -> dict:
             if len(window) >= expected or time.monotonic() > deadline:
                 break
             time.sleep(1)
-    finally:
-        procs.stop_all()
     lags = [a - s.timestamp() for a, s in window]
     result = {
         "jobs": args.jobs,
@@ -208,15 +218,8 @@ def burst(server: NoopServer, args, progress) -> dict:
     from django.db import connection
 
     from scheduler_project import db
-    from tests.support.processes import Processes
 
-    reset_jobs(n=args.burst, target=http_target(server.url), interval_seconds=3600)
-    procs = Processes(process_env(args), LOGS)
-    try:
-        start_processes(
-            procs, schedulers=args.schedulers, executors=args.executors, concurrency=args.concurrency
-        )
-        server_reset(server)
+    with running(server, args, jobs=args.burst, interval_seconds=3600):
         now = db.now() + timedelta(seconds=LEAD_SECONDS)
         # The next top of a minute at least LEAD_SECONDS away (the processes idle until
         # then); `soon` (make test's smoke) does not wait for the minute.
@@ -236,8 +239,6 @@ def burst(server: NoopServer, args, progress) -> dict:
                     break
                 time.sleep(0.5)
         got = arrivals(server)
-    finally:
-        procs.stop_all()
     times = [a for a, s in got if s == due]
     return {
         "jobs": args.burst,
