@@ -1,64 +1,400 @@
-"""`make bench`: every benchmark in one run, next to the raw-SQL limit, into docs/BENCHMARKS.md.
+"""`make bench`: every benchmark in one run, each beside its limit, into docs/BENCHMARKS.md.
 
-    make bench                      # 10k and 100k jobs; 10k runs
+    make bench                      # 10k and 100k jobs; 10k runs; lag at 1,000 runs/s (~15 min)
     make bench BENCH_ARGS=--full    # adds 1M jobs (several minutes more)
+    python -m bench --smoke --report /tmp/b.md --plots /tmp/plots   # seconds: make test's form
 
-Each part is its own script under bench/ and can be run alone; this only runs them
-in order, collects their Markdown tables and computes the ratios to the limit.
+Each part is its own script under bench/ and can be run alone; this runs them in an
+order that puts Cronyard and its limit side by side (dispatch N then the raw loop at
+the same N; k executors then k raw workers), because the machine is shared and
+noisy: a ratio of two numbers taken minutes apart would measure the neighbours.
+It checks each dispatch round's duplicates and missing runs, computes the ratios,
+draws the plots (bench/plots.py) and writes the report.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "var" / "bench"
+sys.path.insert(0, str(ROOT))
 
 
-def run(script: str, *args: str) -> str:
-    print(f"bench: {script} {' '.join(args)}", file=sys.stderr, flush=True)
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), *args], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
-    print(f"bench: {script} took {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
-    if result.returncode != 0:
-        sys.exit(f"bench: {script} failed with exit code {result.returncode}")
-    return result.stdout.strip()
+class Bench:
+    """Runs the part scripts with a progress line each and keeps their outputs."""
+
+    def __init__(self, *, data: Path, steps: int) -> None:
+        from tqdm import tqdm
+
+        self.data = data
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.overall = tqdm(total=steps, desc="make bench", unit="step", file=sys.stderr, position=0)
+
+    def run(self, script: str, *args: str, probe=None) -> str:
+        """Run bench/<script>; the bar's postfix shows the elapsed time and what `probe` says."""
+        self.overall.set_description(f"bench: {script} {' '.join(args)}"[:100])
+        self.overall.set_postfix_str("")
+        stop = threading.Event()
+        started = time.monotonic()
+
+        def tick() -> None:
+            while not stop.wait(1.0):
+                said = probe()
+                extra = f", {said}" if said else ""
+                self.overall.set_postfix_str(f"{time.monotonic() - started:.0f}s{extra}")
+
+        # Only with a probe: scripts that draw their own bars would fight this one's redraws.
+        ticker = threading.Thread(target=tick, daemon=True)
+        if probe:
+            ticker.start()
+        try:
+            result = subprocess.run(
+                [sys.executable, str(ROOT / "bench" / script), *args],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        finally:
+            stop.set()
+            if probe:
+                ticker.join()
+        self.overall.update(1)
+        self.overall.write(f"bench: {script} {' '.join(args)} took {time.monotonic() - started:.0f}s")
+        if result.returncode != 0:
+            sys.exit(f"bench: {script} failed with exit code {result.returncode}:\n{result.stdout}")
+        return result.stdout.strip()
+
+    def json(self, name: str):
+        return json.loads((self.data / name).read_text())
 
 
 def tables(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if line.startswith("|"))
 
 
-def dispatch_ratios(ours: list[dict], limit: list[dict]) -> str:
-    best = {(r["jobs"], r["workers"]): r["runs_per_second"] for r in limit}
+def parse_table(text: str) -> list[dict[str, str]]:
+    """The first Markdown table in `text`, one dict per row keyed by the header cells."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    if len(lines) < 2:
+        return []
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    header = cells[0]
+    return [dict(zip(header, row, strict=False)) for row in cells[2:]]
+
+
+def ratio(ours: float | None, limit: float | None) -> str:
+    return f"{ours / limit:.2f}" if ours and limit else "n/a"
+
+
+def job_runs_probe(database: str):
+    """How many run rows the scratch database holds now (dispatch progress), or None."""
+    import psycopg
+
+    from bench.dispatch import scratch_url
+
+    url = scratch_url(os.environ["DATABASE_URL"], database)
+
+    def probe() -> str | None:
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=2) as conn:
+                return f"{conn.execute('SELECT count(*) FROM job_runs').fetchone()[0]} run rows"
+        except psycopg.Error:
+            return None
+
+    return probe
+
+
+# --- the parts ------------------------------------------------------------------------
+
+
+def dispatch_workloads() -> list[str]:
+    """bench/dispatch.py grows a --workload flag (realistic cron mix, interval): both when there."""
+    help_text = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "dispatch.py"), "--help"], capture_output=True, text=True
+    ).stdout
+    return ["realistic", "interval"] if "--workload" in help_text else ["interval"]
+
+
+def dispatch_part(
+    bench: Bench, *, workloads: list[str], jobs: list[int], processes: list[int], db: str
+) -> list[dict]:
+    """Per workload and N: Cronyard, then the raw loop on the same rows; every round verified."""
+    rows = []
+    for workload in workloads:
+        flag = ["--workload", workload] if len(workloads) > 1 else []
+        for n in jobs:
+            counts = [str(k) for k in processes]
+            for script, processes_flag, out in (
+                ("dispatch.py", "--schedulers", "dispatch.json"),
+                ("raw_dispatch.py", "--workers", "raw_dispatch.json"),
+            ):
+                bench.run(
+                    script, "--jobs", str(n), processes_flag, *counts, "--db", db, *flag,
+                    "--json", str(bench.data / out), probe=job_runs_probe(db),
+                )  # fmt: skip
+            limits = {r["workers"]: r["runs_per_second"] for r in bench.json("raw_dispatch.json")}
+            for r in bench.json("dispatch.json"):
+                rows.append(
+                    {
+                        "workload": workload,
+                        "jobs": r["jobs"],
+                        "processes": r["schedulers"],
+                        "ours": r["runs_per_second"],
+                        "limit": limits.get(r["schedulers"]),
+                        "seconds": r["seconds"],
+                        "peak_rss_mb": r.get("peak_rss_mb"),
+                        "duplicates": r.get("duplicates"),
+                        "missing": r.get("missing"),
+                        "exit_codes": r.get("exit_codes", []),
+                    }
+                )
+    return rows
+
+
+def verify_dispatch(rows: list[dict]) -> list[str]:
+    """Every round: no duplicate run, no missing run, every scheduler exited cleanly."""
+    problems = []
+    for r in rows:
+        where = f"dispatch {r['workload']} {r['jobs']} jobs x{r['processes']}"
+        if r["duplicates"]:
+            problems.append(f"{where}: {r['duplicates']} duplicate runs")
+        if r["missing"]:
+            problems.append(f"{where}: {r['missing']} missing runs")
+        if any(r["exit_codes"]):
+            problems.append(f"{where}: scheduler exit codes {r['exit_codes']}")
+    return problems
+
+
+def execute_part(
+    bench: Bench, *, runs: int, task_executors: list[int], http_executors: list[int]
+) -> list[dict]:
+    """k executors, then the limit with k workers, per k: task targets, then HTTP targets."""
+    from bench.noop_server import NoopServer
+
+    rows = []
+    for k in task_executors:
+        bench.run(
+            "execute.py",
+            "--kinds",
+            "task",
+            "--executors",
+            str(k),
+            "--runs",
+            str(runs),
+            "--json",
+            str(bench.data / "execute.json"),
+        )
+        ours = bench.json("execute.json")[0]
+        limit = parse_table(bench.run("raw_limit.py", "--workers", str(k), "--runs", str(runs)))
+        rows.append({"kind": "task", **ours, "ours": ours["runs_per_s"], "limit": int(limit[0]["runs/s"])})
+    # One server for both sides, in its own process: the same target for Cronyard and the loop.
+    with NoopServer() as server:
+        for k in http_executors:
+            bench.run(
+                "execute.py",
+                "--kinds",
+                "http",
+                "--executors",
+                str(k),
+                "--runs",
+                str(runs),
+                "--url",
+                server.url,
+                "--json",
+                str(bench.data / "execute.json"),
+            )
+            ours = bench.json("execute.json")[0]
+            bench.run(
+                "raw_http.py",
+                "--workers",
+                str(k),
+                "--requests",
+                str(runs),
+                "--url",
+                server.url,
+                "--concurrency",
+                str(ours["concurrency"]),
+                "--json",
+                str(bench.data / "raw_http.json"),
+            )
+            limit = bench.json("raw_http.json")[0]
+            rows.append(
+                {
+                    "kind": "http",
+                    **ours,
+                    "ours": ours["runs_per_s"],
+                    "limit": limit["runs_per_s"],
+                    "limit_cpu_ms_per_run": limit["client_cpu_ms_per_request"],
+                }
+            )
+    return rows
+
+
+# --- the report ----------------------------------------------------------------------
+
+
+def machine() -> dict:
+    def first(path: str, key: str) -> str:
+        try:
+            for line in Path(path).read_text().splitlines():
+                if line.startswith(key):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return "unknown"
+
+    import psycopg
+
+    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+        server = conn.execute("SHOW server_version").fetchone()[0]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True
+    )
+    mem_kb = first("/proc/meminfo", "MemTotal").split()[0]
+    return {
+        "cpu": first("/proc/cpuinfo", "model name"),
+        "cores": os.cpu_count(),
+        "ram_gb": f"{int(mem_kb) / 1024 / 1024:.1f}" if mem_kb.isdigit() else "unknown",
+        "arch": platform.machine(),
+        "python": platform.python_version(),
+        "postgres": server,
+        "commit": commit.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else ""),
+    }
+
+
+def dispatch_table(rows: list[dict]) -> str:
     lines = [
-        "| jobs | processes | Cronyard runs/s | raw limit runs/s | ratio |",
-        "|---:|---:|---:|---:|---:|",
+        "| workload | jobs | schedulers | Cronyard runs/s | limit runs/s | ratio | seconds "
+        "| peak RSS per scheduler (MB) | duplicates | missing |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
-    for r in ours:
-        raw = best.get((r["jobs"], r["schedulers"]))
-        ratio = f"{r['runs_per_second'] / raw:.2f}" if raw else "n/a"
+    for r in rows:
+        missing = "n/a" if r["missing"] is None else r["missing"]
         lines.append(
-            f"| {r['jobs']} | {r['schedulers']} | {r['runs_per_second']} | {raw or 'n/a'} | {ratio} |"
+            f"| {r['workload']} | {r['jobs']} | {r['processes']} | {r['ours']} | {r['limit'] or 'n/a'} "
+            f"| {ratio(r['ours'], r['limit'])} | {r['seconds']} | {r['peak_rss_mb']} "
+            f"| {r['duplicates']} | {missing} |"
         )
     return "\n".join(lines)
 
 
-def server_version() -> str:
-    try:
-        out = subprocess.run(["psql", "--version"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        out = "unknown"
-    return out
+def execute_table(rows: list[dict], kind: str, limit_name: str) -> str:
+    mine = [r for r in rows if r["kind"] == kind]
+    one = next((r["ours"] for r in mine if r["executors"] == 1), None)
+    lines = [
+        f"| executors | runs | Cronyard runs/s | {limit_name} runs/s | ratio | vs 1 executor "
+        "| peak RSS/executor (MB) | executor CPU ms/run | PostgreSQL CPU ms/run | commits/run |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in mine:
+        lines.append(
+            f"| {r['executors']} | {r['runs']} | {r['ours']} | {r['limit']} | {ratio(r['ours'], r['limit'])} "
+            f"| {ratio(r['ours'], one)} | {r['peak_rss_mb']} | {r.get('executor_cpu_ms_per_run')} "
+            f"| {r.get('postgres_cpu_ms_per_run')} | {r.get('commits_per_run')} |"
+        )
+    return "\n".join(lines)
+
+
+def relative(path: Path, report: Path) -> str:
+    return os.path.relpath(path, report.parent)
+
+
+def write_report(
+    *,
+    report: Path,
+    plots: dict[str, Path],
+    info: dict,
+    dispatch: list[dict],
+    execute: list[dict],
+    lag_text: str,
+    ledger_text: str | None,
+    args: argparse.Namespace,
+    minutes: float,
+) -> str:
+    ledger = (
+        "525,600 slots, mostly paused (12 ranged rows), 4,800 runs; each page through\n"
+        "`jobs.ledger.occurrences`, the function `GET /jobs/{id}/occurrences` calls (`bench/ledger.py`):\n\n"
+        + tables(ledger_text)
+        if ledger_text
+        else "Not run (--smoke)."
+    )
+    text = f"""# Benchmarks
+
+Written by `make bench` ({" ".join(sys.argv[1:]) or "default"}) on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC
+in {minutes:.1f} minutes, commit {info["commit"]}.
+
+Machine: {info["cpu"]}, {info["cores"]} cores, {info["ram_gb"]} GB RAM, {info["arch"]}; Python
+{info["python"]}; PostgreSQL {info["postgres"]} (the embedded cluster, default settings).
+The machine is shared with other engineers' builds and tests: absolute numbers are noisy.
+Each Cronyard figure was taken right beside its limit (interleaved), so read the ratios.
+
+## Dispatch: N jobs all due, time until every run row exists
+
+Cronyard: `run_scheduler` processes (`bench/dispatch.py`). The limit: the same
+statements (lock due jobs `SKIP LOCKED`, insert runs `ON CONFLICT DO NOTHING`, advance
+`next_run_at`, commit; 500 per batch) in a minimal raw-psycopg loop, one worker per
+scheduler (`bench/raw_dispatch.py`), on the same rows right after. Every round is
+checked: duplicates must be 0 and missing must be 0 (`make bench` fails otherwise).
+
+{dispatch_table(dispatch)}
+
+![runs/s vs N]({relative(plots["dispatch"], report)})
+
+## Execution: no-op runs, one per job (the top-of-the-hour shape)
+
+N jobs each with one queued run, drained by `run_executor --concurrency
+{execute[0]["concurrency"] if execute else 32}` processes (`bench/execute.py`).
+
+Task target (builtin `noop`: the database cost only). The limit: a raw-psycopg batched
+claim + complete loop, one worker per executor (`bench/raw_limit.py`):
+
+{execute_table(execute, "task", "raw claim+complete")}
+
+HTTP target: one no-op aiohttp server in its own process (`bench/noop_server.py`). The
+limit: a raw aiohttp-on-uvloop client loop, no database, the same concurrency per
+process and one process per executor, against the same server (`bench/raw_http.py`):
+
+{execute_table(execute, "http", "raw aiohttp")}
+
+The raw loop's client CPU per request: {
+        ", ".join(
+            f"{r['limit_cpu_ms_per_run']} ms ({r['executors']} proc)" for r in execute if r["kind"] == "http"
+        )
+    } (compare with the executor CPU per run above; the difference is Cronyard's own work per call).
+
+![executor scaling]({relative(plots["executor"], report)})
+
+## End-to-end lag: scheduled_at → the target receives the request
+
+`bench/lag.py`: interval jobs spread evenly over their period (a steady rate), the
+schedulers and executors of the table with the product's default settings, an HTTP target that
+records each arrival and the `X-Scheduled-At` header; every run scheduled in the
+measured window, after the warm-up. Targets: p50 < 0.5 s, p99 < 2 s.
+
+{lag_text}
+
+![lag distribution]({relative(plots["lag"], report)})
+
+What these numbers mean, where the time goes and what would move them:
+`docs/DECISIONS.md`, "Benchmarks (issue 12)".
+
+## Occurrence ledger: a year of a minutely job, page by page
+
+{ledger}
+"""
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text(text)
+    return text
 
 
 def main() -> None:
@@ -66,65 +402,84 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--full", action="store_true", help="also 1M jobs")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, one process each (make test)")
     parser.add_argument("--runs", type=int, default=10_000, help="runs per execution scenario")
+    parser.add_argument("--report", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
+    parser.add_argument("--plots", type=Path, default=ROOT / "docs" / "bench", help="PNG directory")
+    parser.add_argument("--data", type=Path, default=ROOT / "var" / "bench", help="raw JSON directory")
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
-    jobs = ["10000", "100000"] + (["1000000"] if args.full else [])
+    if not os.environ.get("DATABASE_URL"):
+        sys.exit("bench: DATABASE_URL is not set (make bench starts the embedded cluster)")
+    started = time.monotonic()
 
-    dispatch = run(
-        "dispatch.py", "--jobs", *jobs, "--schedulers", "1", "2", "--json", str(OUT / "dispatch.json")
+    if args.smoke:
+        jobs, processes, runs = [200], [1], 200
+        task_executors, http_executors = [1], [1]
+        lag = [
+            "--jobs",
+            "100",
+            "--period",
+            "5",
+            "--warmup",
+            "1",
+            "--window",
+            "5",
+            "--burst",
+            "100",
+            "--burst-due",
+            "soon",
+            "--schedulers",
+            "1",
+            "--executors",
+            "1",
+        ]
+        prefix = "cronyard_bench_smoke_"
+    else:
+        jobs = [10_000, 100_000] + ([1_000_000] if args.full else [])
+        processes, runs = [1, 2], args.runs
+        task_executors, http_executors = [1, 2], [1, 2, 4]
+        lag = []
+        prefix = "cronyard_bench_"
+    workloads = dispatch_workloads()
+    steps = (
+        2 * len(jobs) * len(workloads)
+        + 2 * len(task_executors)
+        + 2 * len(http_executors)
+        + 1
+        + (0 if args.smoke else 1)
     )
-    raw_dispatch = run(
-        "raw_dispatch.py", "--jobs", *jobs, "--workers", "1", "2", "--json", str(OUT / "raw_dispatch.json")
+    bench = Bench(data=args.data, steps=steps)
+    dispatch = dispatch_part(
+        bench, workloads=workloads, jobs=jobs, processes=processes, db=prefix + "dispatch"
     )
-    execute = run("execute.py", "--runs", str(args.runs), "--executors", "1", "2", "4")
-    raw_execute = run("raw_limit.py")
-    ledger = run("ledger.py")
-    ratios = dispatch_ratios(
-        json.loads((OUT / "dispatch.json").read_text()), json.loads((OUT / "raw_dispatch.json").read_text())
+    problems = verify_dispatch(dispatch)
+    execute = execute_part(bench, runs=runs, task_executors=task_executors, http_executors=http_executors)
+    lag_text = bench.run("lag.py", *lag, "--db", prefix + "lag", "--json", str(bench.data / "lag.json"))
+    ledger_text = None if args.smoke else bench.run("ledger.py", "--db", prefix + "ledger")
+    bench.overall.close()
+
+    from bench import plots
+
+    lags = bench.json("lag.json")["steady"]["lags"]
+    drawn = {
+        "dispatch": plots.dispatch_plot(dispatch, args.plots / "dispatch.png"),
+        "executor": plots.executor_plot(execute, args.plots / "executors.png"),
+        "lag": plots.lag_plot(lags, args.plots / "lag.png"),
+    }
+    text = write_report(
+        report=args.report,
+        plots=drawn,
+        info=machine(),
+        dispatch=dispatch,
+        execute=execute,
+        lag_text=lag_text,
+        ledger_text=ledger_text,
+        args=args,
+        minutes=(time.monotonic() - started) / 60,
     )
-
-    report = f"""# Benchmarks
-
-Written by `make bench` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC: {platform.machine()},
-{subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip()} cores, Python
-{platform.python_version()}, {server_version()} (the embedded cluster, default settings).
-Numbers from one run on a shared 2-core machine: compare ratios, not absolutes.
-
-## Dispatch: N jobs all due, time until every run row exists
-
-{tables(dispatch)}
-
-The limit: the same statements (lock due jobs `SKIP LOCKED`, insert runs `ON CONFLICT
-DO NOTHING`, advance `next_run_at`, commit; 500 per batch) in a minimal raw-psycopg
-loop without leases, schedule math or policies (`bench/raw_dispatch.py`):
-
-{tables(raw_dispatch)}
-
-{ratios}
-
-## Execution: queued runs drained by executors
-
-{tables(execute)}
-
-The limit (`bench/raw_limit.py`):
-
-{raw_execute}
-
-## Occurrence ledger: a year of a minutely job, page by page
-
-525,600 slots, mostly paused (12 ranged rows), 4,800 runs; each page through
-`jobs.ledger.occurrences`, the function `GET /jobs/{{id}}/occurrences` calls
-(`bench/ledger.py`):
-
-{tables(ledger)}
-
-## Not measured yet
-
-End-to-end lag p50/p99 from `scheduled_at` to start, and plots (DESIGN section 9).
-"""
-    (ROOT / "docs" / "BENCHMARKS.md").write_text(report)
-    print(report)
+    print(text)
+    if problems:
+        sys.exit("bench: " + "; ".join(problems))
 
 
 if __name__ == "__main__":

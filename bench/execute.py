@@ -1,21 +1,22 @@
-"""Executor throughput: N queued runs drained by 1..k `run_executor` processes.
+"""Executor throughput: N queued runs, one per job, drained by k `run_executor` processes.
 
     DATABASE_URL=... .venv/bin/python bench/execute.py [--runs 10000] [--executors 1 2]
-        [--kinds task http] [--concurrency 32]
+        [--kinds task http] [--concurrency 32] [--url http://127.0.0.1:PORT/noop] [--json out.json]
 
+The top-of-the-hour shape: N jobs, each with one queued run (not N runs of one job),
+so every completion also updates its own job's health row, as in production.
 Executors are started first and the clock starts when the runs commit (one INSERT
-plus NOTIFY), so process start-up is not measured. `task` runs the builtin `noop`
-task (database cost only); `http` POSTs to a local aiohttp no-op server running in
-its own process. Runs go to a dedicated tenant that is emptied before and after.
+plus NOTIFY) after every executor has registered, so process start-up is not
+measured. `task` runs the builtin `noop` task (database cost only); `http` POSTs to
+a no-op aiohttp server in its own process (bench/noop_server.py; --url to share one
+with bench/raw_http.py). Runs and jobs go to a dedicated tenant emptied before and after.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
+import json
 import os
-import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -27,41 +28,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings")
 
 SLUG = "bench-execute"
-
-
-def serve_noop(port: int) -> None:
-    from aiohttp import web
-
-    async def ok(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(text="ok")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", ok)
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError("no-op HTTP server did not start")
+LOGS = ROOT / "var" / "bench" / "logs"
+TASK_TARGET = {"type": "task", "name": "noop", "kwargs": {}}
 
 
 def tenant_id() -> int:
@@ -76,28 +44,57 @@ def clear(tenant: int) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM job_runs WHERE tenant_id = %s", [tenant])
+        cursor.execute("DELETE FROM jobs WHERE tenant_id = %s", [tenant])
+
+
+def make_jobs(*, tenant: int, n: int, target: dict, interval_seconds: int, next_run_at: datetime) -> list:
+    """N unsaved interval jobs of the tenant (bulk_create them), each in its own partition slot."""
+    from jobs.models import Job
+    from jobs.services import partition_for
+
+    jobs = []
+    for i in range(n):
+        job_id = uuid.uuid4()
+        jobs.append(
+            Job(
+                id=job_id,
+                tenant_id=tenant,
+                name=f"bench-{i}",
+                interval_seconds=interval_seconds,
+                target=target,
+                partition_id=partition_for(job_id),
+                next_run_at=next_run_at,
+            )
+        )
+    return jobs
 
 
 def enqueue(tenant: int, n: int, target: dict) -> None:
+    """N jobs (never due by themselves) and one queued run each, committed with a NOTIFY."""
     from django.db import transaction
 
+    from jobs.models import Job
     from runs.queue import enqueue_runs, notify_executors
     from runs.rows import NewRun
 
-    base = datetime.now(UTC) - timedelta(minutes=1)
+    scheduled = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+    jobs = make_jobs(
+        tenant=tenant, n=n, target=target, interval_seconds=3600, next_run_at=scheduled + timedelta(days=365)
+    )
     runs = [
         NewRun(
-            job_id=uuid.uuid4(),
-            scheduled_at=base + timedelta(microseconds=i),
+            job_id=job.id,
+            scheduled_at=scheduled,
             tenant_id=tenant,
-            partition_id=0,
+            partition_id=job.partition_id,
             target=target,
-            job_name="bench",
+            job_name=job.name,
             overlap_check=False,
         )
-        for i in range(n)
+        for job in jobs
     ]
     with transaction.atomic():
+        Job.objects.bulk_create(jobs, batch_size=5000)
         enqueue_runs(runs)
         notify_executors()
 
@@ -115,54 +112,120 @@ def finished(tenant: int) -> tuple[int, int]:
         return cursor.fetchone()
 
 
-def rss_mb(pid: int) -> float:
+def unfinished(tenant: int) -> int:
+    """Runs still waiting or running: cheap to poll (it shrinks as the drain goes on),
+    unlike counting finished rows, which scans every run 20 times a second."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM job_runs"
+            " WHERE tenant_id = %s AND status IN ('queued', 'retrying', 'running')",
+            [tenant],
+        )
+        return cursor.fetchone()[0]
+
+
+def commits() -> int:
+    """Transactions committed in this database so far: per run, the batching at work."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return 0.0
 
 
-def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, tenant: int) -> dict:
-    clear(tenant)
-    env = {
+def wait_registered(count: int, *, since: datetime, timeout: float = 120) -> None:
+    """Until `count` executors started after `since` have their executor_nodes row:
+    each registers just before its first claim (runs/executor_steps.open)."""
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM executor_nodes WHERE started_at >= %s", [since])
+            if cursor.fetchone()[0] >= count:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{count} executor(s) did not register within {timeout:.0f}s")
+
+
+def executor_env() -> dict:
+    return {
         **os.environ,
         "SCHEDULER_ALLOW_PRIVATE_TARGETS": "true",
         "EXECUTOR_POLL_SECONDS": "0.5",
         "LOG_LEVEL": "WARNING",
     }
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "run_executor", "--concurrency", str(concurrency)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-        )
-        for _ in range(executors)
-    ]
+
+
+def start_executors(procs, count: int, concurrency: int) -> list:
+    """`count` run_executor processes, started and registered (the clock starts after)."""
+    from scheduler_project import db
+
+    since = db.now()
+    started = [procs.start("run_executor", "--concurrency", str(concurrency)) for _ in range(count)]
+    wait_registered(count, since=since)
+    return started
+
+
+def postgres_cpu() -> dict[int, float]:
+    from django.db import connection
+
+    from bench import cpu
+
+    with connection.cursor() as cursor:
+        return {pid: cpu.cpu_seconds(pid) for pid in cpu.postgres_pids(cursor)}
+
+
+def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, tenant: int) -> dict:
+    from tqdm import tqdm
+
+    from bench import cpu
+    from tests.support.processes import Processes
+
+    clear(tenant)
+    LOGS.mkdir(parents=True, exist_ok=True)
+    procs = Processes(executor_env(), LOGS)
     try:
-        time.sleep(2.5)  # Django start-up
+        children = start_executors(procs, executors, concurrency)
+        xacts = commits()
         enqueue(tenant, n, target)
         # Executors cannot see the runs before the commit, which enqueue() has just
         # done: the clock measures draining, not inserting.
         started = time.monotonic()
+        executor_cpu = cpu.total([p.pid for p in children])
+        pg_before = postgres_cpu()
         peak_rss = 0.0
-        while True:
-            done, failed = finished(tenant)
-            peak_rss = max(peak_rss, *(rss_mb(p.pid) for p in procs))
-            if done >= n:
-                break
-            if time.monotonic() - started > 600:
-                raise RuntimeError(f"{kind}: only {done}/{n} finished in 10 minutes")
-            time.sleep(0.05)
+        with tqdm(total=n, desc=f"{kind} x{executors}", unit="run", file=sys.stderr, leave=False) as bar:
+            while True:
+                done = n - unfinished(tenant)
+                bar.update(done - bar.n)
+                peak_rss = max(peak_rss, *(rss_mb(p.pid) for p in children))
+                if done >= n:
+                    break
+                if time.monotonic() - started > 600:
+                    raise RuntimeError(f"{kind}: only {done}/{n} finished in 10 minutes")
+                time.sleep(0.05)
         elapsed = time.monotonic() - started
+        executor_cpu = cpu.total([p.pid for p in children]) - executor_cpu
+        # (PostgreSQL's figure includes this loop's polling.)
+        pg_cpu = sum(after - pg_before.get(pid, 0.0) for pid, after in postgres_cpu().items())
+        time.sleep(1.0)  # backends report their commit counts within a second of going idle
+        xacts = commits() - xacts
+        _, failed = finished(tenant)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(timeout=30)
+        procs.stop_all()
     clear(tenant)
     return {
         "kind": kind,
@@ -173,7 +236,15 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
         "runs_per_s": round(n / elapsed),
         "failed": failed,
         "peak_rss_mb": round(peak_rss, 1),
+        "executor_cpu_ms_per_run": round(executor_cpu * 1000 / n, 3),
+        "postgres_cpu_ms_per_run": round(pg_cpu * 1000 / n, 3),
+        "cpu_busy": round((executor_cpu + pg_cpu) / elapsed, 2),
+        "commits_per_run": round(xacts / n, 3),
     }
+
+
+def http_target(url: str) -> dict:
+    return {"type": "http", "url": url, "method": "POST", "timeout_seconds": 10}
 
 
 def main() -> None:
@@ -184,57 +255,53 @@ def main() -> None:
     parser.add_argument("--executors", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--kinds", nargs="+", choices=["task", "http"], default=["task", "http"])
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--url", help="a running no-op server (default: start bench/noop_server.py)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
 
     import django
 
     django.setup()
+    from bench.noop_server import NoopServer
+
     tenant = tenant_id()
-    server = None
     results = []
+    server = NoopServer() if "http" in args.kinds and not args.url else None
+    if server is not None:
+        server.__enter__()
     try:
         for kind in args.kinds:
-            if kind == "http":
-                port = free_port()
-                server = multiprocessing.Process(target=serve_noop, args=(port,), daemon=True)
-                server.start()
-                wait_port(port)
-                target = {
-                    "type": "http",
-                    "url": f"http://127.0.0.1:{port}/noop",
-                    "method": "POST",
-                    "timeout_seconds": 10,
-                }
-            else:
-                target = {"type": "task", "name": "noop", "kwargs": {}}
+            target = TASK_TARGET if kind == "task" else http_target(args.url or server.url)
             for executors in args.executors:
                 result = scenario(kind, executors, args.runs, args.concurrency, target, tenant)
                 results.append(result)
                 print(
                     f"{kind:5} executors={executors} runs={result['runs']} concurrency={args.concurrency}: "
                     f"{result['seconds']}s = {result['runs_per_s']} runs/s "
-                    f"(failed {result['failed']}, peak RSS {result['peak_rss_mb']} MB/executor)",
+                    f"(failed {result['failed']}, peak RSS {result['peak_rss_mb']} MB/executor, CPU ms/run: "
+                    f"executors {result['executor_cpu_ms_per_run']}, "
+                    f"PostgreSQL {result['postgres_cpu_ms_per_run']}; "
+                    f"commits/run {result['commits_per_run']})",
+                    file=sys.stderr,
                     flush=True,
                 )
-            if server is not None:
-                server.terminate()
-                server.join()
-                server = None
     finally:
         if server is not None:
-            server.terminate()
-    print("| target | executors | runs | runs/s | seconds | peak RSS/executor |")
-    print("|---|---|---|---|---|---|")
+            server.__exit__(None, None, None)
+    print(
+        "| target | executors | runs | runs/s | seconds | failed | peak RSS/executor "
+        "| executor CPU ms/run | PostgreSQL CPU ms/run | commits/run |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        cells = [
-            r["kind"],
-            r["executors"],
-            r["runs"],
-            r["runs_per_s"],
-            r["seconds"],
-            f"{r['peak_rss_mb']} MB",
-        ]
+        cells = [r["kind"], r["executors"], r["runs"], r["runs_per_s"], r["seconds"], r["failed"]]
+        cells += [f"{r['peak_rss_mb']} MB", r["executor_cpu_ms_per_run"], r["postgres_cpu_ms_per_run"]]
+        cells.append(r["commits_per_run"])
         print("| " + " | ".join(str(c) for c in cells) + " |")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    if any(r["failed"] for r in results):
+        sys.exit("some runs did not succeed")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,65 @@
+"""`make bench`'s harness in its smoke form: tiny sizes, one process each, real processes
+on the test cluster. Checks the report and plots are written, never the numbers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import database_url
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HEADINGS = [
+    "# Benchmarks",
+    "## Dispatch: N jobs all due, time until every run row exists",
+    "## Execution: no-op runs, one per job (the top-of-the-hour shape)",
+    "## End-to-end lag: scheduled_at → the target receives the request",
+    "## Occurrence ledger: a year of a minutely job, page by page",
+]
+TABLE_HEADERS = [
+    "| workload | jobs | schedulers | Cronyard runs/s | limit runs/s | ratio |",
+    "| executors | runs | Cronyard runs/s | raw claim+complete runs/s | ratio |",
+    "| executors | runs | Cronyard runs/s | raw aiohttp runs/s | ratio |",
+    "| steady rate | schedulers | executors | window | received/expected | p50 s | p99 s |",
+    "| burst | schedulers | executors | received | first request s | last request (drain) s |",
+]
+PLOTS = ["dispatch.png", "executors.png", "lag.png"]
+
+
+def test_smoke_run_writes_the_report_with_every_table_and_plot(transactional_db, tmp_path):
+    report, plots = tmp_path / "BENCHMARKS.md", tmp_path / "plots"
+    env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--smoke",
+            "--report",
+            str(report),
+            "--plots",
+            str(plots),
+            "--data",
+            str(tmp_path / "data"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    text = report.read_text()
+    for heading in HEADINGS:
+        assert f"\n{heading}\n" in f"\n{text}", heading
+    for header in TABLE_HEADERS:
+        assert header in text, header
+    # Machine, commit and server version are part of every report.
+    assert "cores" in text and "GB RAM" in text and "commit " in text and "PostgreSQL 1" in text
+    for name in PLOTS:
+        data = (plots / name).read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n"), name
+        assert f"](plots/{name})" in text
