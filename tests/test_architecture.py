@@ -43,6 +43,9 @@ EXECUTOR_SIDE = {
         "partitions",
         "nodes",
         "breakers",
+        "claim_order",
+        "outcomes",
+        "per_partition",
     )
 }
 SQL_MODULES = {
@@ -51,6 +54,9 @@ SQL_MODULES = {
     "jobs.health",
     "runs.queue",
     "runs.claims",
+    "runs.claim_order",
+    "runs.outcomes",
+    "runs.per_partition",
     "runs.connections",
     "runs.breakers",
     "runs.nodes",
