@@ -78,19 +78,22 @@ def clear(tenant: int) -> None:
         cursor.execute("DELETE FROM job_runs WHERE tenant_id = %s", [tenant])
 
 
-def enqueue(tenant: int, n: int, target: dict) -> None:
+def enqueue(tenant: int, n: int, target: dict, *, spread: bool) -> None:
     from django.db import transaction
 
+    from jobs.services import partition_for
     from runs.queue import enqueue_runs, notify_executors
     from runs.rows import NewRun
 
     base = datetime.now(UTC) - timedelta(minutes=1)
+    job_ids = [uuid.uuid4() for _ in range(n)]
     runs = [
         NewRun(
-            job_id=uuid.uuid4(),
+            job_id=job_ids[i],
             scheduled_at=base + timedelta(microseconds=i),
             tenant_id=tenant,
-            partition_id=0,
+            # As the scheduler writes them (each run in its job's partition), or all in one.
+            partition_id=partition_for(job_ids[i]) if spread else 0,
             target=target,
             job_name="bench",
             overlap_check=False,
@@ -125,7 +128,9 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, tenant: int) -> dict:
+def scenario(
+    kind: str, executors: int, n: int, concurrency: int, target: dict, tenant: int, *, spread: bool = True
+) -> dict:
     clear(tenant)
     env = {
         **os.environ,
@@ -144,7 +149,7 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
     ]
     try:
         time.sleep(2.5)  # Django start-up
-        enqueue(tenant, n, target)
+        enqueue(tenant, n, target, spread=spread)
         # Executors cannot see the runs before the commit, which enqueue() has just
         # done: the clock measures draining, not inserting.
         started = time.monotonic()
@@ -184,6 +189,12 @@ def main() -> None:
     parser.add_argument("--executors", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--kinds", nargs="+", choices=["task", "http"], default=["task", "http"])
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--partitions",
+        choices=["spread", "one"],
+        default="spread",
+        help="runs in their jobs' partitions (as scheduled; default) or all in partition 0",
+    )
     args = parser.parse_args()
 
     import django
@@ -208,7 +219,8 @@ def main() -> None:
             else:
                 target = {"type": "task", "name": "noop", "kwargs": {}}
             for executors in args.executors:
-                result = scenario(kind, executors, args.runs, args.concurrency, target, tenant)
+                spread = args.partitions == "spread"
+                result = scenario(kind, executors, args.runs, args.concurrency, target, tenant, spread=spread)
                 results.append(result)
                 print(
                     f"{kind:5} executors={executors} runs={result['runs']} concurrency={args.concurrency}: "
