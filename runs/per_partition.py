@@ -26,6 +26,11 @@ async def run(conn, sql: str, params: Sequence[dict]) -> list[tuple]:
     """Run `sql` (which returns rows) once per partition's parameters, pipelined: one
     round trip for all of them, each statement addressing one partition. The rows of
     every statement."""
+    if len(params) == 1:
+        # The common case (a batch from one partition): a pipeline's extra sync costs
+        # more than it saves.
+        cursor = await conn.execute(sql, params[0])
+        return await cursor.fetchall()
     rows: list[tuple] = []
     async with conn.pipeline():
         cursors = [await conn.execute(sql, p) for p in params]
