@@ -23,7 +23,11 @@ same read, chosen per connection (runs/connections.is_citus):
 
 from __future__ import annotations
 
+import heapq
+import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 
 from runs import connections
 
@@ -42,24 +46,14 @@ open_tenants AS (
 _NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
                OR r.job_id NOT IN (SELECT job_id FROM busy))"""
 
-# Both forms end alike: the first `limit` picks by fair-share rank, by partition.
-_BY_PARTITION = """best AS (
-    SELECT *, (n + k)::float8 / weight AS rank FROM picks
-    ORDER BY rank, effective_priority DESC, scheduled_at
-    LIMIT %(limit)s
-)
-SELECT partition_id, array_agg(DISTINCT tenant_id), (SELECT max(rank) FROM best) FROM best
-GROUP BY partition_id
-ORDER BY min(rank), max(effective_priority) DESC, min(scheduled_at)
-"""
-
 _PLAIN_SQL = f"""
 WITH busy AS MATERIALIZED (
     SELECT tenant_id, job_id FROM job_runs WHERE status = 'running'
 ),
 {_OPEN_TENANTS},
 picks AS (
-    SELECT o.id AS tenant_id, o.n, o.weight, p.partition_id, p.effective_priority, p.scheduled_at,
+    SELECT o.id AS tenant_id, o.n, o.weight, least(o.free, %(limit)s) AS cap, p.partition_id,
+           p.effective_priority, p.scheduled_at,
            row_number() OVER (PARTITION BY o.id
                               ORDER BY p.effective_priority DESC, p.scheduled_at) AS k
     FROM open_tenants o CROSS JOIN LATERAL (
@@ -71,7 +65,7 @@ picks AS (
                  AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
                  AND {_NOT_BLOCKED}
                ORDER BY r.priority DESC, r.scheduled_at
-               LIMIT least(o.free, %(limit)s))
+               LIMIT least(o.free, %(limit)s, %(probe)s))
               UNION
               (SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
                WHERE r.tenant_id = o.id
@@ -79,10 +73,16 @@ picks AS (
                  AND r.not_before <= now() - %(aging)s * interval '1 second'
                  AND {_NOT_BLOCKED}
                ORDER BY r.not_before
-               LIMIT least(o.free, %(limit)s))) u
+               LIMIT least(o.free, %(limit)s, %(probe)s))) u
     ) p
-),
-{_BY_PARTITION}"""
+)
+-- A tenant whose probes came back full may have more runs than they show: count it
+-- as having its whole cap (the claims find out).
+SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k,
+       CASE WHEN count(*) OVER w >= least(cap, %(probe)s) THEN cap ELSE count(*) OVER w END
+FROM picks
+WINDOW w AS (PARTITION BY tenant_id)
+"""
 
 # Per (partition, tenant): its runnable runs, the best effective priority among them
 # and the oldest slot; the tenant's k-th group ranks like its k-th pick would (runs in
@@ -91,7 +91,7 @@ picks AS (
 # claim passes over them, at the cost of a claim that may find nothing.
 _CITUS_SQL = f"""
 WITH groups AS MATERIALIZED (
-    SELECT r.partition_id, r.tenant_id, min(r.scheduled_at) AS scheduled_at,
+    SELECT r.partition_id, r.tenant_id, count(*) AS runs, min(r.scheduled_at) AS scheduled_at,
            max(CASE WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9
                     ELSE r.priority END) AS effective_priority
     FROM job_runs r
@@ -103,27 +103,72 @@ busy AS MATERIALIZED (
 ),
 {_OPEN_TENANTS},
 picks AS (
-    SELECT g.*, o.n, o.weight,
+    SELECT g.*, o.n, o.weight, least(o.free, %(limit)s) AS cap,
            row_number() OVER (PARTITION BY g.tenant_id
-                              ORDER BY g.effective_priority DESC, g.scheduled_at) AS k
+                              ORDER BY g.effective_priority DESC, g.scheduled_at) AS k,
+           sum(g.runs) OVER (PARTITION BY g.tenant_id) AS found
     FROM groups g JOIN open_tenants o ON o.id = g.tenant_id
-),
-{_BY_PARTITION}"""
+)
+SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k, least(cap, found)
+FROM picks WHERE k <= %(probe)s
+"""
+
+
+# Picks read per tenant: enough to find where its next runs are; the plan's rank bound
+# counts a tenant's whole cap, so a batch is not cut to what the probes saw.
+PROBE = 8
+
+
+@dataclass(frozen=True)
+class Pick:
+    tenant_id: int
+    running: int
+    weight: int
+    partition_id: int
+    effective_priority: int
+    scheduled_at: datetime
+    k: int  # the tenant's k-th pick
+    available: int  # runs the tenant can be given now (its free slots, at most the batch)
+
+    @property
+    def rank(self) -> float:
+        return (self.running + self.k) / self.weight
 
 
 @dataclass(frozen=True)
 class Plan:
     """Where to claim, in order: (partition_id, tenant ids to claim for there); and the
-    worst fair-share rank among the picks, which bounds every partition's claim so
-    that a busy tenant's runs in an early partition cannot take the places that
-    better-ranked runs in later partitions were given."""
+    rank of the batch's last place, which bounds every partition's claim so that a
+    busy tenant's runs in an early partition cannot take the places that better-ranked
+    runs in later partitions were given."""
 
     partitions: list[tuple[int, list[int]]]
     max_rank: float
 
 
+def rank(picks: list[Pick], *, limit: int) -> Plan:
+    """The plan from the picks: the batch's `limit` places go to the best ranks over every
+    tenant's available runs ((running + k) / weight for k = 1..available); partitions
+    in the order of their best pick within that bound."""
+    tenants = {p.tenant_id: p for p in picks}
+    places = heapq.merge(*(_places(t, limit=limit) for t in tenants.values()))
+    bound = list(itertools.islice(places, limit))
+    if not bound:
+        return Plan([], 0.0)
+    max_rank = bound[-1]
+    order: dict[int, set[int]] = {}
+    for p in sorted(picks, key=lambda p: (p.rank, -p.effective_priority, p.scheduled_at)):
+        if p.rank <= max_rank:
+            order.setdefault(p.partition_id, set()).add(p.tenant_id)
+    return Plan([(partition, sorted(ts)) for partition, ts in order.items()], max_rank)
+
+
+def _places(tenant: Pick, *, limit: int) -> Iterator[float]:
+    """The ranks of a tenant's next places, best first."""
+    return ((tenant.running + k) / tenant.weight for k in range(1, min(tenant.available, limit) + 1))
+
+
 async def plan(conn, *, limit: int, aging_seconds: float) -> Plan:
     sql = _CITUS_SQL if await connections.is_citus(conn) else _PLAIN_SQL
-    cursor = await conn.execute(sql, {"limit": limit, "aging": aging_seconds})
-    found = await cursor.fetchall()
-    return Plan([(row[0], list(row[1])) for row in found], max(row[2] for row in found) if found else 0.0)
+    cursor = await conn.execute(sql, {"limit": limit, "aging": aging_seconds, "probe": PROBE})
+    return rank([Pick(*row) for row in await cursor.fetchall()], limit=limit)

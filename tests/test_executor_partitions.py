@@ -226,3 +226,27 @@ def test_plan_cache_mode_follows_the_database():
     assert asyncio.run(mode()) == (False, "force_generic_plan")
     # Citus cannot route a generic plan of a statement on a distributed table.
     assert connections.plan_cache_mode(citus=True) == "force_custom_plan"
+
+
+def test_the_plan_gives_the_batch_to_the_best_ranks_of_every_tenant():
+    from runs.claim_order import Pick, rank
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    picks = [
+        # busy: 10 running, 2 more allowed, its picks in partitions 7 and 8
+        Pick(1, 10, 1, 7, 0, at, 1, 2),
+        Pick(1, 10, 1, 8, 0, at, 2, 2),
+        # quiet: nothing running; 8 picks read, more may exist (it has 10 free slots)
+        *(Pick(2, 0, 1, 100 + k, 0, at, k, 10) for k in range(1, 9)),
+        # heavy: weight 4, 4 running: its k-th place ranks (4 + k) / 4
+        Pick(3, 4, 4, 50, 0, at, 1, 3),
+    ]
+    plan = rank(picks, limit=4)
+    # quiet's places rank 1, 2, 3 ...; heavy's 1.25, 1.5, 1.75 (its 3 allowed); busy's
+    # 11, 12. The four best: 1, 1.25, 1.5, 1.75; heavy's partition holds only its first
+    # pick, the others are where the claim in it (and later plans) will find them.
+    assert plan.max_rank == 1.75
+    assert plan.partitions == [(101, [2]), (50, [3])]
+    # A tenant alone gets its whole cap, beyond the picks read.
+    alone = rank([Pick(2, 0, 1, 5, 0, at, 1, 10)], limit=6)
+    assert alone == type(alone)([(5, [2])], 6.0)
