@@ -109,13 +109,14 @@ picks AS (
            sum(g.runs) OVER (PARTITION BY g.tenant_id) AS found
     FROM groups g JOIN open_tenants o ON o.id = g.tenant_id
 )
-SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k, least(cap, found)
-FROM picks WHERE k <= %(probe)s
+SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k, least(cap, found)::bigint
+FROM picks WHERE k <= %(limit)s
 """
 
 
-# Picks read per tenant: enough to find where its next runs are; the plan's rank bound
-# counts a tenant's whole cap, so a batch is not cut to what the probes saw.
+# Picks read per tenant on plain PostgreSQL: enough to find where its next runs are;
+# the plan's rank bound counts a tenant's whole cap, so a batch is not cut to what the
+# probes saw. (On Citus the groups are whole partitions, all read anyway: up to `limit`.)
 PROBE = 8
 
 
