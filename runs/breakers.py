@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from urllib.parse import urlsplit
 
+from runs import per_partition
+
 CLOSED = "closed"
 OPEN = "open"
 HALF_OPEN = "half_open"
@@ -83,6 +85,7 @@ class Candidate:
     is_retry: bool  # it has used an attempt before
     deferred_since: datetime | None
     attempts_left: int = 1  # after this one; a probe goes to the run that can best afford to fail
+    partition_id: int = field(kw_only=True)  # where a deferral writes (one partition per statement)
 
 
 @dataclass(frozen=True)
@@ -237,19 +240,22 @@ WHERE t.host = x.host
 
 # Put a claimed run back untouched by a call: the status it was claimed from (a run
 # that has used an attempt was retrying), one more deferral so the attempt the claim
-# took is not counted as used. Fenced like every write of an attempt.
+# took is not counted as used. Fenced like every write of an attempt. One partition per
+# statement, and the database's time as a parameter: Citus refuses now() inside a
+# COALESCE in a distributed UPDATE (runs/claims.py).
 _DEFER_SQL = """
 UPDATE job_runs r SET
     status = CASE WHEN r.attempt - r.deferrals > 1 THEN 'retrying' ELSE 'queued' END,
     deferrals = r.deferrals + 1,
-    deferred_since = coalesce(r.deferred_since, now()),
+    deferred_since = coalesce(r.deferred_since, %(now)s),
     not_before = x.until,
     lease_until = NULL,
     last_error = x.reason
-FROM jsonb_to_recordset(%s::jsonb) AS x(job_id uuid, scheduled_at timestamptz, attempt integer,
-                                         until timestamptz, reason text)
-WHERE r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(job_id uuid, scheduled_at timestamptz, attempt integer,
+                                               until timestamptz, reason text)
+WHERE r.partition_id = %(partition)s AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
   AND r.attempt = x.attempt AND r.status = 'running'
+RETURNING r.job_id
 """
 
 
@@ -298,21 +304,30 @@ async def admit(conn, candidates: Sequence[Candidate], *, policy: Policy) -> Adm
         states, now = await _locked_states(conn, hosts)
         admission, states = decide_admission(states, candidates, now=now, policy=policy)
         await conn.execute(_SAVE_SQL, [_encode(states)])
-        if admission.defer:
-            payload = json.dumps(
-                [
-                    {
-                        "job_id": str(d.key[0]),
-                        "scheduled_at": d.key[1].isoformat(),
-                        "attempt": d.key[2],
-                        "until": d.until.isoformat(),
-                        "reason": d.reason,
-                    }
-                    for d in admission.defer
-                ]
-            )
-            await conn.execute(_DEFER_SQL, [payload])
+        partition_of = {c.key: c.partition_id for c in candidates}
+        groups = per_partition.group((partition_of[d.key], d) for d in admission.defer)
+        params = [
+            {"partition": partition_id, "now": now, "rows": _encode_deferrals(deferrals)}
+            for partition_id, deferrals in groups.items()
+        ]
+        if params:
+            await per_partition.run(conn, _DEFER_SQL, params)
     return admission
+
+
+def _encode_deferrals(deferrals: Sequence[Deferral]) -> str:
+    return json.dumps(
+        [
+            {
+                "job_id": str(d.key[0]),
+                "scheduled_at": d.key[1].isoformat(),
+                "attempt": d.key[2],
+                "until": d.until.isoformat(),
+                "reason": d.reason,
+            }
+            for d in deferrals
+        ]
+    )
 
 
 async def record(conn, outcomes: Sequence[tuple[str, str]], *, policy: Policy) -> None:

@@ -1,26 +1,32 @@
 """The executor's side of the run queue in SQL: claim (tenant caps, fair share,
-priority aging, overlap, cancel_previous), heartbeat, complete (with job health), and
-reaping of expired leases. Async (psycopg AsyncConnection), off the Django ORM, so the
-hot path costs one round trip per batch. Each function runs in its own transaction
-unless it says otherwise.
+priority aging, overlap, cancel_previous), heartbeat, and reaping of expired leases
+(the outcomes of attempts: runs/outcomes.py). Async (psycopg AsyncConnection), off the
+Django ORM, so the hot path costs a round trip or two per batch and partition. Each
+function runs in its own transaction unless it says otherwise.
+
+Every statement that writes or locks a run addresses one `partition_id` (DESIGN section
+10: on Citus `FOR UPDATE` and cheap writes exist only inside one shard). Reads that only
+count or choose (tenants' running runs, which partitions to claim from, expired leases)
+may span partitions. Times derived from a column (lease ends, retry times) are computed
+from a timestamp passed in, not from now() inside the UPDATE, and attempt entries are
+built outside UPDATE ... SET: Citus refuses volatile functions, and stable ones applied
+to columns, in a distributed UPDATE. docs/DECISIONS.md, "Executors address one
+partition per statement".
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
-from datetime import datetime
-from uuid import UUID
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 
-from runs import attempts
-from runs.rows import ClaimedRun, Completion, ReapedRun
+from runs import attempts, claim_order, per_partition
+from runs.rows import ClaimedRun, ReapedRun, RunKey
 
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
 TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
 
 # EXECUTOR_PRIORITY_AGING_SECONDS' default: a run waiting longer claims as priority 9.
 DEFAULT_AGING_SECONDS = 60.0
-
 
 
 # The history entry of an attempt whose lease ran out: when it finished is unknown.
@@ -48,92 +54,84 @@ _CANCELLED_BY_NEWER_ENTRY = attempts.sql_entry(
     retry_in_s="NULL",
 )
 
+# Partitions holding an expired lease: a read across partitions, no lock. The running
+# rows are few (at most the executors' slots), all in job_runs_running_idx.
+_EXPIRED_PARTITIONS_SQL = """
+SELECT DISTINCT partition_id, now() FROM job_runs WHERE status = 'running' AND lease_until < now()
+"""
+
+# One partition's expired leases. The history entry and the message are built in the
+# locking SELECT, so the UPDATE only copies values (see the module docstring).
 _REAP_SQL = f"""
 WITH expired AS (
-    SELECT id, scheduled_at FROM job_runs
-    WHERE status = 'running' AND lease_until < now()
-    ORDER BY lease_until
+    SELECT r.id, r.scheduled_at, r.attempt - r.deferrals >= r.max_attempts AS dead,
+           jsonb_build_array({_REAPED_ENTRY}) AS entry,
+           'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating' AS error
+    FROM job_runs r
+    WHERE r.partition_id = %(partition)s AND r.status = 'running' AND r.lease_until < %(now)s
+    ORDER BY r.lease_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 )
 UPDATE job_runs r SET
-    status = CASE WHEN r.attempt - r.deferrals >= r.max_attempts THEN 'dead' ELSE 'retrying' END,
-    not_before = now(),
+    status = CASE WHEN e.dead THEN 'dead' ELSE 'retrying' END,
+    not_before = %(now)s,
     lease_until = NULL,
-    finished_at = CASE WHEN r.attempt - r.deferrals >= r.max_attempts THEN now() END,
-    last_error = 'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating',
-    attempts = r.attempts || jsonb_build_array({_REAPED_ENTRY})
+    finished_at = CASE WHEN e.dead THEN %(now)s END,
+    last_error = e.error,
+    attempts = r.attempts || e.entry
 FROM expired e
-WHERE r.id = e.id AND r.scheduled_at = e.scheduled_at
-  AND r.status = 'running' AND r.lease_until < now()
+WHERE r.partition_id = %(partition)s AND r.id = e.id AND r.scheduled_at = e.scheduled_at
+  AND r.status = 'running' AND r.lease_until < %(now)s
 RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.job_name, r.attempt, r.owner, r.status, r.last_error
 """
 
-# Fair share (DESIGN section 5, docs/DECISIONS.md "Fair share and aging"): a tenant's
-# claim order is its share of the executors, not its place in one global queue. Each
-# tenant with due runs is ranked by (runs it has running + its k-th pick) / weight:
-# the tenant using least of its share goes next, so a tenant with 2,000 queued runs
-# and every slot busy yields the next free slot to a tenant with none running. No
-# state beyond the running rows the claim already counts: it stays stateless,
-# per-statement, and correct with any number of claimers.
-#
-# Step 1 of a claim: lock (in tenant id order, so claimers never deadlock) the tenants
-# that have a due run and a free slot, at most `tenants` of them, least served first.
-# Each tenant's oldest due run is one probe of job_runs_tenant_waiting_idx; runs of
-# busy skip/buffer_one jobs are passed over (a tenant whose only due runs are blocked
-# would take a lock and a place for nothing). The running set is materialised once,
-# so the NOT IN is a hashed subplan, not a per-row probe of the running index.
+# Step 1 of a partition's claim: lock the tenants claim_order chose for it, in tenant id
+# order (claimers never deadlock). A statement without distributed tables: on Citus it
+# runs on the coordinator, so one tenant's claims are serialised whichever shard they
+# touch (inside a statement on a shard the lock would be taken on that worker).
 _LOCK_TENANTS_SQL = """
-WITH running AS MATERIALIZED (
-    SELECT tenant_id, job_id FROM job_runs WHERE status = 'running'
-),
-open_tenants AS (
-    SELECT t.id, t.weight, coalesce(ru.n, 0) AS n FROM tenants t
-    LEFT JOIN (SELECT tenant_id, count(*) AS n FROM running GROUP BY tenant_id) ru ON ru.tenant_id = t.id
-    WHERE t.max_concurrency > coalesce(ru.n, 0)
-),
-heads AS (
-    SELECT o.id AS tenant_id, o.n, o.weight, h.not_before FROM open_tenants o CROSS JOIN LATERAL (
-        SELECT r.not_before FROM job_runs r
-        WHERE r.tenant_id = o.id
-          AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
-          AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
-               OR r.job_id NOT IN (SELECT job_id FROM running))
-        ORDER BY r.not_before
-        LIMIT 1
-    ) h
-)
-SELECT s.tenant_id, pg_advisory_xact_lock(%(ns)s, s.tenant_id::integer)::text
-FROM (
-    SELECT tenant_id FROM heads
-    ORDER BY (n + 1)::float8 / weight, not_before
-    LIMIT %(tenants)s
-) s
-ORDER BY s.tenant_id
+SELECT count(*) FROM (
+    SELECT pg_advisory_xact_lock(%(ns)s, u.t::integer)
+    FROM unnest(%(tenants)s::bigint[]) WITH ORDINALITY AS u(t, n)
+    ORDER BY u.n
+    OFFSET 0
+) locks
 """
 
-# Step 2, under those locks and with a fresh snapshot (READ COMMITTED: every statement
-# sees what committed before it began, so the running counts include other claimers'
-# committed claims). Per locked tenant, its best runs by effective priority (a run
-# waiting longer than `aging` seconds counts as priority 9, so a flood of 9s cannot
-# hold a 0 back forever): the union of two index-ordered probes, the best by priority
-# and the longest waiting, each at most the tenant's free slots. Per job, at most one
-# run unless the job allows overlap. Across tenants, the fair-share rank above decides.
+# Step 2, under those locks: the tenants' running runs, across every partition (the
+# cap is per tenant). A read of its own, not a CTE of the claim: on Citus a statement
+# that reads several shards is split into a plan per CTE with intermediate results
+# (about ten round trips to the workers); without it the claim goes to one shard whole.
+# READ COMMITTED: this statement sees every claim committed before it began, and no
+# claim of these tenants can commit before ours while we hold their locks.
+_RUNNING_SQL = """
+SELECT tenant_id, count(*) FROM job_runs
+WHERE status = 'running' AND tenant_id = ANY(%(tenants)s::bigint[])
+GROUP BY tenant_id
+"""
+
+# Step 3, in one partition, with those counts.
+# Per locked tenant, its best runs by effective priority (a run waiting longer than
+# `aging` seconds counts as priority 9, so a flood of 9s cannot hold a 0 back forever):
+# the union of two index-ordered probes, the best by priority and the longest waiting,
+# each at most the tenant's free slots. Per job, at most one run unless the job allows
+# overlap (a job's runs are all in its partition). Across tenants, the fair-share rank
+# (running + k-th pick) / weight decides, as in claim_order.
 _CLAIM_SQL = """
 WITH busy AS MATERIALIZED (
-    SELECT job_id FROM job_runs WHERE status = 'running'
+    SELECT job_id FROM job_runs WHERE partition_id = %(partition)s AND status = 'running'
 ),
 slots AS (
     SELECT t.id AS tenant_id, t.weight, run.n AS running, t.max_concurrency - run.n AS free
-    FROM tenants t CROSS JOIN LATERAL (SELECT count(*) AS n FROM job_runs x
-                                       WHERE x.tenant_id = t.id AND x.status = 'running') run
-    WHERE t.id = ANY(%(tenants)s)
+    FROM tenants t JOIN unnest(%(tenants)s::bigint[], %(running)s::bigint[]) AS run(tenant_id, n)
+        ON run.tenant_id = t.id
 ),
 by_priority AS (
     SELECT c.* FROM slots s CROSS JOIN LATERAL (
         SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy, r.not_before
         FROM job_runs r
-        WHERE r.tenant_id = s.tenant_id
+        WHERE r.partition_id = %(partition)s AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
           AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
                OR r.job_id NOT IN (SELECT job_id FROM busy))
@@ -147,7 +145,7 @@ by_age AS (
     SELECT c.* FROM slots s CROSS JOIN LATERAL (
         SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy, r.not_before
         FROM job_runs r
-        WHERE r.tenant_id = s.tenant_id
+        WHERE r.partition_id = %(partition)s AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying')
           AND r.not_before <= now() - %(aging)s * interval '1 second'
           AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
@@ -173,7 +171,8 @@ superseded AS (
     SELECT p.id, p.scheduled_at FROM picked p
     WHERE p.overlap_policy = 'cancel_previous'
       AND EXISTS (SELECT 1 FROM job_runs n
-                  WHERE n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at
+                  WHERE n.partition_id = %(partition)s
+                    AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at
                     AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
 ),
 ranked AS (
@@ -186,7 +185,7 @@ dropped AS (
         status = 'cancelled', finished_at = now(), lease_until = NULL,
         last_error = 'cancelled: a newer occurrence of this job supersedes it (cancel_previous)'
     FROM superseded x
-    WHERE d.id = x.id AND d.scheduled_at = x.scheduled_at
+    WHERE d.partition_id = %(partition)s AND d.id = x.id AND d.scheduled_at = x.scheduled_at
     RETURNING d.job_id
 ),
 eligible AS (
@@ -196,106 +195,56 @@ eligible AS (
 ),
 chosen AS (
     -- The k-th pick of a tenant with n running ranks (n + k) / weight: fair share
-    -- across tenants first, effective priority and age within it.
+    -- across tenants first, effective priority and age within it. The running counts
+    -- include this batch's claims in earlier partitions, so the bound from the plan
+    -- holds across the batch (a small slack for float rounding).
     SELECT e.* FROM eligible e JOIN slots s ON s.tenant_id = e.tenant_id
     WHERE e.tenant_rank <= s.free
+      AND (s.running + e.tenant_rank)::float8 / s.weight <= %(max_rank)s::float8 + 1e-9
     ORDER BY (s.running + e.tenant_rank)::float8 / s.weight, e.effective_priority DESC, e.scheduled_at
     LIMIT %(limit)s
 ),
 claimed AS (
     UPDATE job_runs r SET
         status = 'running', attempt = r.attempt + 1,
-        lease_until = now() + r.lease_seconds * interval '1 second',
+        lease_until = to_timestamp(%(epoch)s + r.lease_seconds),
         owner = %(owner)s, started_at = now(), finished_at = NULL
     FROM chosen c
-    WHERE r.id = c.id AND r.scheduled_at = c.scheduled_at
-    RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.attempt, r.target, r.job_name, r.overlap_policy,
-              r.priority, r.max_attempts, r.retry_backoff_seconds, r.retry_backoff_cap_seconds,
-              r.lease_seconds, r.started_at, r.deferrals, r.deferred_since
+    WHERE r.partition_id = %(partition)s AND r.id = c.id AND r.scheduled_at = c.scheduled_at
+    RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
+              r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
+              r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, r.deferrals, r.deferred_since
+),
+older AS (
+    -- cancel_previous: the older running run loses the run; its worker finds out at
+    -- its next heartbeat (the row is no longer 'running') and stops its call. Its
+    -- history entry is built here, so the UPDATE below only copies it; the UPDATE
+    -- re-checks the attempt it was built for.
+    SELECT o.id, o.scheduled_at, o.attempt, jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY}) AS entry
+    FROM job_runs o JOIN chosen c ON o.job_id = c.job_id
+    WHERE o.partition_id = %(partition)s AND c.overlap_policy = 'cancel_previous'
+      AND o.status = 'running' AND o.scheduled_at < c.scheduled_at
 ),
 cancelled AS (
-    -- cancel_previous: the older running run loses the run; its worker finds out at
-    -- its next heartbeat (the row is no longer 'running') and stops its call.
     UPDATE job_runs o SET
         status = 'cancelled', finished_at = now(), lease_until = NULL,
         last_error = 'cancelled by a newer run',
-        attempts = o.attempts || jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY})
-    FROM chosen c
-    WHERE c.overlap_policy = 'cancel_previous' AND o.job_id = c.job_id
-      AND o.status = 'running' AND o.scheduled_at < c.scheduled_at
+        attempts = o.attempts || x.entry
+    FROM older x
+    WHERE o.partition_id = %(partition)s AND o.id = x.id AND o.scheduled_at = x.scheduled_at
+      AND o.attempt = x.attempt AND o.status = 'running'
     RETURNING o.job_id
 )
 SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
 """.replace("{_CANCELLED_BY_NEWER_ENTRY}", _CANCELLED_BY_NEWER_ENTRY)
 
 _HEARTBEAT_SQL = """
-UPDATE job_runs r SET lease_until = now() + r.lease_seconds * interval '1 second'
-FROM unnest(%s::uuid[], %s::timestamptz[], %s::integer[]) AS h(job_id, scheduled_at, attempt)
-WHERE r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
+UPDATE job_runs r SET lease_until = to_timestamp(%(epoch)s + r.lease_seconds)
+FROM unnest(%(job_ids)s::uuid[], %(scheduled)s::timestamptz[], %(attempts)s::integer[])
+    AS h(job_id, scheduled_at, attempt)
+WHERE r.partition_id = %(partition)s AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
   AND r.attempt = h.attempt AND r.status = 'running'
 RETURNING r.job_id, r.scheduled_at, r.attempt
-"""
-
-_COMPLETE_SQL = """
-WITH done AS (
-    UPDATE job_runs r SET
-        status = x.status,
-        not_before = CASE WHEN x.status = 'retrying'
-                          THEN now() + coalesce(x.retry_in_s, 0) * interval '1 second'
-                          ELSE r.not_before END,
-        lease_until = NULL,
-        finished_at = CASE WHEN x.status IN ('succeeded', 'dead') THEN now() END,
-        result_code = x.result_code,
-        last_error = x.error,
-        attempts = r.attempts || jsonb_build_array(x.entry)
-    FROM jsonb_to_recordset(%s::jsonb) AS x(
-        job_id uuid, scheduled_at timestamptz, attempt integer, status text, retry_in_s float8,
-        result_code integer, error text, entry jsonb)
-    WHERE r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
-      AND r.attempt = x.attempt AND r.status = 'running'
-    RETURNING r.job_id, r.scheduled_at, r.attempt, r.status, x.entry ->> 'outcome' AS outcome
-),
--- Job health, in the same statement (no extra round trip per batch). An attempt the
--- executor handed back on shutdown says nothing about the target: it does not count.
-judged AS (
-    SELECT job_id, status,
-           row_number() OVER (PARTITION BY job_id ORDER BY scheduled_at DESC, attempt DESC) AS rn
-    FROM done WHERE outcome IS DISTINCT FROM 'handed back'
-),
-newest_ok AS (
-    SELECT job_id, min(rn) AS rn FROM judged WHERE status = 'succeeded' GROUP BY job_id
-),
-per_job AS (
-    SELECT j.job_id,
-           (array_agg(j.status ORDER BY j.rn))[1] AS last_status,
-           o.rn IS NOT NULL AS any_ok,
-           count(*) FILTER (WHERE j.status <> 'succeeded') AS fails,
-           count(*) FILTER (WHERE j.status <> 'succeeded' AND j.rn < o.rn) AS fails_since_ok
-    FROM judged j LEFT JOIN newest_ok o USING (job_id)
-    GROUP BY j.job_id, o.rn
-),
--- Lock the job rows in id order: two executors completing runs of the same jobs in
--- different orders must not deadlock (a deadlock would lose a batch of outcomes).
-locked AS MATERIALIZED (
-    SELECT jb.id FROM jobs jb WHERE jb.id IN (SELECT job_id FROM per_job)
-    ORDER BY jb.id FOR NO KEY UPDATE
-),
-health AS (
-    UPDATE jobs jb SET
-        last_outcome = CASE p.last_status WHEN 'succeeded' THEN 'succeeded' WHEN 'dead' THEN 'dead'
-                                          ELSE 'failed' END,
-        last_success_at = CASE WHEN p.any_ok THEN now() ELSE jb.last_success_at END,
-        last_failure_at = CASE WHEN p.fails > 0 THEN now() ELSE jb.last_failure_at END,
-        consecutive_failures = CASE WHEN p.any_ok THEN p.fails_since_ok
-                                    ELSE jb.consecutive_failures + p.fails END,
-        -- A success ends the streak; the next streak alerts again.
-        failure_alerted = jb.failure_alerted AND NOT p.any_ok
-    FROM per_job p, locked l
-    WHERE jb.id = p.job_id AND l.id = jb.id
-    RETURNING jb.id
-)
--- (A data-modifying WITH runs to completion whether or not the result reads it.)
-SELECT job_id, scheduled_at, attempt FROM done
 """
 
 
@@ -303,70 +252,112 @@ async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     """Hand back runs whose owner stopped heartbeating (lease expiries).
 
     The expired attempt is fenced off by the status change: its late writes all
-    require status='running' with its attempt number. Out of attempts → dead.
+    require status='running' with its attempt number. Out of attempts → dead. One
+    read finds the partitions with an expired lease, then one statement per partition
+    (usually none: the read is all a healthy cluster pays).
     """
-    cursor = await conn.execute(_REAP_SQL, {"limit": limit})
-    return [ReapedRun(*row) for row in await cursor.fetchall()]
+    cursor = await conn.execute(_EXPIRED_PARTITIONS_SQL)
+    reaped: list[ReapedRun] = []
+    for partition_id, now in sorted(await cursor.fetchall()):
+        if len(reaped) >= limit:
+            break
+        cursor = await conn.execute(
+            _REAP_SQL, {"partition": partition_id, "now": now, "limit": limit - len(reaped)}
+        )
+        reaped += [ReapedRun(*row) for row in await cursor.fetchall()]
+    return reaped
 
 
 async def claim_runs(
     conn, *, owner: str, limit: int, aging_seconds: float = DEFAULT_AGING_SECONDS
 ) -> list[ClaimedRun]:
-    """Claim up to `limit` runnable runs for `owner`, in one short transaction.
-
-    Never more running runs per tenant than tenants.max_concurrency: claimers of the
-    same tenant are serialised by a transaction-scoped advisory lock, and the slot
-    count is taken after the lock is held. The transaction ends before any call.
-    """
+    """Claim up to `limit` runnable runs for `owner`: one read chooses the partitions in
+    fair-share order (runs/claim_order.py), then one short claim transaction per
+    partition until the batch is full. No transaction is open during any call."""
     if limit <= 0:
         return []
-    async with conn.transaction():
-        # At most `limit` tenants: a batch cannot give more than one run to more than that.
-        cursor = await conn.execute(_LOCK_TENANTS_SQL, {"ns": TENANT_CLAIM_LOCK, "tenants": limit})
-        tenants = [row[0] for row in await cursor.fetchall()]
-        if not tenants:
-            return []
+    claimed: list[ClaimedRun] = []
+    plan = await claim_order.plan(conn, limit=limit, aging_seconds=aging_seconds)
+    for partition_id, tenants in plan.partitions:
+        claimed += await claim_partition(
+            conn,
+            partition_id=partition_id,
+            tenants=tenants,
+            owner=owner,
+            limit=limit - len(claimed),
+            aging_seconds=aging_seconds,
+            max_rank=plan.max_rank,
+        )
+        if len(claimed) >= limit:
+            break
+    claimed.sort(key=lambda run: (-run.priority, run.scheduled_at))
+    return claimed
+
+
+async def claim_partition(
+    conn,
+    *,
+    partition_id: int,
+    tenants: Sequence[int],
+    owner: str,
+    limit: int,
+    aging_seconds: float = DEFAULT_AGING_SECONDS,
+    max_rank: float = float("inf"),
+) -> list[ClaimedRun]:
+    """Claim up to `limit` runs of `tenants` in one partition, in one transaction,
+    none with a fair-share rank worse than `max_rank` (see claim_order.ClaimPlan).
+
+    Never more running runs per tenant than tenants.max_concurrency, across all
+    partitions: claimers of the same tenant are serialised by a transaction-scoped
+    advisory lock, and the slot count is taken after the lock is held.
+    """
+    tenant_ids = sorted(set(tenants))
+    if limit <= 0 or not tenant_ids:
+        return []
+    # Two round trips: the locks and the counts, then the claim and the commit. The
+    # lease ends count from this process's clock (see heartbeat_runs), a parameter:
+    # Citus refuses now() + a column in UPDATE ... SET.
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(_LOCK_TENANTS_SQL, {"ns": TENANT_CLAIM_LOCK, "tenants": tenant_ids})
+        cursor = await conn.execute(_RUNNING_SQL, {"tenants": tenant_ids})
+        running = dict(await cursor.fetchall())
         cursor = await conn.execute(
-            _CLAIM_SQL, {"tenants": tenants, "limit": limit, "owner": owner, "aging": aging_seconds}
+            _CLAIM_SQL,
+            {
+                "partition": partition_id,
+                "tenants": tenant_ids,
+                "running": [running.get(t, 0) for t in tenant_ids],
+                "limit": limit,
+                "owner": owner,
+                "epoch": datetime.now(UTC).timestamp(),
+                "aging": aging_seconds,
+                "max_rank": max_rank,
+            },
         )
         return [ClaimedRun(*row) for row in await cursor.fetchall()]
 
 
-async def heartbeat_runs(conn, keys: Sequence[tuple[UUID, datetime, int]]) -> set[tuple[UUID, datetime, int]]:
-    """Extend the lease of every (job_id, scheduled_at, attempt) still held; return those held.
+async def heartbeat_runs(conn, runs: Iterable[tuple[int, RunKey]]) -> set[RunKey]:
+    """Extend the lease of every (partition_id, (job_id, scheduled_at, attempt)) still
+    held; return the keys held.
 
     A key missing from the answer was fenced off (lease expired and reclaimed) or
-    cancelled: its worker must stop and write nothing.
+    cancelled: its worker must stop and write nothing. Lease ends are counted from this
+    process's clock (executors and database hosts keep NTP time; a skew of s seconds
+    moves every lease end by s).
     """
-    if not keys:
+    groups = per_partition.group(runs)
+    if not groups:
         return set()
-    cursor = await conn.execute(
-        _HEARTBEAT_SQL, [[k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys]]
-    )
-    return {(row[0], row[1], row[2]) for row in await cursor.fetchall()}
-
-
-async def complete_runs(conn, completions: Sequence[Completion]) -> set[tuple[UUID, datetime, int]]:
-    """Write the outcomes of attempts, each only if that attempt still holds its run.
-
-    Returns the keys written; the others were fenced off and wrote nothing.
-    """
-    if not completions:
-        return set()
-    payload = json.dumps(
-        [
-            {
-                "job_id": str(c.job_id),
-                "scheduled_at": c.scheduled_at.isoformat(),
-                "attempt": c.attempt,
-                "status": c.status,
-                "retry_in_s": c.retry_in_s,
-                "result_code": c.result_code,
-                "error": c.error,
-                "entry": c.entry,
-            }
-            for c in completions
-        ]
-    )
-    cursor = await conn.execute(_COMPLETE_SQL, [payload])
-    return {(row[0], row[1], row[2]) for row in await cursor.fetchall()}
+    epoch = datetime.now(UTC).timestamp()
+    params = [
+        {
+            "partition": partition_id,
+            "epoch": epoch,
+            "job_ids": [k[0] for k in keys],
+            "scheduled": [k[1] for k in keys],
+            "attempts": [k[2] for k in keys],
+        }
+        for partition_id, keys in groups.items()
+    ]
+    return {(row[0], row[1], row[2]) for row in await per_partition.run(conn, _HEARTBEAT_SQL, params)}

@@ -4,6 +4,8 @@ autocommit async connections tuned for the claim/complete statements (runs/claim
 
 from __future__ import annotations
 
+import weakref
+
 # The channel the dispatcher NOTIFYs (runs/queue.notify_executors) and executors LISTEN on.
 NOTIFY_CHANNEL = "cronyard_runs"
 
@@ -17,14 +19,36 @@ def database_conninfo() -> str:
     return conninfo(settings.DATABASES["default"], application_name="cronyard-executor")
 
 
+# Whether a connection's database has the citus extension, per connection object.
+_CITUS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+async def is_citus(conn) -> bool:
+    """Whether the database has the citus extension (asked once per connection)."""
+    if conn not in _CITUS:
+        cursor = await conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
+        _CITUS[conn] = bool((await cursor.fetchone())[0])
+    return _CITUS[conn]
+
+
+def plan_cache_mode(*, citus: bool) -> str:
+    """The executor's plan_cache_mode: generic plans on plain PostgreSQL, custom on Citus.
+
+    On plain PostgreSQL a generic plan is made once per statement: job_runs has a
+    partition per day, and planning the claim afresh (what plan_cache_mode=auto keeps
+    doing, since no custom plan is ever costlier than the generic one) took longer than
+    executing it (~4 ms of ~6 ms per statement). On Citus a generic plan of a statement
+    on a distributed table cannot be routed to one shard (the shard depends on the
+    partition_id parameter) and Citus refuses to build one for the claim; a custom plan
+    is what lets it route each statement to its one shard.
+    """
+    return "force_custom_plan" if citus else "force_generic_plan"
+
+
 async def connect_async(conninfo: str | None = None):
     """An autocommit AsyncConnection: each statement commits on its own unless wrapped.
 
-    Statements are prepared on first use and always run their generic plan: job_runs
-    has a partition per day, and planning the claim afresh (what plan_cache_mode=auto
-    keeps doing, since no custom plan is ever costlier than the generic one) took
-    longer than executing it (~4 ms of ~6 ms per statement). The queries here don't
-    filter on the partition key, so a custom plan had nothing to prune anyway.
+    Statements are prepared on first use; plan_cache_mode is chosen by plan_cache_mode().
     """
     import psycopg
 
@@ -39,9 +63,10 @@ async def connect_async(conninfo: str | None = None):
     # No JIT: these are millisecond statements, and a generic plan's cost estimate
     # easily passes jit_above_cost: compiling ~300 functions took 250 ms per claim.
     await conn.execute(
-        "SELECT set_config('plan_cache_mode', 'force_generic_plan', false),"
+        "SELECT set_config('plan_cache_mode', %s, false),"
         " set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false),"
-        " set_config('jit', 'off', false)"
+        " set_config('jit', 'off', false)",
+        [plan_cache_mode(citus=await is_citus(conn))],
     )
     return conn
 

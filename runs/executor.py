@@ -31,7 +31,7 @@ from typing import TypeVar
 
 import psycopg
 
-from runs import breakers, claims, connections, inflight, nodes, tasks
+from runs import breakers, connections, inflight, nodes, outcomes, tasks
 from runs.executor_steps import RECONNECT_DELAY_SECONDS, ExecutorSteps, close_quietly
 from runs.inflight import InFlight
 from scheduler_project.loop import STOP_SIGNALS, on_stop_signal
@@ -251,7 +251,7 @@ class Executor(ExecutorSteps):
         await asyncio.gather(*(e.task for e in entries if e.task is not None), return_exceptions=True)
         batch = [(e, inflight.hand_back_completion(e, owner=self.owner)) for e in entries]
         try:
-            written = await claims.complete_runs(self._write_conn, [c for _, c in batch])
+            written = await outcomes.complete_runs(self._write_conn, [c for _, c in batch])
         except psycopg.Error as exc:
             log.error("could not hand back %d run(s) (%s); their leases will expire", len(batch), exc)
             return

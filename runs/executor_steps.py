@@ -31,7 +31,7 @@ from datetime import datetime
 
 import psycopg
 
-from runs import breakers, claims, connections, inflight, nodes, retry, rows, targets, tasks
+from runs import breakers, claims, connections, inflight, nodes, outcomes, retry, rows, targets, tasks
 from runs.alerts import Alerter, DeadRunAlert
 from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
 from runs.keys import run_key
@@ -168,7 +168,7 @@ class ExecutorSteps:
         for entry, _ in batch:
             entry.writing = True
         try:
-            written = await claims.complete_runs(self._write_conn, [c for _, c in batch])
+            written = await outcomes.complete_runs(self._write_conn, [c for _, c in batch])
         except psycopg.DataError as exc:
             # The database refuses the data itself: retrying the same batch would
             # fail forever and stop this executor recording anything.
@@ -186,7 +186,9 @@ class ExecutorSteps:
         # write (a failover, a reconnect) must not let the run be reclaimed and
         # executed again after the call already happened. The write decides them.
         keys = list(self._inflight)
-        held = await claims.heartbeat_runs(self._beat_conn, keys)
+        held = await claims.heartbeat_runs(
+            self._beat_conn, [(self._inflight[key].run.partition_id, key) for key in keys]
+        )
         lost = []
         for key in keys:
             entry = self._inflight.get(key)
@@ -314,7 +316,7 @@ class ExecutorSteps:
         for _, completion in batch:
             for attempt in (completion, inflight.scrubbed(completion, error)):
                 try:
-                    written |= await claims.complete_runs(self._write_conn, [attempt])
+                    written |= await outcomes.complete_runs(self._write_conn, [attempt])
                     break
                 except psycopg.DataError as exc:
                     await self._write_conn.rollback()

@@ -12,13 +12,11 @@ import dataclasses
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from uuid import UUID
 
 from runs import breakers, retry, rows
 from runs.attempts import AttemptRecord
 from runs.keys import run_key
-
-RunKey = tuple[UUID, datetime, int]
+from runs.rows import RunKey
 
 
 @dataclass
@@ -98,6 +96,7 @@ def completion(
     return rows.Completion(
         job_id=entry.run.job_id,
         scheduled_at=entry.run.scheduled_at,
+        partition_id=entry.run.partition_id,
         attempt=entry.run.attempt,
         status=status,
         retry_in_s=retry_in_s,
@@ -170,5 +169,9 @@ def breaker_candidates(claimed: list[rows.ClaimedRun]) -> list[breakers.Candidat
         if host is not None:
             key = (run.job_id, run.scheduled_at, run.attempt)
             left = run.max_attempts - run.attempts_used
-            candidates.append(breakers.Candidate(key, host, run.attempts_used > 1, run.deferred_since, left))
+            candidates.append(
+                breakers.Candidate(
+                    key, host, run.attempts_used > 1, run.deferred_since, left, partition_id=run.partition_id
+                )
+            )
     return candidates

@@ -14,11 +14,13 @@ from datetime import datetime
 
 import psycopg
 
+# The refresh copies EXCLUDED's now(): Citus refuses a function in DO UPDATE SET on a
+# reference table (where executor_nodes lives on a Citus cluster).
 _UPSERT_SQL = """
 INSERT INTO executor_nodes
     (node_id, hostname, pid, started_at, heartbeat_at, concurrency, in_flight, last_claim_at)
 VALUES (%(node_id)s, %(hostname)s, %(pid)s, now(), now(), %(concurrency)s, %(in_flight)s, %(last_claim_at)s)
-ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), in_flight = EXCLUDED.in_flight,
+ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at, in_flight = EXCLUDED.in_flight,
     last_claim_at = EXCLUDED.last_claim_at
 """
 # Long-gone rows only (like scheduler_nodes): a stalled executor's row lingers a little.

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
+# An attempt of a run: (job_id, scheduled_at, attempt), what every fenced write names.
+RunKey = tuple[UUID, datetime, int]
+
 
 @dataclass(frozen=True)
 class NewRun:
@@ -47,6 +50,8 @@ class ClaimedRun:
     job_id: UUID
     scheduled_at: datetime
     tenant_id: int
+    # Every later write of this attempt (heartbeat, outcome, deferral) addresses it.
+    partition_id: int
     attempt: int
     target: dict
     job_name: str
@@ -87,6 +92,7 @@ class Completion:
 
     job_id: UUID
     scheduled_at: datetime
+    partition_id: int
     attempt: int
     status: str  # succeeded | retrying | dead
     retry_in_s: float | None

@@ -45,6 +45,9 @@ EXECUTOR_SIDE = {
         "partitions",
         "nodes",
         "breakers",
+        "claim_order",
+        "outcomes",
+        "per_partition",
     )
 }
 # What the operator-facing rest of `runs` (admin, API, selectors, services, metrics) may
@@ -58,6 +61,9 @@ SQL_MODULES = {
     "jobs.health",
     "runs.queue",
     "runs.claims",
+    "runs.claim_order",
+    "runs.outcomes",
+    "runs.per_partition",
     "runs.connections",
     "runs.breakers",
     "runs.nodes",

@@ -30,7 +30,7 @@ def _fail(state: HostState, times: int, *, at: float) -> HostState:
 def _candidate(
     n: int, *, retry: bool = False, deferred_since: datetime | None = None, left: int = 3
 ) -> Candidate:
-    return Candidate((n,), HOST, retry, deferred_since, left)
+    return Candidate((n,), HOST, retry, deferred_since, left, partition_id=0)
 
 
 def test_host_key_is_scheme_host_and_port():

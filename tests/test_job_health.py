@@ -1,7 +1,7 @@
 """Job health and its alerts (issue 10, items 2 and 3).
 
 Health is written by the executors' outcome statement: these tests drive that very
-statement (runs.claims.complete_runs) against the real database, then read the job
+statement (runs.outcomes.complete_runs) against the real database, then read the job
 through the API; the alert sweep runs in a real Scheduler step and POSTs to a real
 HTTP server on 127.0.0.1.
 """
@@ -18,8 +18,9 @@ from django.db import connection
 from jobs.models import Job
 from jobs.planning import run_for
 from jobs.scheduler import Scheduler
-from runs import claims, connections, queue, rows
+from runs import connections, queue, rows
 from runs.models import JobRun
+from runs.outcomes import complete_runs
 from tests.conftest import database_url
 from tests.support.scheduler import make_job
 
@@ -44,6 +45,7 @@ def finish(job: Job, outcomes: list[str], *, handed_back: bool = False) -> None:
         rows.Completion(
             job_id=job.id,
             scheduled_at=t,
+            partition_id=job.partition_id,
             attempt=1,
             status=status,
             retry_in_s=0.0 if status == "retrying" else None,
@@ -57,7 +59,7 @@ def finish(job: Job, outcomes: list[str], *, handed_back: bool = False) -> None:
     async def write():
         conn = await connections.connect_async(database_url())
         try:
-            return await claims.complete_runs(conn, completions)
+            return await complete_runs(conn, completions)
         finally:
             await conn.close()
 

@@ -23,6 +23,7 @@ def claimed(target: dict, attempt: int = 1) -> ClaimedRun:
         job_id=uuid.uuid4(),
         scheduled_at=now,
         tenant_id=1,
+        partition_id=0,
         attempt=attempt,
         target=target,
         job_name="hang",

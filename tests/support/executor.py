@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from jobs.services import partition_for
 from runs.models import JobRun
 from runs.queue import enqueue_runs, notify_executors
 from runs.rows import NewRun
@@ -27,15 +28,18 @@ def queue_runs(
     """Queue `count` runs straight into job_runs (no jobs row: runs carry their snapshot).
 
     With job_id given all runs belong to that job, `spacing` apart; otherwise each run
-    gets its own job id, so overlap policies do not come into play.
+    gets its own job id, so overlap policies do not come into play. Each run is in its
+    job's partition, as the scheduler would put it: runs of different jobs are spread
+    over partitions, so every claim test also exercises claiming across partitions.
     """
     start = start or datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+    job_ids = [job_id or uuid.uuid4() for _ in range(count)]
     runs = [
         NewRun(
-            job_id=job_id or uuid.uuid4(),
+            job_id=job_ids[i],
             scheduled_at=start + i * spacing,
             tenant_id=tenant.id,
-            partition_id=0,
+            partition_id=partition_for(job_ids[i]),
             target=target,
             job_name=job_name,
             overlap_check=False,

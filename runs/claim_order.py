@@ -1,0 +1,175 @@
+"""Which partitions an executor claims from next, in fair-share order: one read, no lock.
+
+Claims lock and write in one partition per statement (runs/claims.py), so a batch is
+gathered partition by partition. Which partitions, and in which order, is what keeps
+fair share across tenants (DESIGN section 5): this read ranks the runs every tenant
+with a free slot would hand out next, exactly as a claim ranks them ((runs it has
+running + its k-th pick) / weight, then effective priority, then age), keeps the first
+`limit` of them, and returns their partitions best rank first, each with the tenants
+whose runs put it there. A tenant with nothing running therefore puts its partition
+at the head of the list while a busy tenant's backlog waits: the partition of the
+run fair share would pick next is claimed next, wherever it lives.
+
+Reads may span partitions (DESIGN section 10: a row lock must not). Two forms of the
+same read, chosen per connection (runs/connections.is_citus):
+- plain PostgreSQL: per open tenant, two index-ordered probes (best priority, longest
+  waiting), as cheap as the claim's own;
+- Citus: a LIMIT inside a LATERAL subquery that correlates on a non-distribution
+  column cannot be pushed down to the shards, so the shards each aggregate their
+  runnable runs per (partition, tenant) (a pushed-down GROUP BY on the distribution
+  column) and the coordinator ranks those groups. It reads every runnable row once,
+  spread over the workers; see docs/DECISIONS.md for what that costs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from runs import connections
+
+_OPEN_TENANTS = """
+running AS (
+    SELECT tenant_id, count(*) AS n FROM busy GROUP BY tenant_id
+),
+open_tenants AS (
+    SELECT t.id, t.weight, coalesce(ru.n, 0) AS n, t.max_concurrency - coalesce(ru.n, 0) AS free
+    FROM tenants t LEFT JOIN running ru ON ru.tenant_id = t.id
+    WHERE t.max_concurrency > coalesce(ru.n, 0)
+)"""
+
+# Runs of busy skip/buffer_one jobs are passed over, as in the claim (a tenant whose
+# only due runs are blocked would take a place for nothing).
+_NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
+               OR r.job_id NOT IN (SELECT job_id FROM busy))"""
+
+_PLAIN_SQL = f"""
+WITH busy AS MATERIALIZED (
+    SELECT tenant_id, job_id FROM job_runs WHERE status = 'running'
+),
+{_OPEN_TENANTS},
+picks AS (
+    SELECT o.id AS tenant_id, o.n, o.weight, least(o.free, %(limit)s) AS cap, p.partition_id,
+           p.effective_priority, p.scheduled_at,
+           row_number() OVER (PARTITION BY o.id
+                              ORDER BY p.effective_priority DESC, p.scheduled_at) AS k
+    FROM open_tenants o CROSS JOIN LATERAL (
+        SELECT u.partition_id, u.scheduled_at,
+               CASE WHEN u.not_before <= now() - %(aging)s * interval '1 second' THEN 9
+                    ELSE u.priority END AS effective_priority
+        FROM ((SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
+               WHERE r.tenant_id = o.id
+                 AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
+                 AND {_NOT_BLOCKED}
+               ORDER BY r.priority DESC, r.scheduled_at
+               LIMIT least(o.free, %(limit)s, %(probe)s))
+              UNION
+              (SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
+               WHERE r.tenant_id = o.id
+                 AND r.status IN ('queued', 'retrying')
+                 AND r.not_before <= now() - %(aging)s * interval '1 second'
+                 AND {_NOT_BLOCKED}
+               ORDER BY r.not_before
+               LIMIT least(o.free, %(limit)s, %(probe)s))) u
+    ) p
+)
+-- A tenant whose probes came back full may have more runs than they show: count it
+-- as having its whole cap (the claims find out).
+SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k,
+       CASE WHEN count(*) OVER w >= least(cap, %(probe)s) THEN cap ELSE count(*) OVER w END
+FROM picks
+WINDOW w AS (PARTITION BY tenant_id)
+"""
+
+# Per (partition, tenant): its runnable runs, the best effective priority among them
+# and the oldest slot; the tenant's k-th group ranks like its k-th pick would (runs in
+# one partition are claimed together, so a group stands for them). Runs of busy jobs
+# are not passed over here (that would ship the running set to every shard); the
+# claim passes over them, at the cost of a claim that may find nothing.
+_CITUS_SQL = f"""
+WITH groups AS MATERIALIZED (
+    SELECT r.partition_id, r.tenant_id, count(*) AS runs, min(r.scheduled_at) AS scheduled_at,
+           max(CASE WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9
+                    ELSE r.priority END) AS effective_priority
+    FROM job_runs r
+    WHERE r.status IN ('queued', 'retrying') AND r.not_before <= now()
+    GROUP BY r.partition_id, r.tenant_id
+),
+busy AS MATERIALIZED (
+    SELECT tenant_id FROM job_runs WHERE status = 'running'
+),
+{_OPEN_TENANTS},
+picks AS (
+    SELECT g.*, o.n, o.weight, least(o.free, %(limit)s) AS cap,
+           row_number() OVER (PARTITION BY g.tenant_id
+                              ORDER BY g.effective_priority DESC, g.scheduled_at) AS k,
+           sum(g.runs) OVER (PARTITION BY g.tenant_id) AS found
+    FROM groups g JOIN open_tenants o ON o.id = g.tenant_id
+)
+SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k, least(cap, found)::bigint
+FROM picks WHERE k <= %(limit)s
+"""
+
+
+# Picks read per tenant on plain PostgreSQL: enough to find where its next runs are;
+# the plan's rank bound counts a tenant's whole cap, so a batch is not cut to what the
+# probes saw. (On Citus the groups are whole partitions, all read anyway: up to `limit`.)
+PROBE = 8
+
+
+@dataclass(frozen=True)
+class Pick:
+    tenant_id: int
+    running: int
+    weight: int
+    partition_id: int
+    effective_priority: int
+    scheduled_at: datetime
+    k: int  # the tenant's k-th pick
+    available: int  # runs the tenant can be given now (its free slots, at most the batch)
+
+    @property
+    def rank(self) -> float:
+        return (self.running + self.k) / self.weight
+
+
+@dataclass(frozen=True)
+class ClaimPlan:
+    """Where to claim, in order: (partition_id, tenant ids to claim for there); and the
+    rank of the batch's last place, which bounds every partition's claim so that a
+    busy tenant's runs in an early partition cannot take the places that better-ranked
+    runs in later partitions were given."""
+
+    partitions: list[tuple[int, list[int]]]
+    max_rank: float
+
+
+def rank(picks: list[Pick], *, limit: int) -> ClaimPlan:
+    """The plan from the picks: the batch's `limit` places go to the best ranks over every
+    tenant's available runs ((running + k) / weight for k = 1..available); partitions
+    in the order of their best pick within that bound."""
+    tenants = {p.tenant_id: p for p in picks}
+    places = heapq.merge(*(_places(t, limit=limit) for t in tenants.values()))
+    bound = list(itertools.islice(places, limit))
+    if not bound:
+        return ClaimPlan([], 0.0)
+    max_rank = bound[-1]
+    order: dict[int, set[int]] = {}
+    for p in sorted(picks, key=lambda p: (p.rank, -p.effective_priority, p.scheduled_at)):
+        if p.rank <= max_rank:
+            order.setdefault(p.partition_id, set()).add(p.tenant_id)
+    return ClaimPlan([(partition, sorted(ts)) for partition, ts in order.items()], max_rank)
+
+
+def _places(tenant: Pick, *, limit: int) -> Iterator[float]:
+    """The ranks of a tenant's next places, best first."""
+    return ((tenant.running + k) / tenant.weight for k in range(1, min(tenant.available, limit) + 1))
+
+
+async def plan(conn, *, limit: int, aging_seconds: float) -> ClaimPlan:
+    sql = _CITUS_SQL if await connections.is_citus(conn) else _PLAIN_SQL
+    cursor = await conn.execute(sql, {"limit": limit, "aging": aging_seconds, "probe": PROBE})
+    return rank([Pick(*row) for row in await cursor.fetchall()], limit=limit)

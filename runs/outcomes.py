@@ -1,0 +1,114 @@
+"""The write that ends attempts: outcomes, fenced by attempt, with each job's health in
+the same statement. One statement per partition (runs/per_partition.py): a job's runs
+and its jobs row share the partition, so each job's health is judged from all its
+outcomes of the batch at once. Times are computed here and passed in (runs/claims.py
+says why).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+from runs import per_partition
+from runs.rows import Completion, RunKey
+
+_COMPLETE_SQL = """
+WITH done AS (
+    UPDATE job_runs r SET
+        status = x.status,
+        not_before = CASE WHEN x.status = 'retrying' THEN x.not_before ELSE r.not_before END,
+        lease_until = NULL,
+        finished_at = CASE WHEN x.status IN ('succeeded', 'dead') THEN %(now)s END,
+        result_code = x.result_code,
+        last_error = x.error,
+        attempts = r.attempts || x.entry
+    FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(
+        job_id uuid, scheduled_at timestamptz, attempt integer, status text, not_before timestamptz,
+        result_code integer, error text, entry jsonb)
+    WHERE r.partition_id = %(partition)s AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+      AND r.attempt = x.attempt AND r.status = 'running'
+    RETURNING r.job_id, r.scheduled_at, r.attempt, r.status, x.entry -> 0 ->> 'outcome' AS outcome
+),
+-- Job health, in the same statement (no extra round trip per batch). An attempt the
+-- executor handed back on shutdown says nothing about the target: it does not count.
+judged AS (
+    SELECT job_id, status,
+           row_number() OVER (PARTITION BY job_id ORDER BY scheduled_at DESC, attempt DESC) AS rn
+    FROM done WHERE outcome IS DISTINCT FROM 'handed back'
+),
+newest_ok AS (
+    SELECT job_id, min(rn) AS rn FROM judged WHERE status = 'succeeded' GROUP BY job_id
+),
+per_job AS (
+    SELECT j.job_id,
+           (array_agg(j.status ORDER BY j.rn))[1] AS last_status,
+           o.rn IS NOT NULL AS any_ok,
+           count(*) FILTER (WHERE j.status <> 'succeeded') AS fails,
+           count(*) FILTER (WHERE j.status <> 'succeeded' AND j.rn < o.rn) AS fails_since_ok
+    FROM judged j LEFT JOIN newest_ok o USING (job_id)
+    GROUP BY j.job_id, o.rn
+),
+-- Lock the job rows in id order: two executors completing runs of the same jobs in
+-- different orders must not deadlock (a deadlock would lose a batch of outcomes).
+locked AS MATERIALIZED (
+    SELECT jb.id FROM jobs jb
+    WHERE jb.partition_id = %(partition)s AND jb.id IN (SELECT job_id FROM per_job)
+    ORDER BY jb.id FOR NO KEY UPDATE
+),
+health AS (
+    UPDATE jobs jb SET
+        -- (A searched CASE: Citus deparses `CASE p.last_status WHEN ...` wrongly for workers.)
+        last_outcome = CASE WHEN p.last_status = 'succeeded' THEN 'succeeded'
+                            WHEN p.last_status = 'dead' THEN 'dead' ELSE 'failed' END,
+        last_success_at = CASE WHEN p.any_ok THEN %(now)s ELSE jb.last_success_at END,
+        last_failure_at = CASE WHEN p.fails > 0 THEN %(now)s ELSE jb.last_failure_at END,
+        consecutive_failures = CASE WHEN p.any_ok THEN p.fails_since_ok
+                                    ELSE jb.consecutive_failures + p.fails END,
+        -- A success ends the streak; the next streak alerts again.
+        failure_alerted = jb.failure_alerted AND NOT p.any_ok
+    FROM per_job p, locked l
+    WHERE jb.partition_id = %(partition)s AND jb.id = p.job_id AND l.id = jb.id
+    RETURNING jb.id
+)
+-- (A data-modifying WITH runs to completion whether or not the result reads it.)
+SELECT job_id, scheduled_at, attempt FROM done
+"""
+
+
+async def complete_runs(conn, completions: Sequence[Completion]) -> set[RunKey]:
+    """Write the outcomes of attempts, each only if that attempt still holds its run.
+
+    Returns the keys written; the others were fenced off and wrote nothing. One
+    statement per partition (a job's runs and its jobs row share it, so each job's
+    health is judged from all its outcomes of the batch at once).
+    """
+    groups = per_partition.group((c.partition_id, c) for c in completions)
+    if not groups:
+        return set()
+    now = datetime.now(UTC)
+    params = [
+        {"partition": partition_id, "now": now, "rows": _encode_completions(batch, now=now)}
+        for partition_id, batch in groups.items()
+    ]
+    return {(row[0], row[1], row[2]) for row in await per_partition.run(conn, _COMPLETE_SQL, params)}
+
+
+def _encode_completions(completions: Sequence[Completion], *, now: datetime) -> str:
+    return json.dumps(
+        [
+            {
+                "job_id": str(c.job_id),
+                "scheduled_at": c.scheduled_at.isoformat(),
+                "attempt": c.attempt,
+                "status": c.status,
+                # The retry time is computed here, not in SQL (see the module docstring).
+                "not_before": (now + timedelta(seconds=c.retry_in_s or 0)).isoformat(),
+                "result_code": c.result_code,
+                "error": c.error,
+                "entry": [c.entry],
+            }
+            for c in completions
+        ]
+    )

@@ -1,0 +1,252 @@
+"""The executor's statements address one partition each (DESIGN section 10).
+
+On Citus, `FOR UPDATE` works only inside one shard and a write that names no
+partition_id goes to every shard; volatile functions, and stable ones applied to
+columns, are refused in a distributed UPDATE. Plain PostgreSQL accepts all of that, so
+these tests run the executor's real statements (claim, heartbeat, complete with job
+health, deferral by a breaker, reap) against the real database on a connection that
+records what it sends, and check every statement that writes or locks a row. The
+behaviour around it (fair share across partitions, caps across partitions) is checked
+on the rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from jobs.models import Job
+from jobs.services import create_job, create_tenant, partition_for
+from runs import breakers, claims, connections, outcomes, rows
+from runs.models import JobRun
+from tests.conftest import database_url
+from tests.support.executor import http_spec, queue_runs, set_running, task_target
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class RecordingConnection(psycopg.AsyncConnection):
+    """A real connection that also keeps every (statement, parameters) it executes."""
+
+    statements: list[tuple[str, object]]
+
+    async def execute(self, query, params=None, **kwargs):
+        self.statements.append((str(query), params))
+        return await super().execute(query, params, **kwargs)
+
+
+async def recording_connection() -> RecordingConnection:
+    conn = await RecordingConnection.connect(database_url(), autocommit=True, prepare_threshold=0)
+    conn.statements = []
+    return conn
+
+
+_TABLE_REF = re.compile(r"\b(?:FROM|JOIN|UPDATE)\s+(job_runs|jobs)\s+(?:AS\s+)?(\w+)", re.I)
+_WRITES_OR_LOCKS = re.compile(r"\bUPDATE\s+(job_runs|jobs)\b|\bFOR\s+(NO\s+KEY\s+)?UPDATE\b", re.I)
+_SET_CLAUSE = re.compile(
+    r"\bUPDATE\s+(?:job_runs|jobs)\s+\w+\s+SET\b(.*?)(?=\bFROM\b|\bWHERE\b)", re.I | re.S
+)
+# `col = now()` alone is evaluated once on the coordinator; anything else that calls a
+# function inside SET may be refused by Citus or differ per shard.
+_PLAIN_NOW = re.compile(r"=\s*now\(\)\s*(,|$)", re.M)
+_FORBIDDEN_IN_SET = re.compile(r"now\(|random\(|clock_timestamp\(|interval|jsonb_build_|\|\|\s*'", re.I)
+
+
+def partition_problems(statements: list[tuple[str, object]]) -> list[str]:
+    """What is wrong, per statement that writes or locks runs or jobs."""
+    problems = []
+    for sql, params in statements:
+        if not _WRITES_OR_LOCKS.search(sql):
+            continue
+        head = " ".join(sql.split())[:80]
+        partition = params.get("partition") if isinstance(params, dict) else None
+        if not isinstance(partition, int):
+            problems.append(f"no single partition parameter: {head}")
+        for table, alias in _TABLE_REF.findall(sql):
+            if not re.search(rf"\b{alias}\.partition_id = %\(partition\)s", sql) and not (
+                alias.upper() in ("WHERE", "GROUP") and "partition_id = %(partition)s" in sql
+            ):
+                problems.append(f"{table} {alias} not limited to the partition: {head}")
+        for assignments in _SET_CLAUSE.findall(sql):
+            rest = _PLAIN_NOW.sub(r"\1", assignments)
+            if _FORBIDDEN_IN_SET.search(rest):
+                problems.append(
+                    f"a function of columns in SET: {_FORBIDDEN_IN_SET.search(rest).group(0)} in {head}"
+                )
+    return problems
+
+
+def spread_jobs(tenant, count: int) -> list[Job]:
+    """Jobs in at least three different partitions."""
+    jobs: list[Job] = []
+    while len({j.partition_id for j in jobs}) < 3 or len(jobs) < count:
+        fields = {"name": f"job {len(jobs)}", "interval_seconds": 86400, "target": task_target("noop")}
+        jobs.append(create_job(tenant=tenant, fields=fields))
+    return jobs
+
+
+def queue_for(job: Job, *, minutes_ago: int = 5, target: dict | None = None) -> tuple[uuid.UUID, datetime]:
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=minutes_ago)
+    (key,) = queue_runs(job.tenant, target or task_target("noop"), job_id=job.id, start=start)
+    return key
+
+
+def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
+    tenant, _ = create_tenant(slug="parts", max_concurrency=100)
+    jobs = spread_jobs(tenant, 6)
+    for job in jobs:
+        queue_for(job)
+    # cancel_previous with an older run still running: the claim cancels it.
+    newer_job = jobs[0]
+    older_key = queue_for(newer_job, minutes_ago=9)
+    JobRun.objects.filter(job_id=newer_job.id).update(overlap_policy="cancel_previous")
+    set_running(older_key, owner="old:1")
+    # An orphan to reap, in another partition.
+    orphan_key = queue_for(jobs[1], minutes_ago=20)
+    set_running(orphan_key, owner="gone:1", lease=timedelta(seconds=-5))
+    # A host whose breaker is open, so admission defers its run.
+    host_job = jobs[2]
+    host_key = queue_for(host_job, minutes_ago=30, target=http_spec("http://127.0.0.1:9/x"))
+
+    sent: list[tuple[str, object]] = []
+
+    async def scenario() -> None:
+        conn = await recording_connection()
+        conn.statements = sent
+        try:
+            await conn.execute(
+                "INSERT INTO target_hosts (host, state, failures, cooldown_seconds, requests, retries,"
+                " updated_at, opened_at, open_until) VALUES (%s, 'open', 5, 5, 0, 0, now(), now(), %s)",
+                ["http://127.0.0.1:9", datetime.now(UTC) + timedelta(minutes=5)],
+            )
+            reaped = await claims.reap_expired_leases(conn)
+            assert [r.job_id for r in reaped] == [orphan_key[0]]
+            claimed = await claims.claim_runs(conn, owner="me:1", limit=50)
+            assert len({r.partition_id for r in claimed}) >= 3
+            http = [r for r in claimed if r.job_id == host_job.id and r.scheduled_at == host_key[1]]
+            admission = await breakers.admit(
+                conn,
+                [
+                    breakers.Candidate(
+                        (r.job_id, r.scheduled_at, r.attempt),
+                        "http://127.0.0.1:9",
+                        False,
+                        None,
+                        4,
+                        partition_id=r.partition_id,
+                    )
+                    for r in http
+                ],
+                policy=breakers.Policy(),
+            )
+            assert len(admission.defer) == 1
+            rest = [r for r in claimed if r not in http]
+            held = await claims.heartbeat_runs(
+                conn, [(r.partition_id, (r.job_id, r.scheduled_at, r.attempt)) for r in rest]
+            )
+            assert len(held) == len(rest)
+            written = await outcomes.complete_runs(
+                conn,
+                [
+                    rows.Completion(
+                        job_id=r.job_id,
+                        scheduled_at=r.scheduled_at,
+                        partition_id=r.partition_id,
+                        attempt=r.attempt,
+                        status="succeeded" if i % 2 else "retrying",
+                        retry_in_s=30.0,
+                        result_code=200,
+                        error="",
+                        entry={"attempt": r.attempt, "outcome": "ok"},
+                    )
+                    for i, r in enumerate(rest)
+                ],
+            )
+            assert len(written) == len(rest)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        # Checked first, whatever failed later: every statement sent so far.
+        assert partition_problems(sent[1:]) == []
+    # The statements did their work: the older run was cancelled by the newer one, the
+    # deferral and the outcomes landed, job health was written in each job's partition.
+    assert JobRun.objects.get(job_id=older_key[0], scheduled_at=older_key[1]).status == "cancelled"
+    assert JobRun.objects.get(job_id=host_key[0], scheduled_at=host_key[1]).deferrals == 1
+    assert JobRun.objects.filter(status="succeeded").count() >= 2
+    assert Job.objects.filter(last_outcome__in=["succeeded", "failed"]).count() >= 3
+    retried = JobRun.objects.filter(status="retrying", tenant_id=tenant.id, attempt=1).exclude(
+        job_id=orphan_key[0]
+    )
+    assert retried and all(r.not_before > datetime.now(UTC) + timedelta(seconds=20) for r in retried)
+
+
+def test_fair_share_reaches_across_partitions():
+    """A tenant with nothing running is served first even though a busy tenant's backlog
+    fills every other partition; the cap counts runs in every partition."""
+    busy, _ = create_tenant(slug="busy", max_concurrency=12)
+    quiet, _ = create_tenant(slug="quiet", max_concurrency=10)
+    backlog = queue_runs(busy, task_target("noop"), count=40)
+    for key in backlog[:10]:
+        set_running(key, owner="other:1")
+    late = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=30)
+    waiting = queue_runs(quiet, task_target("noop"), count=3, start=late)
+    assert len({partition_for(k[0]) for k in backlog + waiting}) > 10
+
+    async def claim():
+        conn = await connections.connect_async(database_url())
+        try:
+            return await claims.claim_runs(conn, owner="me:1", limit=4)
+        finally:
+            await conn.close()
+
+    claimed = asyncio.run(claim())
+    by_tenant = [r.tenant_id for r in claimed]
+    # The busy tenant has 10 of its 12 slots taken wherever its runs live: 2 more at most.
+    assert by_tenant.count(quiet.id) == 3 and by_tenant.count(busy.id) <= 1, by_tenant
+    assert JobRun.objects.filter(tenant_id=busy.id, status="running").count() <= 12
+
+
+def test_plan_cache_mode_follows_the_database():
+    async def mode() -> tuple[bool, str]:
+        conn = await connections.connect_async(database_url())
+        try:
+            cursor = await conn.execute("SHOW plan_cache_mode")
+            return await connections.is_citus(conn), (await cursor.fetchone())[0]
+        finally:
+            await conn.close()
+
+    assert asyncio.run(mode()) == (False, "force_generic_plan")
+    # Citus cannot route a generic plan of a statement on a distributed table.
+    assert connections.plan_cache_mode(citus=True) == "force_custom_plan"
+
+
+def test_the_plan_gives_the_batch_to_the_best_ranks_of_every_tenant():
+    from runs.claim_order import Pick, rank
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    picks = [
+        # busy: 10 running, 2 more allowed, its picks in partitions 7 and 8
+        Pick(1, 10, 1, 7, 0, at, 1, 2),
+        Pick(1, 10, 1, 8, 0, at, 2, 2),
+        # quiet: nothing running; 8 picks read, more may exist (it has 10 free slots)
+        *(Pick(2, 0, 1, 100 + k, 0, at, k, 10) for k in range(1, 9)),
+        # heavy: weight 4, 4 running: its k-th place ranks (4 + k) / 4
+        Pick(3, 4, 4, 50, 0, at, 1, 3),
+    ]
+    plan = rank(picks, limit=4)
+    # quiet's places rank 1, 2, 3 ...; heavy's 1.25, 1.5, 1.75 (its 3 allowed); busy's
+    # 11, 12. The four best: 1, 1.25, 1.5, 1.75; heavy's partition holds only its first
+    # pick, the others are where the claim in it (and later plans) will find them.
+    assert plan.max_rank == 1.75
+    assert plan.partitions == [(101, [2]), (50, [3])]
+    # A tenant alone gets its whole cap, beyond the picks read.
+    alone = rank([Pick(2, 0, 1, 5, 0, at, 1, 10)], limit=6)
+    assert alone == type(alone)([(5, [2])], 6.0)
