@@ -58,6 +58,12 @@ def partition_for(job_id: UUID) -> int:
     return zlib.crc32(job_id.bytes) % settings.SCHEDULER_PARTITIONS
 
 
+def _locked(job: Job) -> Job:
+    """The job re-read under a row lock. partition_id in the filter makes it one shard's
+    statement on Citus, which runs FOR UPDATE only inside a single shard."""
+    return Job.objects.select_for_update().get(partition_id=job.partition_id, pk=job.pk)
+
+
 @transaction.atomic
 def create_tenant(
     *, slug: str, name: str = "", max_concurrency: int = 10, weight: int = 1
@@ -128,7 +134,7 @@ def update_job(
     paused), applied after the other changes.
     """
     now = now or db.now()
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = _locked(job)
     clean = edits.job_changes(job, changes, now=now)
     paused = clean.pop("paused", None)
     if clean:
@@ -177,7 +183,7 @@ def pause_job(*, job: Job, actor: str = audit.SYSTEM, now: datetime | None = Non
     without catch_up cannot drop them silently and one with catch_up cannot fire
     them twice.
     """
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = _locked(job)
     if not job.paused:
         _pause_locked(job=job, actor=actor, now=now or db.now())
     return job
@@ -189,6 +195,7 @@ def _pause_locked(*, job: Job, actor: str, now: datetime) -> None:
         missed = missed_slots(job, first=job.next_run_at, now=now)
         Misfire.objects.create(
             job=job,
+            partition_id=job.partition_id,
             policy=MisfirePolicy.SKIP,
             missed_count=missed.count,
             count_is_lower_bound=not missed.count_exact,
@@ -213,7 +220,7 @@ def resume_job(
     catch_up="latest" queues one run for the latest slot that fell while paused,
     "all" one per slot (at most max_catch_up), both marked trigger=catch_up.
     """
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = _locked(job)
     if job.paused:
         _resume_locked(job=job, catch_up=catch_up, actor=actor, now=now or db.now())
     return job
@@ -250,11 +257,11 @@ def _resume_locked(*, job: Job, catch_up: str, actor: str, now: datetime) -> Non
 def delete_job(*, job: Job, actor: str = audit.SYSTEM) -> None:
     # Lock the job first: a scheduler batch holding it may be inserting a run right
     # now, which a runs DELETE issued before that batch commits would not see.
-    Job.objects.select_for_update().filter(pk=job.pk).first()
+    Job.objects.select_for_update().filter(partition_id=job.partition_id, pk=job.pk).first()
     # Runs have no database FK (the table is partitioned); remove them in one statement.
-    JobRun.objects.filter(job_id=job.pk)._raw_delete(JobRun.objects.db)
+    JobRun.objects.filter(partition_id=job.partition_id, job_id=job.pk)._raw_delete(JobRun.objects.db)
     job.misfires.all().delete()
-    if Job.objects.filter(pk=job.pk).delete()[0]:
+    if Job.objects.filter(partition_id=job.partition_id, pk=job.pk).delete()[0]:
         audit.record(actor=actor, action=AuditAction.DELETE, job=job, changes={})
 
 

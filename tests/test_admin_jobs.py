@@ -224,6 +224,7 @@ def test_tenant_admin_issue_token_shows_it_once_and_it_works(admin_client, tenan
 def test_misfire_and_node_admins_are_read_only_lists(admin_client, jobs):
     when = parse_utc("2026-01-01T00:00:00Z")
     jobs["nightly"].misfires.create(
+        partition_id=jobs["nightly"].partition_id,
         policy="run_once", missed_count=4, first_missed_at=when, last_missed_at=when, runs_created=1
     )
     SchedulerNode.objects.create(
