@@ -133,6 +133,65 @@ def test(args: list[str]) -> int:
     return result.returncode
 
 
+# What `make test-citus` runs on the local Citus cluster: the database-facing files (keys
+# and distribution, dispatch, the ledger, the API's jobs and runs, retention, the
+# executor's claim and fencing) and the exactly-once process test (schedulers and
+# executors SIGKILLed and SIGSTOPped).
+CITUS_TESTS = (
+    "tests/test_partition_keys.py",
+    "tests/test_citus_retention.py",
+    "tests/test_partitions.py",
+    "tests/test_scheduler_unit.py",
+    "tests/test_scheduler_misfire.py",
+    "tests/test_scheduler_backlog.py",
+    "tests/test_scheduler_processes.py",
+    "tests/test_ledger.py",
+    "tests/test_api_jobs.py",
+    "tests/test_runs_api.py",
+    "tests/test_job_edits.py",
+    "tests/test_clock_and_pause.py",
+    "tests/test_services_races.py",
+    "tests/test_executor_claims.py",
+    "tests/test_executor_fencing.py",
+    "tests/test_exactly_once.py",
+)
+# A short dispatch and execute run: enough to see Citus's overhead, not a benchmark.
+CITUS_BENCH = (
+    ("dispatch.py", "--jobs", "10000", "--schedulers", "1", "--db", "cronyard_bench_dispatch"),
+    ("execute.py", "--runs", "2000", "--executors", "1", "--kinds", "task"),
+)
+
+
+def citus(command: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "scripts/citus_cluster.py", command, *args], cwd=ROOT, **kwargs)
+
+
+def test_citus(args: list[str]) -> int:
+    """Start the local Citus cluster, run CITUS_TESTS (or `args`) and the short bench, stop it."""
+    started = citus("start", stdout=subprocess.PIPE, text=True)
+    if started.returncode != 0:
+        return started.returncode  # citus_cluster.py said why (e.g. Citus is not installed)
+    env = dict(os.environ, **dict(line.split("=", 1) for line in started.stdout.split()))
+    failed = []
+    try:
+        workers = ["-n", os.environ.get("PYTEST_WORKERS", "auto"), "--dist", "loadfile"]
+        if subprocess.run(
+            [PY, "-m", "pytest", *workers, *(args or CITUS_TESTS)], cwd=ROOT, env=env
+        ).returncode:
+            failed.append("tests")
+        # The scratch database of bench/dispatch.py must be a Citus one before it migrates it.
+        citus("createdb", "cronyard_bench_dispatch", check=True)
+        for script, *bench_args in CITUS_BENCH:
+            log(f"Citus bench: {script} {' '.join(bench_args)}")
+            if subprocess.run([PY, f"bench/{script}", *bench_args], cwd=ROOT, env=env).returncode:
+                failed.append(script)
+    finally:
+        citus("stop")
+    if failed:
+        log(f"make test-citus failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
 def bench(args: list[str]) -> int:
     started_db = ensure_database()
     try:
@@ -145,4 +204,10 @@ def bench(args: list[str]) -> int:
 
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
-    sys.exit({"run": lambda: run(), "test": lambda: test(rest), "bench": lambda: bench(rest)}[command]())
+    commands = {
+        "run": lambda: run(),
+        "test": lambda: test(rest),
+        "test-citus": lambda: test_citus(rest),
+        "bench": lambda: bench(rest),
+    }
+    sys.exit(commands[command]())
