@@ -193,7 +193,7 @@ def cancel_run(
     qs = _keyed(job_id, scheduled_at, tenant_id)
     # The row lock names the run's partition_id: on Citus, FOR UPDATE runs only inside one shard.
     partition_id = qs.values_list("partition_id", flat=True).first()
-    run = qs.filter(partition_id=partition_id).select_for_update().first()
+    run = None if partition_id is None else qs.filter(partition_id=partition_id).select_for_update().first()
     if run is None:
         raise RunNotFound(run_key(job_id, scheduled_at))
     if run.status not in CANCELLABLE:

@@ -58,7 +58,9 @@ def test_an_old_day_is_dropped_and_a_busy_one_kept(tenant):
     today = datetime.now(UTC).date()
     midnight = datetime(today.year, today.month, today.day, tzinfo=UTC)
     done, busy = midnight + timedelta(hours=1), midnight + timedelta(days=1, hours=1)
-    enqueue_runs([run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in (done, busy)])
+    enqueue_runs(
+        [run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in (done, busy)]
+    )
     JobRun.objects.filter(job=job, scheduled_at=done).update(status="succeeded")
 
     report = maintain(days_ahead=0, retention_days=30, today=today + timedelta(days=32))
