@@ -151,6 +151,7 @@ CITUS_TESTS = (
     "tests/test_job_edits.py",
     "tests/test_clock_and_pause.py",
     "tests/test_services_races.py",
+    "tests/test_runs_admin.py",
     "tests/test_executor_claims.py",
     "tests/test_executor_fencing.py",
     "tests/test_exactly_once.py",
