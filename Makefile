@@ -40,10 +40,10 @@ lint: $(VENV)/.installed
 
 db-stop:
 	@$(PYTHON) scripts/embedded_pg.py stop
-	@test ! -d var/citus || $(BIN)/python scripts/citus_cluster.py stop
+	@test ! -d var/citus || $(PYTHON) scripts/citus_cluster.py stop
 
 # destroy also removes a cluster that lives outside var/ (var/pg is then a symlink).
 clean:
 	@$(PYTHON) scripts/embedded_pg.py destroy
-	@test ! -d var/citus || $(BIN)/python scripts/citus_cluster.py destroy
+	@test ! -d var/citus || $(PYTHON) scripts/citus_cluster.py destroy
 	rm -rf $(VENV) var

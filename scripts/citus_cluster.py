@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A local Citus cluster for `make test-citus`: a coordinator and two workers.
 
-Usage (with the project's virtualenv python: the database helper needs psycopg)::
+Usage (``start`` and ``createdb`` need the project's virtualenv, for psycopg; the
+other commands run with the system ``python3`` too)::
 
     .venv/bin/python scripts/citus_cluster.py start [--db NAME]
     .venv/bin/python scripts/citus_cluster.py stop
