@@ -184,8 +184,15 @@ def bench_script(script: str, args: list[str], *, env: dict) -> bool:
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
             proc.wait()
+        # Its executors may still be handing runs back to a database that refuses them:
+        # give them a moment, then nothing of the group survives the cluster's stop.
+        time.sleep(5)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         return False
 
 
