@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test chaos bench lint db-stop clean
+.PHONY: run test test-citus chaos bench lint db-stop clean
 
 # The stamp makes a second `make run` skip pip unless requirements changed.
 $(VENV)/.installed: requirements.txt
@@ -18,6 +18,12 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	@bash scripts/ensure_chromium.sh
 	@$(BIN)/python scripts/dev.py test $(PYTEST_ARGS)
+
+# The database-facing tests, the exactly-once process test and a short bench on a local
+# Citus coordinator + 2 workers (var/citus/, stopped at the end); needs Citus installed
+# from its vendor's packages. PYTEST_ARGS replaces the list of test files.
+test-citus: $(VENV)/.installed
+	@$(BIN)/python scripts/dev.py test-citus $(PYTEST_ARGS)
 
 # About 15 minutes, not part of `make test` (which runs its short form, tests/test_chaos.py):
 # 2 schedulers, 3 executors, 5,000 interval jobs, kills, stalls and database outages on a
@@ -39,8 +45,10 @@ lint: $(VENV)/.installed
 
 db-stop:
 	@$(PYTHON) scripts/embedded_pg.py stop
+	@test ! -d var/citus || $(PYTHON) scripts/citus_cluster.py stop
 
 # destroy also removes a cluster that lives outside var/ (var/pg is then a symlink).
 clean:
 	@$(PYTHON) scripts/embedded_pg.py destroy
+	@test ! -d var/citus || $(PYTHON) scripts/citus_cluster.py destroy
 	rm -rf $(VENV) var

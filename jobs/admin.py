@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
-from jobs import audit_admin, job_admin, services  # noqa: F401 (importing registers them)
+from jobs import audit_admin, job_admin, tenant_services  # noqa: F401 (importing registers them)
 from jobs.admin_base import ReadOnlyAdmin
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
 from scheduler_project import liveness
@@ -70,7 +70,7 @@ class TenantAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        tenant, token = services.create_tenant(
+        tenant, token = tenant_services.create_tenant(
             slug=obj.slug,
             name=obj.name,
             max_concurrency=obj.max_concurrency,
@@ -85,7 +85,7 @@ class TenantAdmin(admin.ModelAdmin):
     @admin.action(description="Issue a new API token (shown once)")
     def issue_new_token(self, request, queryset) -> None:
         for tenant in queryset:
-            self._show_token(request, tenant, services.issue_token(tenant=tenant, label="admin"))
+            self._show_token(request, tenant, tenant_services.issue_token(tenant=tenant, label="admin"))
 
     def _show_token(self, request, tenant: Tenant, token: str) -> None:
         self.message_user(

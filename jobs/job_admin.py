@@ -68,9 +68,11 @@ class JobAdmin(JobConsoleViews, JobPagePanels, admin.ModelAdmin):
     actions = ("pause_jobs", "resume_jobs", "trigger_now")
 
     def get_queryset(self, request):
-        # The newest run per job, from the (job_id, scheduled_at) unique index of each
-        # partition; evaluated only for the rows of the page shown.
-        latest = JobRun.objects.filter(job_id=OuterRef("pk")).order_by("-scheduled_at")
+        # The newest run per job, from the (partition_id, job_id, scheduled_at) unique index
+        # of each partition (inside the job's shard on Citus); only for the rows shown.
+        latest = JobRun.objects.filter(partition_id=OuterRef("partition_id"), job_id=OuterRef("pk")).order_by(
+            "-scheduled_at"
+        )
         return (
             super()
             .get_queryset(request)

@@ -4,6 +4,8 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from scheduler_project.sharding import PartitionKeyed
+
 MAX_RUNS_PER_MINUTE = 1_000_000
 
 
@@ -100,7 +102,7 @@ class OverlapPolicy(models.TextChoices):
     CANCEL_PREVIOUS = "cancel_previous", "Cancel the previous run"
 
 
-class Job(models.Model):
+class Job(PartitionKeyed):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="jobs")
     name = models.CharField(max_length=200)
@@ -210,10 +212,13 @@ class Job(models.Model):
         return "run_at"
 
 
-class Misfire(models.Model):
+class Misfire(PartitionKeyed):
     """A scheduler found a job's next_run_at older than the misfire threshold."""
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="misfires")
+    # The database's foreign key is (partition_id, job_id) -> jobs (partition_id, id)
+    # (jobs migration 0010): Django's own would reference jobs (id) alone.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, db_constraint=False, related_name="misfires")
+    partition_id = models.PositiveSmallIntegerField(editable=False, help_text="The job's.")
     detected_at = models.DateTimeField(auto_now_add=True)
     policy = models.CharField(max_length=16, choices=MisfirePolicy.choices)
     missed_count = models.PositiveIntegerField()
@@ -245,7 +250,7 @@ class SlotReason(models.TextChoices):
     SCHEDULE_CHANGED = "schedule_changed"
 
 
-class SlotRange(models.Model):
+class SlotRange(PartitionKeyed):
     """Slots of a job in [first_at, last_at] that got no run, and why: one row per range.
 
     The occurrence ledger expands a range into its slots on read, with the schedule
@@ -253,7 +258,9 @@ class SlotRange(models.Model):
     reinterpret it. Run rows are the fired slots; they take precedence over a range.
     """
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="slot_ranges")
+    # Database foreign key (partition_id, job_id), as Misfire's.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, db_constraint=False, related_name="slot_ranges")
+    partition_id = models.PositiveSmallIntegerField(editable=False, help_text="The job's.")
     first_at = models.DateTimeField()
     last_at = models.DateTimeField()
     outcome = models.CharField(max_length=8, choices=SlotOutcome.choices)
@@ -268,7 +275,9 @@ class SlotRange(models.Model):
 
     class Meta:
         db_table = "job_slot_ranges"
-        ordering = ["job", "first_at"]
+        # job_id, not job: ordering by the relation would join jobs on id alone, a join
+        # across shards on Citus (and a pointless one anywhere).
+        ordering = ["job_id", "first_at"]
         indexes = [models.Index(fields=["job", "last_at"], name="slot_ranges_job_last_idx")]
 
     def __str__(self) -> str:

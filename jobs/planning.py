@@ -166,6 +166,7 @@ def slot_range(job: Job, *, first: datetime, last: datetime, outcome: str, reaso
     """An unsaved ledger range of `job`'s slots in [first, last], with the job's schedule as it is now."""
     return SlotRange(
         job=job,
+        partition_id=job.partition_id,
         first_at=first,
         last_at=last,
         outcome=outcome,
@@ -232,6 +233,7 @@ def _plan_misfire(job: Job, *, now: datetime) -> Plan:
     runs = [run_for(job, scheduled_at=t, trigger="catch_up", overlap_check=overlap_check) for t in slots]
     misfire = Misfire(
         job=job,
+        partition_id=job.partition_id,
         policy=policy,
         missed_count=missed.count,
         count_is_lower_bound=not missed.count_exact,

@@ -10,8 +10,6 @@ with field-level messages; the API serializers and the admin form only parse sha
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 import uuid
 import zlib
 from collections.abc import Mapping
@@ -21,17 +19,15 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from jobs import audit, edits, planning
-from jobs.models import ApiToken, AuditAction, Job, Misfire, MisfirePolicy, SlotOutcome, SlotReason, Tenant
+from jobs.models import AuditAction, Job, Misfire, MisfirePolicy, SlotOutcome, SlotReason, Tenant
 from jobs.planning import latest_slot, missed_slots, next_slot, run_for, slots_between
 from runs.models import JobRun
 from runs.queue import enqueue_runs, notify_executors
 from scheduler_project import db
 
-TOKEN_PREFIX = "cy_"
 MAX_BACKFILL_RUNS = 1000
 # Slots one backfill request may examine (a retention window of a minutely job is
 # 43,200): bounds the enumeration, which runs before any transaction opens.
@@ -50,63 +46,15 @@ class ServiceError(ValueError):
         self.message = message
 
 
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
 def partition_for(job_id: UUID) -> int:
     """Stable across processes and releases: crc32 of the id's bytes."""
     return zlib.crc32(job_id.bytes) % settings.SCHEDULER_PARTITIONS
 
 
-@transaction.atomic
-def create_tenant(
-    *,
-    slug: str,
-    name: str = "",
-    max_concurrency: int = 10,
-    weight: int = 1,
-    max_runs_per_minute: int | None = None,
-) -> tuple[Tenant, str]:
-    check_rate_limit(max_runs_per_minute)
-    tenant = Tenant.objects.create(
-        slug=slug,
-        name=name or slug,
-        max_concurrency=max_concurrency,
-        weight=weight,
-        max_runs_per_minute=max_runs_per_minute,
-    )
-    return tenant, _issue_token(tenant=tenant, label="created with tenant")
-
-
-def check_rate_limit(value: int | None) -> None:
-    """The model field's own range (1..MAX_RUNS_PER_MINUTE or None); a ValidationError names it."""
-    if value is None:
-        return
-    try:
-        Tenant._meta.get_field("max_runs_per_minute").run_validators(value)
-    except ValidationError as exc:
-        raise ValidationError({"max_runs_per_minute": exc.messages}) from exc
-
-
-@transaction.atomic
-def set_rate_limit(*, tenant: Tenant, max_runs_per_minute: int | None) -> Tenant:
-    """Set or clear (None) a tenant's dispatch rate limit; the next batch applies it."""
-    check_rate_limit(max_runs_per_minute)
-    Tenant.objects.filter(pk=tenant.pk).update(max_runs_per_minute=max_runs_per_minute)
-    tenant.max_runs_per_minute = max_runs_per_minute
-    return tenant
-
-
-@transaction.atomic
-def issue_token(*, tenant: Tenant, label: str = "") -> str:
-    return _issue_token(tenant=tenant, label=label)
-
-
-def _issue_token(*, tenant: Tenant, label: str) -> str:
-    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(tenant=tenant, token_hash=hash_token(token), prefix=token[:10], label=label)
-    return token
+def _locked(job: Job) -> Job:
+    """The job re-read under a row lock. partition_id in the filter makes it one shard's
+    statement on Citus, which runs FOR UPDATE only inside a single shard."""
+    return Job.objects.select_for_update().get(partition_id=job.partition_id, pk=job.pk)
 
 
 def create_job(
@@ -158,7 +106,7 @@ def update_job(
     paused), applied after the other changes.
     """
     now = now or db.now()
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = _locked(job)
     clean = edits.job_changes(job, changes, now=now)
     paused = clean.pop("paused", None)
     if clean:
@@ -207,7 +155,7 @@ def pause_job(*, job: Job, actor: str = audit.SYSTEM, now: datetime | None = Non
     without catch_up cannot drop them silently and one with catch_up cannot fire
     them twice.
     """
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = _locked(job)
     if not job.paused:
         _pause_locked(job=job, actor=actor, now=now or db.now())
     return job
@@ -219,6 +167,7 @@ def _pause_locked(*, job: Job, actor: str, now: datetime) -> None:
         missed = missed_slots(job, first=job.next_run_at, now=now)
         Misfire.objects.create(
             job=job,
+            partition_id=job.partition_id,
             policy=MisfirePolicy.SKIP,
             missed_count=missed.count,
             count_is_lower_bound=not missed.count_exact,
@@ -243,7 +192,7 @@ def resume_job(
     catch_up="latest" queues one run for the latest slot that fell while paused,
     "all" one per slot (at most max_catch_up), both marked trigger=catch_up.
     """
-    job = Job.objects.select_for_update().get(pk=job.pk)
+    job = _locked(job)
     if job.paused:
         _resume_locked(job=job, catch_up=catch_up, actor=actor, now=now or db.now())
     return job
@@ -280,11 +229,11 @@ def _resume_locked(*, job: Job, catch_up: str, actor: str, now: datetime) -> Non
 def delete_job(*, job: Job, actor: str = audit.SYSTEM) -> None:
     # Lock the job first: a scheduler batch holding it may be inserting a run right
     # now, which a runs DELETE issued before that batch commits would not see.
-    Job.objects.select_for_update().filter(pk=job.pk).first()
+    Job.objects.select_for_update().filter(partition_id=job.partition_id, pk=job.pk).first()
     # Runs have no database FK (the table is partitioned); remove them in one statement.
-    JobRun.objects.filter(job_id=job.pk)._raw_delete(JobRun.objects.db)
+    JobRun.objects.filter(partition_id=job.partition_id, job_id=job.pk)._raw_delete(JobRun.objects.db)
     job.misfires.all().delete()
-    if Job.objects.filter(pk=job.pk).delete()[0]:
+    if Job.objects.filter(partition_id=job.partition_id, pk=job.pk).delete()[0]:
         audit.record(actor=actor, action=AuditAction.DELETE, job=job, changes={})
 
 

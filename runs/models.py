@@ -1,6 +1,7 @@
 from django.db import models
 
 from runs.keys import format_utc
+from scheduler_project.sharding import PartitionKeyed
 
 
 class RunStatus(models.TextChoices):
@@ -25,12 +26,15 @@ class RunTrigger(models.TextChoices):
     CATCH_UP = "catch_up"
 
 
-class JobRun(models.Model):
+class JobRun(PartitionKeyed):
     """One occurrence of a job: the outbox row and the execution record at once.
 
     The table is range-partitioned by scheduled_at (migration 0001 creates it by hand).
-    Its identity is (job_id, scheduled_at); `id` is a surrogate only because Django 5.2's
-    admin cannot register models with a CompositePrimaryKey (see docs/DECISIONS.md).
+    Its identity is (job_id, scheduled_at), enforced as (partition_id, job_id, scheduled_at)
+    (a job's runs share its partition_id, so the two say the same; the database key must
+    contain Citus's distribution column). `id` is a surrogate only because Django 5.2's
+    admin cannot register models with a CompositePrimaryKey: the database's primary key
+    is (partition_id, id, scheduled_at) (see docs/DECISIONS.md).
     The foreign keys carry no database constraint: runs outlive nothing but are
     deleted by the job service in bulk, and a partitioned table with millions of
     rows must not be scanned on every job delete.
@@ -82,7 +86,9 @@ class JobRun(models.Model):
         db_table = "job_runs"
         ordering = ["-scheduled_at"]
         constraints = [
-            models.UniqueConstraint(fields=["job", "scheduled_at"], name="job_runs_job_scheduled_uniq"),
+            models.UniqueConstraint(
+                fields=["partition_id", "job", "scheduled_at"], name="job_runs_job_scheduled_uniq"
+            ),
         ]
 
     def __str__(self) -> str:

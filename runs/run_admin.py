@@ -161,8 +161,10 @@ class JobRunAdmin(RunOperations, admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest):
         # The job's zone, for the wall time shown on hover (runs keep no FK to jobs: one
-        # primary-key lookup per listed row).
-        zone = Job.objects.filter(id=OuterRef("job_id")).values("time_zone")[:1]
+        # key lookup per listed row, (partition_id, id): inside the run's shard on Citus).
+        zone = Job.objects.filter(partition_id=OuterRef("partition_id"), id=OuterRef("job_id")).values(
+            "time_zone"
+        )[:1]
         return super().get_queryset(request).annotate(job_zone=Subquery(zone))
 
     @admin.display(description="scheduled at (UTC)", ordering="scheduled_at")

@@ -80,6 +80,10 @@ DATABASES = {
 # Persistent connections: schedulers and executors run tight loops.
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# make test-citus: test databases are created on every Citus node (the workers listed
+# here); at run time this backend is Django's PostgreSQL one unchanged.
+if env("CRONYARD_CITUS_WORKERS", default=""):
+    DATABASES["default"]["ENGINE"] = "scheduler_project.citus_db"
 # Lets parallel test runs on one cluster use distinct test databases.
 if env("TEST_DB_SUFFIX", default=""):
     DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{env('TEST_DB_SUFFIX')}"}

@@ -133,6 +133,97 @@ def test(args: list[str]) -> int:
     return result.returncode
 
 
+# What `make test-citus` runs on the local Citus cluster: the database-facing files (keys
+# and distribution, dispatch, the ledger, the API's jobs and runs, retention, the
+# executor's claim and fencing) and the exactly-once process test (schedulers and
+# executors SIGKILLed and SIGSTOPped).
+CITUS_TESTS = (
+    "tests/test_partition_keys.py",
+    "tests/test_citus_retention.py",
+    "tests/test_partitions.py",
+    "tests/test_scheduler_unit.py",
+    "tests/test_scheduler_misfire.py",
+    "tests/test_scheduler_backlog.py",
+    "tests/test_scheduler_processes.py",
+    "tests/test_ledger.py",
+    "tests/test_api_jobs.py",
+    "tests/test_runs_api.py",
+    "tests/test_job_edits.py",
+    "tests/test_clock_and_pause.py",
+    "tests/test_services_races.py",
+    "tests/test_runs_admin.py",
+    "tests/test_executor_claims.py",
+    "tests/test_executor_fencing.py",
+    "tests/test_exactly_once.py",
+)
+# A short dispatch and execute run: enough to see Citus's overhead, not a benchmark.
+CITUS_BENCH = (
+    ("dispatch.py", "--jobs", "10000", "--schedulers", "1", "--db", "cronyard_bench_dispatch"),
+    ("execute.py", "--runs", "2000", "--executors", "1", "--kinds", "task"),
+)
+
+
+def citus(command: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "scripts/citus_cluster.py", command, *args], cwd=ROOT, **kwargs)
+
+
+# A bench that cannot make progress (a statement Citus refuses) would wait out its
+# own long deadline; this one is generous for 10k jobs or 2k runs on a loaded machine.
+CITUS_BENCH_SECONDS = int(os.environ.get("CITUS_BENCH_SECONDS", "300"))
+
+
+def bench_script(script: str, args: list[str], *, env: dict) -> bool:
+    """Run bench/<script> in a process group of its own; on timeout stop it and its
+    schedulers or executors. True if it finished with exit status 0."""
+    proc = subprocess.Popen([PY, f"bench/{script}", *args], cwd=ROOT, env=env, start_new_session=True)
+    try:
+        return proc.wait(timeout=CITUS_BENCH_SECONDS) == 0
+    except subprocess.TimeoutExpired:
+        log(f"{script} made no progress in {CITUS_BENCH_SECONDS}s; stopping it")
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        # Its executors may still be handing runs back to a database that refuses them:
+        # give them a moment, then nothing of the group survives the cluster's stop.
+        time.sleep(5)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return False
+
+
+def test_citus(args: list[str]) -> int:
+    """Start the local Citus cluster, run CITUS_TESTS (or `args`) and the short bench, stop it."""
+    started = citus("start", stdout=subprocess.PIPE, text=True)
+    if started.returncode != 0:
+        return started.returncode  # citus_cluster.py said why (e.g. Citus is not installed)
+    env = dict(os.environ, **dict(line.split("=", 1) for line in started.stdout.split()))
+    failed = []
+    try:
+        workers = ["-n", os.environ.get("PYTEST_WORKERS", "auto"), "--dist", "loadfile"]
+        if subprocess.run(
+            [PY, "-m", "pytest", *workers, *(args or CITUS_TESTS)], cwd=ROOT, env=env
+        ).returncode:
+            failed.append("tests")
+        # bench/execute.py uses the cluster's own database as is; bench/dispatch.py
+        # migrates a scratch one, which must be a Citus database first.
+        manage("migrate", "--noinput", env=env, stdout=subprocess.DEVNULL)
+        citus("createdb", "cronyard_bench_dispatch", check=True)
+        for script, *bench_args in CITUS_BENCH:
+            log(f"Citus bench: {script} {' '.join(bench_args)}")
+            if not bench_script(script, bench_args, env=env):
+                failed.append(script)
+    finally:
+        citus("stop")
+    if failed:
+        log(f"make test-citus failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
 def bench(args: list[str]) -> int:
     started_db = ensure_database()
     try:
@@ -145,4 +236,10 @@ def bench(args: list[str]) -> int:
 
 if __name__ == "__main__":
     command, rest = sys.argv[1], sys.argv[2:]
-    sys.exit({"run": lambda: run(), "test": lambda: test(rest), "bench": lambda: bench(rest)}[command]())
+    commands = {
+        "run": lambda: run(),
+        "test": lambda: test(rest),
+        "test-citus": lambda: test_citus(rest),
+        "bench": lambda: bench(rest),
+    }
+    sys.exit(commands[command]())

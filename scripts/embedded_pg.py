@@ -517,7 +517,7 @@ def _quote_conf(val: str) -> str:
     return "'" + val.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def write_config(layout: Layout, port: int, fast: bool) -> None:
+def write_config(layout: Layout, port: int, fast: bool, settings: tuple[str, ...] = ()) -> None:
     sockdir = layout.run
     if len(sockdir) > MAX_SOCKET_DIR_LEN:
         log(f"socket dir path too long for a unix socket ({len(sockdir)} chars); TCP only")
@@ -537,6 +537,7 @@ def write_config(layout: Layout, port: int, fast: bool) -> None:
             "synchronous_commit = off",
             "full_page_writes = off",
         ]
+    block += list(settings)  # a caller's own lines (scripts/citus_cluster.py: the Citus ones)
     block.append(CONF_END)
     conf = os.path.join(layout.data, "postgresql.conf")
     with open(conf) as f:
@@ -701,6 +702,13 @@ def ensure_db(bindir: str, layout: Layout, port: int, db: str) -> None:
 
 
 def cmd_start(layout: Layout, fast: bool, dbs: list[str]) -> int:
+    port = start_server(layout, fast=fast, dbs=dbs)
+    print(make_url(port, dbs[-1] if dbs else DEFAULT_DB), flush=True)
+    return 0
+
+
+def start_server(layout: Layout, *, fast: bool, dbs: list[str], settings: tuple[str, ...] = ()) -> int:
+    """Init if needed, start (idempotent), create the databases; return the port."""
     bindir = require_bindir()
     who = choose_user(layout)
     place_cluster(layout, who)
@@ -729,7 +737,7 @@ def cmd_start(layout: Layout, fast: bool, dbs: list[str]) -> int:
             tried = set()
             for attempt in range(1, 6):
                 write_port(layout, port)
-                write_config(layout, port, fast)
+                write_config(layout, port, fast, settings)
                 chown_tree(layout.base, who)
                 log(f"starting PostgreSQL on 127.0.0.1:{port} (as {who.name}, {bindir})")
                 proc = pg_ctl_start(bindir, layout, who)
@@ -752,8 +760,7 @@ def cmd_start(layout: Layout, fast: bool, dbs: list[str]) -> int:
             wait_ready(bindir, layout, port)
         for db in dict.fromkeys([DEFAULT_DB, *dbs]):
             ensure_db(bindir, layout, port, db)
-    print(make_url(port, dbs[-1] if dbs else DEFAULT_DB), flush=True)
-    return 0
+    return port
 
 
 def cmd_stop(layout: Layout) -> int:

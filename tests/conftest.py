@@ -12,7 +12,7 @@ from tests.support.processes import Processes
 
 @pytest.fixture
 def tenant_and_token(db):
-    from jobs.services import create_tenant
+    from jobs.tenant_services import create_tenant
 
     return create_tenant(slug="acme", max_concurrency=10)
 

@@ -6,7 +6,7 @@ import pytest
 from django.contrib.messages import get_messages
 from rest_framework.test import APIClient
 
-from jobs import services
+from jobs import services, tenant_services
 from jobs.models import ApiToken, Job, SchedulerNode
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
@@ -181,7 +181,7 @@ def test_change_form_edit_recomputes_next_run(admin_client, tenant):
 def test_change_form_cannot_move_a_job_to_another_tenant(admin_client, tenant, api):
     # Issue 8 item 8: moving only the job left its runs with the old tenant, who could
     # still read and cancel them. The tenant is read-only after creation.
-    other, other_token = services.create_tenant(slug="other")
+    other, other_token = tenant_services.create_tenant(slug="other")
     job = services.create_job(tenant=tenant, fields=dict(name="mine", cron_expr="0 9 * * *", target=HOOK))
     scheduled_at = services.trigger_job(job=job)
     response = admin_client.post(
@@ -224,6 +224,7 @@ def test_tenant_admin_issue_token_shows_it_once_and_it_works(admin_client, tenan
 def test_misfire_and_node_admins_are_read_only_lists(admin_client, jobs):
     when = parse_utc("2026-01-01T00:00:00Z")
     jobs["nightly"].misfires.create(
+        partition_id=jobs["nightly"].partition_id,
         policy="run_once", missed_count=4, first_missed_at=when, last_missed_at=when, runs_created=1
     )
     SchedulerNode.objects.create(

@@ -21,7 +21,7 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "160"))
 
 @pytest.fixture
 def token(transactional_db):
-    from jobs.services import create_tenant
+    from jobs.tenant_services import create_tenant
 
     _tenant, token = create_tenant(slug="fuzz", max_concurrency=10)
     return token

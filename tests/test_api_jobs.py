@@ -388,6 +388,7 @@ def test_misfires_endpoint_lists_rows(api):
     stored = Job.objects.get(pk=job["id"])
     first = datetime(2026, 1, 1, tzinfo=UTC)
     stored.misfires.create(
+        partition_id=stored.partition_id,
         policy="catch_up",
         missed_count=3,
         first_missed_at=first,

@@ -11,7 +11,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from jobs.models import Job
-from jobs.services import create_tenant
+from jobs.tenant_services import create_tenant
 
 JOBS = "/api/v1/jobs/"
 BASE = {

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 APPS = ("jobs", "runs", "scheduler_project")
 
 INFRASTRUCTURE = {
+    "scheduler_project.citus",
     "scheduler_project.db",
     "scheduler_project.liveness",
     "scheduler_project.loop",
@@ -69,6 +70,7 @@ SQL_MODULES = {
     "runs.nodes",
     "runs.partitions",
     "runs.timeseries",
+    "scheduler_project.citus",
     "scheduler_project.db",
 }
 # Fire-time computation: pure Python, so previews, validation and the scheduler share

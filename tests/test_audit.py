@@ -10,7 +10,7 @@ import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from rest_framework.test import APIClient
 
-from jobs import services
+from jobs import services, tenant_services
 from jobs.models import AuditEntry, Job
 from runs.models import JobRun
 from tests.support.admin_form import job_form_data
@@ -132,7 +132,7 @@ def test_audit_api_filters_paginates_and_is_tenant_scoped(api, tenant):
         response = api.get("/api/v1/audit/", bad)
         assert response.status_code == 400 and next(iter(bad)) in response.json(), (bad, response.content)
 
-    _, other_token = services.create_tenant(slug="globex")
+    _, other_token = tenant_services.create_tenant(slug="globex")
     other = APIClient()
     other.credentials(HTTP_AUTHORIZATION=f"Bearer {other_token}")
     assert other.get("/api/v1/audit/").json()["results"] == []

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from jobs import planning, services
+from jobs import planning, services, tenant_services
 from jobs.models import Job, SchedulerNode
 from runs.keys import format_utc
 from runs.models import JobRun
@@ -61,7 +61,7 @@ def signed_in(page, web_server, admin_user):
 
 @pytest.fixture
 def acme(transactional_db):
-    tenant, _ = services.create_tenant(slug="acme", name="Acme", max_concurrency=2)
+    tenant, _ = tenant_services.create_tenant(slug="acme", name="Acme", max_concurrency=2)
     return tenant
 
 
@@ -317,7 +317,7 @@ def test_dead_letter_queue_replay_from_the_row(signed_in, acme):
 def test_dashboard_numbers_for_a_known_state(signed_in, acme, request):
     request_cleanup = request.addfinalizer
     page = signed_in
-    globex, _ = services.create_tenant(slug="globex", name="Globex", max_concurrency=5)
+    globex, _ = tenant_services.create_tenant(slug="globex", name="Globex", max_concurrency=5)
     late = services.create_job(tenant=acme, fields=dict(name="late", interval_seconds=3600, target=HOOK))
     paused = services.create_job(
         tenant=acme, fields=dict(name="paused late", interval_seconds=3600, target=HOOK, paused=True)

@@ -104,7 +104,7 @@ def test_retries_beyond_the_budget_are_deferred_to_the_next_window():
 
 @pytest.mark.processes
 def test_an_outage_ends_in_success_without_hammering_the_host(processes, http_target):
-    from jobs.services import create_tenant
+    from jobs.tenant_services import create_tenant
 
     tenant, _ = create_tenant(slug="breakers", max_concurrency=100)
     recovered_at = http_target.outage("/flaky", 20)
@@ -140,7 +140,7 @@ def test_an_outage_ends_in_success_without_hammering_the_host(processes, http_ta
 
 @pytest.mark.processes
 def test_a_host_down_longer_than_the_defer_limit_ends_in_the_dead_letter_queue(processes, http_target):
-    from jobs.services import create_tenant
+    from jobs.tenant_services import create_tenant
 
     tenant, _ = create_tenant(slug="deadhost", max_concurrency=100)
     http_target.outage("/down", 3600)
@@ -172,7 +172,7 @@ def test_a_host_down_longer_than_the_defer_limit_ends_in_the_dead_letter_queue(p
 
 @pytest.mark.processes
 def test_retries_over_the_hosts_budget_are_deferred_not_sent(processes, http_target):
-    from jobs.services import create_tenant
+    from jobs.tenant_services import create_tenant
 
     tenant, _ = create_tenant(slug="budget", max_concurrency=100)
     http_target.script("/sick", then=Reply(503, body=b"sick"))

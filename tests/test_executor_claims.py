@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from django.db import connections
 
-from jobs.services import create_tenant
+from jobs.tenant_services import create_tenant
 from runs.models import JobRun
 from tests.support.executor import http_spec, queue_runs, row, task_target, wait_for, wait_log, wait_status
 from tests.support.http_target import Reply

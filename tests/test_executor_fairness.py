@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from jobs.services import create_tenant
+from jobs.tenant_services import create_tenant
 from runs.models import JobRun
 from tests.support.executor import queue_runs, row, task_target, wait_for, wait_status
 

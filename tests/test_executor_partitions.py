@@ -21,7 +21,8 @@ import psycopg
 import pytest
 
 from jobs.models import Job
-from jobs.services import create_job, create_tenant, partition_for
+from jobs.services import create_job, partition_for
+from jobs.tenant_services import create_tenant
 from runs import breakers, claims, connections, outcomes, rows
 from runs.models import JobRun
 from tests.conftest import database_url

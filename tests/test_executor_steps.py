@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.services import create_tenant
+from jobs.tenant_services import create_tenant
 from runs import attempts
 from runs.executor import Executor
 from runs.inflight import Written

@@ -33,7 +33,7 @@ def value(families, name: str, **labels) -> float:
 
 @pytest.fixture
 def known_state(tenant):
-    from jobs.services import create_tenant
+    from jobs.tenant_services import create_tenant
 
     globex, _ = create_tenant(slug="globex", max_concurrency=2)
     now = timezone.now()

@@ -1,6 +1,7 @@
 """job_runs day partitions: created ahead, rows rescued from the default partition,
 old days dropped for retention."""
 
+import re
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -24,7 +25,8 @@ def partition_of(job_id, scheduled_at) -> str:
             "SELECT tableoid::regclass::text FROM job_runs WHERE job_id = %s AND scheduled_at = %s",
             [job_id, scheduled_at],
         )
-        return cursor.fetchone()[0]
+        # On Citus the row's table is a shard of the partition: "<partition>_<shard id>".
+        return re.sub(r"_\d+$", "", cursor.fetchone()[0])
 
 
 def make_job(tenant):

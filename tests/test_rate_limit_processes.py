@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from jobs import services
+from jobs import tenant_services
 from jobs.models import TenantDispatchWindow
 from jobs.rate_limits import window_of
 from runs.models import JobRun
@@ -26,8 +26,8 @@ N_JOBS = 300
 
 
 def test_two_schedulers_share_one_tenant_budget(tenant, processes):
-    services.set_rate_limit(tenant=tenant, max_runs_per_minute=LIMIT)
-    other, _ = services.create_tenant(slug="other")
+    tenant_services.set_rate_limit(tenant=tenant, max_runs_per_minute=LIMIT)
+    other, _ = tenant_services.create_tenant(slug="other")
     procs = [processes.start("run_scheduler", env=SCHED_ENV) for _ in range(2)]
     with connection.cursor() as cursor:
         wait_until(

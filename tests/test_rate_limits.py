@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs import rate_limits, services
+from jobs import rate_limits, tenant_services
 from jobs.models import Job, Tenant, TenantDispatchWindow
 from jobs.rate_limits import Wanted, allocate, window_of
 from jobs.scheduler import Scheduler
@@ -97,7 +97,7 @@ def test_allocate_gives_the_earlier_minutes_to_higher_priority():
 
 @pytest.mark.django_db(transaction=True)
 def test_a_herd_is_spread_over_minutes_and_nothing_is_lost(tenant, make_scheduler):
-    services.set_rate_limit(tenant=tenant, max_runs_per_minute=100)
+    tenant_services.set_rate_limit(tenant=tenant, max_runs_per_minute=100)
     jobs = herd(tenant, 450)
     drain(make_scheduler(node_id="n1", batch_size=200))  # three batches share the budget
     runs = runs_of(tenant)
@@ -119,8 +119,8 @@ def test_a_herd_is_spread_over_minutes_and_nothing_is_lost(tenant, make_schedule
 
 @pytest.mark.django_db(transaction=True)
 def test_another_tenant_in_the_same_batches_is_untouched(tenant, make_scheduler):
-    services.set_rate_limit(tenant=tenant, max_runs_per_minute=10)
-    other, _ = services.create_tenant(slug="other")
+    tenant_services.set_rate_limit(tenant=tenant, max_runs_per_minute=10)
+    other, _ = tenant_services.create_tenant(slug="other")
     herd(tenant, 60)
     herd(other, 60)
     drain(make_scheduler(node_id="n1"))
@@ -132,7 +132,7 @@ def test_another_tenant_in_the_same_batches_is_untouched(tenant, make_scheduler)
 
 @pytest.mark.django_db(transaction=True)
 def test_a_later_batch_continues_after_the_minutes_already_given(tenant, make_scheduler):
-    services.set_rate_limit(tenant=tenant, max_runs_per_minute=10)
+    tenant_services.set_rate_limit(tenant=tenant, max_runs_per_minute=10)
     herd(tenant, 25)
     sched = make_scheduler(node_id="n1")
     drain(sched)
@@ -163,7 +163,7 @@ def test_off_by_default_and_no_statement_for_unlimited_tenants(tenant, make_sche
 
 @pytest.mark.django_db(transaction=True)
 def test_skipped_runs_take_no_share_of_the_budget(tenant, make_scheduler):
-    services.set_rate_limit(tenant=tenant, max_runs_per_minute=5)
+    tenant_services.set_rate_limit(tenant=tenant, max_runs_per_minute=5)
     jobs = herd(tenant, 10, overlap_policy="skip")
     # Half the herd still has a run waiting: their new runs are skipped by the overlap policy.
     for job in jobs[:5]:
@@ -184,7 +184,7 @@ def test_skipped_runs_take_no_share_of_the_budget(tenant, make_scheduler):
 
 @pytest.mark.django_db(transaction=True)
 def test_the_ledger_and_run_detail_say_the_run_was_deferred(tenant, api, make_scheduler, admin_client):
-    services.set_rate_limit(tenant=tenant, max_runs_per_minute=1)
+    tenant_services.set_rate_limit(tenant=tenant, max_runs_per_minute=1)
     # On the database's clock: the ledger speaks for slots inside a job's life only.
     due = db.now().replace(microsecond=0) - timedelta(seconds=5)
     jobs = herd(tenant, 2, due=due)

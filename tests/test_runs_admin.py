@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def runs(tenant):
     """A known mix: 2 dead, 1 cancelled, 1 queued, 1 running, 1 succeeded (manual)."""
-    from jobs.services import create_tenant
+    from jobs.tenant_services import create_tenant
 
     other_tenant, _ = create_tenant(slug="globex", max_concurrency=3)
     alpha, beta = make_job(tenant, "alpha-report"), make_job(other_tenant, "beta-sync")

@@ -38,7 +38,7 @@ def detail_path(run) -> str:
 
 @pytest.fixture
 def other_api(db):
-    from jobs.services import create_tenant
+    from jobs.tenant_services import create_tenant
 
     tenant, token = create_tenant(slug="other", max_concurrency=5)
     client = APIClient()

@@ -35,7 +35,11 @@ def test_delete_during_a_scheduler_batch_leaves_no_run_behind(tenant):
     job = make_job(tenant)
     batch = psycopg.connect(db.conninfo(connection.settings_dict))
     batch.execute("BEGIN")
-    batch.execute("SELECT id FROM jobs WHERE id = %s FOR UPDATE SKIP LOCKED", [job.id])
+    # A dispatch batch locks the job in its partition (one shard on Citus).
+    batch.execute(
+        "SELECT id FROM jobs WHERE partition_id = %s AND id = %s FOR UPDATE SKIP LOCKED",
+        [job.partition_id, job.id],
+    )
     batch.execute(
         "INSERT INTO job_runs (job_id, scheduled_at, tenant_id, partition_id, status, not_before, target)"
         " VALUES (%s, %s, %s, %s, 'queued', now(), '{}'::jsonb)",

@@ -16,7 +16,7 @@ import time
 import aiohttp
 import pytest
 
-from jobs.services import create_tenant
+from jobs.tenant_services import create_tenant
 from runs import connections
 from runs.executor import Executor
 from runs.netguard import SWITCH, address_refusal

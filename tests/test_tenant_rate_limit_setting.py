@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import CommandError, call_command
 from django.db import IntegrityError, transaction
 
-from jobs import services
+from jobs import tenant_services
 from jobs.models import Tenant
 
 
@@ -52,7 +52,7 @@ def test_the_command_refuses_bad_values_naming_the_option(value):
 @pytest.mark.django_db
 def test_the_service_names_the_field_and_the_database_refuses_out_of_range(tenant):
     with pytest.raises(ValidationError) as raised:
-        services.set_rate_limit(tenant=tenant, max_runs_per_minute=0)
+        tenant_services.set_rate_limit(tenant=tenant, max_runs_per_minute=0)
     assert list(raised.value.message_dict) == ["max_runs_per_minute"]
     with pytest.raises(IntegrityError), transaction.atomic():
         Tenant.objects.filter(pk=tenant.pk).update(max_runs_per_minute=0)

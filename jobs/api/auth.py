@@ -7,7 +7,7 @@ from rest_framework import authentication, exceptions, permissions
 
 from jobs import audit
 from jobs.models import ApiToken, Tenant
-from jobs.services import hash_token
+from jobs.tenant_services import hash_token
 
 
 class TenantTokenAuthentication(authentication.BaseAuthentication):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Count
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
@@ -24,7 +25,7 @@ from rest_framework.views import APIView
 
 from jobs import jitter, ledger, services
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
-from jobs.models import Job
+from jobs.models import Job, Misfire
 from jobs.schedule import ScheduleError
 from jobs.validation import SCHEDULE_KEY
 from runs.keys import format_utc, parse_utc
@@ -59,6 +60,15 @@ def run_url(job_id, scheduled_at) -> str:
     return f"/api/v1/runs/{job_id}/{format_utc(scheduled_at)}/"
 
 
+def _misfire_count() -> Coalesce:
+    """A job's misfires counted in a correlated subquery, not a join + GROUP BY jobs.id:
+    the database key of jobs is (partition_id, id), so id alone no longer implies the
+    other columns, and on Citus the partition_id equality keeps the count in the job's shard."""
+    mine = Misfire.objects.filter(partition_id=OuterRef("partition_id"), job=OuterRef("pk"))
+    counted = mine.order_by().values("job").annotate(n=Count("*")).values("n")
+    return Coalesce(Subquery(counted), 0)
+
+
 @extend_schema_view(
     list=extend_schema(
         summary="List the tenant's jobs",
@@ -90,7 +100,7 @@ class JobViewSet(
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
-        qs = Job.objects.filter(tenant=self.request.auth).annotate(misfire_count=Count("misfires"))
+        qs = Job.objects.filter(tenant=self.request.auth).annotate(misfire_count=_misfire_count())
         if self.action != "list":
             return qs
         params = self.request.query_params

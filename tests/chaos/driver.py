@@ -132,7 +132,7 @@ class Cluster:
 
 
 def make_jobs(params: Params, target: HttpTarget, *, start: datetime, end: datetime):
-    from jobs.services import create_tenant
+    from jobs.tenant_services import create_tenant
     from tests.support.scheduler import bulk_interval_jobs
 
     tenant, _ = create_tenant(slug=f"chaos-{os.getpid()}", max_concurrency=100_000)

@@ -3,7 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError
 
 from jobs.models import Tenant
-from jobs.services import create_tenant, issue_token, set_rate_limit
+from jobs.tenant_services import create_tenant, issue_token, set_rate_limit
 
 # Spellings of "no limit" for --max-runs-per-minute.
 _OFF = ("off", "none", "unlimited")

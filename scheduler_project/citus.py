@@ -1,0 +1,125 @@
+"""Citus plumbing shared by the test database backend and scripts/citus_cluster.py.
+
+Citus does not propagate CREATE DATABASE: a database exists on the coordinator and on
+every worker separately, each with the `citus` extension, and only the coordinator's
+copy knows the workers (pg_dist_node lives in the database). `prepare_database` does
+all of that for one database name; it is the only place that does.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+SUPERUSER = "cronyard"
+
+
+def split_node(node: str) -> tuple[str, int]:
+    """'host:port' -> (host, port)."""
+    host, _, port = node.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+def parse_workers(value: str) -> list[str]:
+    """CRONYARD_CITUS_WORKERS ('host:port,host:port') -> ['host:port', ...]."""
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _connect(node: str, db: str, user: str) -> psycopg.Connection:
+    host, port = split_node(node)
+    return psycopg.connect(host=host, port=port, dbname=db, user=user, autocommit=True, connect_timeout=10)
+
+
+def _create(node: str, db: str, user: str, *, fresh: bool) -> None:
+    with _connect(node, "postgres", user) as conn:
+        if fresh:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db]).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(db)))
+    with _connect(node, db, user) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS citus")
+
+
+def prepare_database(
+    *,
+    coordinator: str,
+    workers: list[str],
+    db: str,
+    user: str = SUPERUSER,
+    create_on_coordinator: bool = True,
+) -> None:
+    """Make `db` a Citus database: created with the extension on every node (workers first:
+    citus_add_node connects to them), the workers registered in the coordinator's copy.
+
+    Idempotent. `create_on_coordinator=False` when the caller (Django's test database
+    creation) has just created the coordinator's copy itself.
+    """
+    for worker in workers:
+        _create(worker, db, user, fresh=not create_on_coordinator)
+    if create_on_coordinator:
+        _create(coordinator, db, user, fresh=False)
+    host, port = split_node(coordinator)
+    with _connect(coordinator, db, user) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS citus")
+        conn.execute("SELECT citus_set_coordinator_host(%s, %s)", [host, port])
+        for worker in workers:
+            w_host, w_port = split_node(worker)
+            known = conn.execute(
+                "SELECT 1 FROM pg_dist_node WHERE nodename = %s AND nodeport = %s", [w_host, w_port]
+            ).fetchone()
+            if not known:
+                conn.execute("SELECT citus_add_node(%s, %s)", [w_host, w_port])
+
+
+def drop_database(*, nodes: list[str], db: str, user: str = SUPERUSER) -> None:
+    """Drop `db` on every node. WITH (FORCE): Citus's maintenance daemon keeps a session
+    open in every database that has the extension, so a plain DROP DATABASE fails."""
+    for node in nodes:
+        with _connect(node, "postgres", user) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
+
+
+def citus_installed(cursor) -> bool:
+    """True when the current database has the citus extension (the migrations' switch)."""
+    cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'citus'")
+    return cursor.fetchone() is not None
+
+
+# What goes where on Citus (docs/DECISIONS.md). Distributed by partition_id and
+# co-located with jobs, so a job, its runs, misfires and ledger ranges share a shard
+# and every hot statement (one partition_id) is a single-shard statement.
+DISTRIBUTED = ("jobs", "job_runs", "job_misfires", "job_slot_ranges")
+# Replicated to every node: the executors' claim joins tenants to job_runs inside the shard.
+REFERENCE = ("tenants",)
+# Everything else stays an ordinary table on the coordinator: api_tokens, audit_entries,
+# scheduler_nodes, executor_nodes, target_hosts and Django's own tables.
+
+
+def distribute(cursor) -> list[str]:
+    """Distribute the tables when the database has Citus; on plain PostgreSQL do nothing.
+
+    Idempotent (a table already in pg_dist_partition is left alone). Returns the tables
+    it distributed or replicated, in order.
+    """
+    if not citus_installed(cursor):
+        return []
+    cursor.execute("SELECT logicalrelid::text FROM pg_dist_partition")
+    done = {name for (name,) in cursor.fetchall()}
+    # Without this, making tenants a reference table would first turn every local table
+    # that references it, jobs included, into a "Citus local table", which can then no
+    # longer be distributed. api_tokens and audit_entries keep ordinary foreign keys to it.
+    cursor.execute("SET LOCAL citus.enable_local_reference_table_foreign_keys = off")
+    changed = []
+    for table in REFERENCE:
+        if table not in done:
+            cursor.execute("SELECT create_reference_table(%s)", [table])
+            changed.append(table)
+    for table in DISTRIBUTED:
+        if table not in done:
+            colocate = "none" if table == DISTRIBUTED[0] else DISTRIBUTED[0]
+            cursor.execute(
+                "SELECT create_distributed_table(%s, 'partition_id', colocate_with => %s)", [table, colocate]
+            )
+            changed.append(table)
+    return changed

@@ -1,0 +1,127 @@
+"""One schema for plain PostgreSQL and Citus (issue 14): every key of jobs and of the
+tables hanging off a job starts with partition_id, the run key still forbids a second
+run of a slot, and Django's save() never rewrites partition_id. On a database with the
+citus extension (make test-citus) the tables are also distributed and co-located."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from jobs.models import Job
+from jobs.planning import run_for
+from jobs.services import create_job, pause_job
+from runs.models import JobRun
+from runs.queue import enqueue_runs
+from scheduler_project.citus import DISTRIBUTED, citus_installed
+
+pytestmark = pytest.mark.django_db
+
+JOB_TABLES = ("jobs", "job_runs", "job_misfires", "job_slot_ranges")
+
+
+def keys_of(table: str, *, referencing: tuple[str, ...] = JOB_TABLES) -> dict[str, tuple[str, list[str]]]:
+    """name -> (contype, columns) of the table's primary and unique keys and its foreign
+    keys to `referencing` (a key to the reference table tenants needs no partition_id)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.conname, c.contype, array_agg(a.attname::text ORDER BY k.ord)
+            FROM pg_constraint c
+            CROSS JOIN LATERAL unnest(c.conkey) WITH ORDINALITY AS k(attnum, ord)
+            JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.attnum
+            WHERE c.conrelid = %s::regclass
+              AND (c.contype IN ('p', 'u') OR (c.contype = 'f' AND c.confrelid::regclass::text = ANY(%s)))
+            GROUP BY c.conname, c.contype
+            """,
+            [table, list(referencing)],
+        )
+        return {name: (kind, list(cols)) for name, kind, cols in cursor.fetchall()}
+
+
+def make_job(tenant, **fields) -> Job:
+    return create_job(
+        tenant=tenant,
+        fields=dict(name="k", interval_seconds=60, target={"type": "task", "name": "noop"}, **fields),
+    )
+
+
+def test_the_keys_of_jobs_and_runs_are_the_citus_ones():
+    assert keys_of("jobs")["jobs_pkey"] == ("p", ["partition_id", "id"])
+    runs = keys_of("job_runs")
+    assert runs["job_runs_pkey"] == ("p", ["partition_id", "id", "scheduled_at"])
+    assert runs["job_runs_job_scheduled_uniq"] == ("u", ["partition_id", "job_id", "scheduled_at"])
+
+
+@pytest.mark.parametrize("table", ["job_misfires", "job_slot_ranges"])
+def test_a_jobs_satellites_are_keyed_and_referenced_by_partition(table):
+    keys = keys_of(table)
+    assert keys[f"{table}_pkey"] == ("p", ["partition_id", "id"])
+    assert keys[f"{table}_job_fk"] == ("f", ["partition_id", "job_id"])
+
+
+@pytest.mark.parametrize("table", JOB_TABLES)
+def test_no_key_of_a_job_table_lacks_partition_id(table):
+    # Citus refuses such a key on a distributed table; the schema must not grow one.
+    assert all(cols[0] == "partition_id" for _, cols in keys_of(table).values()), keys_of(table)
+
+
+def test_the_run_key_still_refuses_a_second_run_of_a_slot(tenant):
+    job = make_job(tenant)
+    slot = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+    assert len(enqueue_runs([run_for(job, scheduled_at=slot, trigger="manual", overlap_check=False)])) == 1
+    assert enqueue_runs([run_for(job, scheduled_at=slot, trigger="manual", overlap_check=False)]) == []
+    first = JobRun.objects.get(job=job, scheduled_at=slot)
+    with pytest.raises(IntegrityError), transaction.atomic():
+        JobRun.objects.create(
+            job=job,
+            tenant=tenant,
+            partition_id=job.partition_id,
+            scheduled_at=slot,
+            not_before=slot,
+            target=first.target,
+        )
+    assert JobRun.objects.filter(job=job, scheduled_at=slot).count() == 1
+
+
+def test_a_misfire_and_a_ledger_range_carry_their_jobs_partition(tenant):
+    past = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=10)
+    job = make_job(tenant)
+    Job.objects.filter(pk=job.pk).update(next_run_at=past)
+    job.refresh_from_db()
+    pause_job(job=job)
+    assert {m.partition_id for m in job.misfires.all()} == {job.partition_id}
+    assert {r.partition_id for r in job.slot_ranges.all()} == {job.partition_id}
+
+
+def test_saving_a_job_neither_rewrites_nor_ignores_its_partition(tenant):
+    job = make_job(tenant)
+    job.name = "renamed"
+    with CaptureQueriesContext(connection) as queries:
+        job.save()
+    (update,) = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("UPDATE")]
+    set_list, where = update.split(" WHERE ")
+    # Citus refuses an UPDATE that sets the distribution column and fans one without it
+    # in its WHERE out to every shard.
+    assert '"partition_id"' not in set_list
+    assert '"partition_id"' in where
+    assert Job.objects.get(pk=job.pk).name == "renamed"
+
+
+def test_the_distribution_migration_matches_the_database():
+    with connection.cursor() as cursor:
+        if not citus_installed(cursor):
+            # Plain PostgreSQL: the migration did nothing (no Citus catalog at all).
+            cursor.execute("SELECT to_regclass('pg_dist_partition')")
+            assert cursor.fetchone() == (None,)
+            return
+        cursor.execute(
+            "SELECT logicalrelid::text, partmethod, colocationid FROM pg_dist_partition"
+            " WHERE logicalrelid::text = ANY(%s)",
+            [[*DISTRIBUTED, "tenants"]],
+        )
+        rows = {name: (method, colocation) for name, method, colocation in cursor.fetchall()}
+    assert rows["tenants"][0] == "n"  # a reference table
+    assert {rows[t][0] for t in DISTRIBUTED} == {"h"}  # hash-distributed by partition_id
+    assert len({rows[t][1] for t in DISTRIBUTED}) == 1  # one co-location group
