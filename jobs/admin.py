@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 
-from jobs import audit_admin, job_admin, tenant_services  # noqa: F401 (importing registers them)
+from jobs import audit_admin, job_admin, tenant_services  # noqa: F401 (audit_admin, job_admin: importing registers them)
 from jobs.admin_base import ReadOnlyAdmin
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
 from scheduler_project import liveness

@@ -93,7 +93,7 @@ def test_the_admin_and_api_previews_judge_a_schedule_alike(admin_client, api, ad
 def test_an_admin_edit_the_service_refuses_is_a_message_not_a_500(admin_client, tenant, monkeypatch):
     """The service judges an admin edit again on the locked row. If it refuses one the
     form accepted, the admin's transaction rolls back whole and the operator is told."""
-    from jobs import admin as jobs_admin
+    from jobs import job_admin
     from jobs.validation import JobInvalid
     from tests.support.admin_form import job_form_data
 
@@ -103,7 +103,7 @@ def test_an_admin_edit_the_service_refuses_is_a_message_not_a_500(admin_client, 
         Job.objects.filter(pk=job.pk).update(name="half-written")  # must roll back too
         raise JobInvalid({"interval_seconds": ["refused on the locked row"]})
 
-    monkeypatch.setattr(jobs_admin.services, "update_job", refuse_after_writing)
+    monkeypatch.setattr(job_admin.services, "update_job", refuse_after_writing)
     url = f"/admin/jobs/job/{job.pk}/change/"
     response = admin_client.post(
         url, job_form_data(tenant, name="renamed", cron_expr="", interval_seconds="60")
