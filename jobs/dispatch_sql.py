@@ -47,6 +47,7 @@ from datetime import datetime
 from uuid import UUID
 
 from jobs.leases import HELD_SQL, NAMESPACE
+from jobs.planning import DUE_JOB_COLUMNS, DueJob
 
 
 def fence(
@@ -66,6 +67,30 @@ def fence(
     )
     now, _, held = cursor.fetchone()
     return now, set(held or ())
+
+
+_READ_SQL = f"""
+(SELECT {", ".join(DUE_JOB_COLUMNS)} FROM jobs
+ WHERE partition_id = ANY(%(owned)s) AND NOT paused AND next_run_at > %(cutoff)s AND next_run_at <= %(now)s
+ ORDER BY next_run_at LIMIT %(limit)s)
+UNION ALL
+(SELECT {", ".join(DUE_JOB_COLUMNS)} FROM jobs
+ WHERE partition_id = ANY(%(owned)s) AND NOT paused AND next_run_at <= %(cutoff)s
+ ORDER BY next_run_at LIMIT %(limit)s)
+"""
+
+
+def read_due(cursor, *, owned: Sequence[int], now: datetime, cutoff: datetime, limit: int) -> list[DueJob]:
+    """Due jobs of `owned`, on-time ones (due after `cutoff`) first, then the oldest misfired ones.
+
+    A plain read, no lock and no open transaction: what it returns is only a proposal
+    that lock_unchanged re-checks row by row. On-time jobs go first so that a backlog
+    of misfired jobs (cheap to defer: their slots are already late) never makes
+    on-time jobs late too. One round trip (the two branches of a UNION ALL come back
+    in order); rows are plain DueJobs, not ORM instances.
+    """
+    cursor.execute(_READ_SQL, {"owned": list(owned), "now": now, "cutoff": cutoff, "limit": limit})
+    return [DueJob(*row) for row in cursor.fetchmany(limit)]
 
 
 def lock_unchanged(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]]) -> set[UUID]:
@@ -97,6 +122,7 @@ def advance_next_run(cursor, rows: Sequence[tuple[UUID, datetime | None, datetim
 
     A row is written only if next_run_at still equals the value the plan was made
     from and the new value is later (or NULL: finished), so a stale plan is a no-op.
+    The new values come from Python (no now() + column in an UPDATE).
     """
     if not rows:
         return set()
