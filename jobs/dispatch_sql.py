@@ -107,7 +107,7 @@ def lock_unchanged(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]
     cursor.execute(
         """
         SELECT j.id FROM jobs AS j
-        JOIN unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[]) AS v(id, next_run_at, updated_at)
+        JOIN unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, next_run_at, updated_at)
           ON j.id = v.id
         WHERE j.next_run_at = v.next_run_at AND j.updated_at = v.updated_at AND NOT j.paused
         FOR UPDATE OF j SKIP LOCKED
@@ -123,13 +123,17 @@ def advance_next_run(cursor, rows: Sequence[tuple[UUID, datetime | None, datetim
     A row is written only if next_run_at still equals the value the plan was made
     from and the new value is later (or NULL: finished), so a stale plan is a no-op.
     The new values come from Python (no now() + column in an UPDATE).
+
+    lock_unchanged and this bind their arrays in binary (`%b`): text dumping of 500
+    UUIDs and timestamps took 5.5 ms a statement in Python, binary 0.5 ms. They need
+    a server-side-binding cursor (runs.queue.raw_cursor), not Django's.
     """
     if not rows:
         return set()
     cursor.execute(
         """
         UPDATE jobs AS j SET next_run_at = v.new
-        FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[]) AS v(id, new, old)
+        FROM unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, new, old)
         WHERE j.id = v.id AND j.next_run_at = v.old AND (v.new IS NULL OR v.new > v.old)
         RETURNING j.id
         """,

@@ -6,14 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from jobs import dispatch_sql, leases
 from jobs.models import Job, SchedulerNode
 from jobs.planning import run_for
 from jobs.scheduler import Scheduler
 from runs.models import JobRun
-from runs.queue import enqueue_runs
+from runs.queue import enqueue_runs, raw_cursor
 from tests.conftest import database_url
 from tests.support.scheduler import locks_by_pid, make_job
 
@@ -224,7 +224,8 @@ def test_stale_heartbeat_stops_dispatch(tenant, make_scheduler):
 
 def test_cas_refuses_stale_and_backward_writes(tenant):
     job = make_job(tenant, next_run_at=T)
-    with connection.cursor() as cursor:
+    with transaction.atomic():
+        cursor = raw_cursor(connection)
         assert (
             dispatch_sql.advance_next_run(
                 cursor, [(job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))]
