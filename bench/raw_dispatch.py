@@ -20,6 +20,7 @@ after each Cronyard round.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
@@ -63,16 +64,27 @@ WHERE j.partition_id = %s AND j.id = v.id
 """
 
 
-def next_time(cron: str, zone: str, interval: int | None, job_id, due: datetime) -> datetime:
-    """The job's first slot after `due`: cronsim in its zone, or `+ interval`."""
+@functools.lru_cache(maxsize=8192)
+def _cron_after(expanded: str, zone: str, due: datetime) -> datetime:
     from cronsim import CronSim
 
-    from jobs.cron import expand_cron
     from jobs.dst import load_zone
+
+    return next(CronSim(expanded, due.astimezone(load_zone(zone)))).astimezone(UTC)
+
+
+def next_time(cron: str, zone: str, interval: int | None, job_id, due: datetime) -> datetime:
+    """The job's first slot after `due`: cronsim in its zone, or `+ interval`.
+
+    As cheap as an expert's loop would make it, so the limit stays a limit: the job id
+    seeds only `H`, and jobs that share an expanded expression, a zone and a due time
+    share one cronsim search (what jobs.planning does too).
+    """
+    from jobs.cron import expand_cron
 
     if interval:
         return due + timedelta(seconds=interval)
-    return next(CronSim(expand_cron(cron, job_id), due.astimezone(load_zone(zone)))).astimezone(UTC)
+    return _cron_after(expand_cron(cron, job_id if "H" in cron.upper() else None), zone, due)
 
 
 def dispatch_partition(conn: psycopg.Connection, partition: int) -> int:
