@@ -190,23 +190,16 @@ def main() -> None:
     for workload in args.workload:
         for n in args.jobs:
             for k in args.schedulers:
-                row = one_round(
-                    url,
-                    n=n,
-                    k=k,
-                    partitions=settings.SCHEDULER_PARTITIONS,
-                    workload=workload,
-                    timeout=args.timeout,
-                )
+                same = {
+                    "n": n,
+                    "k": k,
+                    "partitions": settings.SCHEDULER_PARTITIONS,
+                    "workload": workload,
+                    "timeout": args.timeout,
+                }
+                row = one_round(url, **same)
                 if args.with_limit:
-                    raw = raw_dispatch.one_round(
-                        url,
-                        n=n,
-                        k=k,
-                        partitions=settings.SCHEDULER_PARTITIONS,
-                        workload=workload,
-                        timeout=args.timeout,
-                    )
+                    raw = raw_dispatch.one_round(url, **same)
                     row["limit_runs_per_second"] = raw["runs_per_second"]
                     row["ratio"] = round(row["runs_per_second"] / raw["runs_per_second"], 2)
                     row["limit_checks"] = {key: raw[key] for key in ("duplicates", "missing", "wrong_next")}

@@ -7,7 +7,8 @@ to 500 due jobs of the partition `FOR UPDATE SKIP LOCKED` in index order, comput
 each job's next time the way the product does (cron: cronsim in the job's zone, `H`
 expanded by the job id; interval: `+ interval`), insert their runs with every
 snapshot column the executor reads (`unnest`, `ON CONFLICT DO NOTHING`), advance
-`next_run_at` to the computed values, commit.
+`next_run_at` to the computed values, commit. Arrays are bound in binary and the
+statements prepared, as the scheduler's are.
 
     DATABASE_URL=... .venv/bin/python bench/raw_dispatch.py --jobs 100000 --workers 1 2 \
         [--workload realistic|interval]
@@ -51,16 +52,16 @@ INSERT = """
 INSERT INTO job_runs (
     job_id, scheduled_at, tenant_id, partition_id, status, "trigger", priority, not_before, target,
     job_name, overlap_policy, max_attempts, retry_backoff_seconds, retry_backoff_cap_seconds, lease_seconds)
-SELECT j, s, t, %s, 'queued', 'schedule', pr, now(), g::jsonb, nm, op, ma, rb, rc, ls
-FROM unnest(%s::uuid[], %s::timestamptz[], %s::bigint[], %s::text[], %s::text[], %s::text[], %s::int[],
-            %s::int[], %s::int[], %s::int[], %s::smallint[])
+SELECT j, s, t, %b, 'queued', 'schedule', pr, now(), g::jsonb, nm, op, ma, rb, rc, ls
+FROM unnest(%b::uuid[], %b::timestamptz[], %b::bigint[], %b::text[], %b::text[], %b::text[], %b::int[],
+            %b::int[], %b::int[], %b::int[], %b::smallint[])
      AS u(j, s, t, g, nm, op, ma, rb, rc, ls, pr)
 ON CONFLICT DO NOTHING
 """
 ADVANCE = """
 UPDATE jobs AS j SET next_run_at = v.new
-FROM unnest(%s::uuid[], %s::timestamptz[]) AS v(id, new)
-WHERE j.partition_id = %s AND j.id = v.id
+FROM unnest(%b::uuid[], %b::timestamptz[]) AS v(id, new)
+WHERE j.partition_id = %b AND j.id = v.id
 """
 
 
