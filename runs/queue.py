@@ -100,8 +100,7 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
     """
     if not runs:
         return []
-    with connection.wrap_database_errors:
-        cursor = raw_cursor(connection)
+    with connection.wrap_database_errors, raw_cursor(connection) as cursor:
         cursor.execute(_INSERT_SQL, _columns(runs))
         return [InsertedRun(job_id=row[0], scheduled_at=row[1], status=row[2]) for row in cursor.fetchall()]
 
