@@ -69,12 +69,14 @@ def fence(
     return now, set(held or ())
 
 
+# target as text: see DueJob.target.
+_READ_COLUMNS = ", ".join("target::text" if c == "target" else c for c in DUE_JOB_COLUMNS)
 _READ_SQL = f"""
-(SELECT {", ".join(DUE_JOB_COLUMNS)} FROM jobs
+(SELECT {_READ_COLUMNS} FROM jobs
  WHERE partition_id = ANY(%(owned)s) AND NOT paused AND next_run_at > %(cutoff)s AND next_run_at <= %(now)s
  ORDER BY next_run_at LIMIT %(limit)s)
 UNION ALL
-(SELECT {", ".join(DUE_JOB_COLUMNS)} FROM jobs
+(SELECT {_READ_COLUMNS} FROM jobs
  WHERE partition_id = ANY(%(owned)s) AND NOT paused AND next_run_at <= %(cutoff)s
  ORDER BY next_run_at LIMIT %(limit)s)
 """

@@ -87,7 +87,8 @@ def _columns(runs: Sequence[NewRun]) -> list[list]:
     # one JSON document for jsonb_to_recordset: encoding it (dataclass to dict, dates to
     # ISO text) and quoting it into the SQL text client-side cost more than the insert.
     columns = [[getattr(run, name) for run in runs] for name in _NEW_RUN_FIELDS]
-    columns[_TARGET] = [json.dumps(target) for target in columns[_TARGET]]
+    # The scheduler passes targets as the JSON text it read (planning.DueJob.target).
+    columns[_TARGET] = [t if isinstance(t, str) else json.dumps(t) for t in columns[_TARGET]]
     return columns
 
 
