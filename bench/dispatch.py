@@ -1,13 +1,22 @@
-"""Dispatch throughput: N interval jobs all due at once, time until every run row exists.
+"""Dispatch throughput: N jobs all due at once, time until every run row exists.
 
-    DATABASE_URL=... .venv/bin/python bench/dispatch.py --jobs 100000 --schedulers 1 2
+    DATABASE_URL=... .venv/bin/python bench/dispatch.py --jobs 100000 --schedulers 1 2 \
+        [--workload realistic interval] [--with-limit] [--json out.json]
 
 Uses a scratch database on the same cluster (created and migrated if missing,
 its tables truncated between rounds); never touches the DATABASE_URL database's
-data. For each scheduler count: insert N jobs with next_run_at tomorrow, start the
-`run_scheduler` processes and wait until their leases cover all partitions, then
-make every job due in one UPDATE and time from its commit until N runs exist.
-Prints a Markdown table (and --json writes the numbers) for docs/BENCHMARKS.md.
+data. For each workload (bench/workload.py), job count and scheduler count: COPY N
+jobs with next_run_at tomorrow, start the `run_scheduler` processes and wait until
+their leases cover all partitions, then make every job due at one moment in one
+UPDATE and time from its commit until N runs exist; then verify (0 duplicates, 0
+missing, next times as the product computes them). With --with-limit the same
+jobs are dispatched right after by bench/raw_dispatch.py's loop with as many
+workers, so each row carries the limit and the ratio measured in the same run.
+
+Prints one JSON row per round on stderr, a Markdown table on stdout, and --json
+writes the rows: workload, jobs, schedulers, seconds, runs_per_second, duplicates,
+missing, wrong_next, peak_rss_mb (one per scheduler process), and with --with-limit
+limit_runs_per_second and ratio.
 """
 
 from __future__ import annotations
@@ -19,8 +28,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -46,40 +53,6 @@ def ensure_database(base: str, name: str) -> str:
     return url
 
 
-def reset_and_create_jobs(url: str, n: int) -> None:
-    from jobs.models import Job, Tenant
-    from jobs.services import partition_for
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE job_runs, job_misfires, job_slot_ranges, scheduler_nodes, jobs")
-    tenant, _ = Tenant.objects.get_or_create(
-        slug="bench", defaults={"name": "bench", "max_concurrency": 1000}
-    )
-    later = datetime.now(UTC) + timedelta(days=1)
-    target = {"type": "http", "url": "http://127.0.0.1:9/noop", "method": "POST", "headers": {}, "body": ""}
-    chunk = []
-    for i in range(n):
-        job_id = uuid.uuid4()
-        chunk.append(
-            Job(
-                id=job_id,
-                tenant=tenant,
-                name=f"bench-{i}",
-                interval_seconds=3600,
-                target=target,
-                partition_id=partition_for(job_id),
-                next_run_at=later,
-            )
-        )
-        if len(chunk) == 5000:
-            Job.objects.bulk_create(chunk)
-            chunk = []
-    if chunk:
-        Job.objects.bulk_create(chunk)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM ANALYZE jobs")
-
-
 def shares(conn) -> list[int]:
     rows = conn.execute(
         """
@@ -103,16 +76,34 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def one_round(url: str, n: int, k: int, partitions: int, timeout: float) -> dict:
-    reset_and_create_jobs(url, n)
+def wait_for_runs(conn, *, n: int, moment, started: float, timeout: float) -> float:
+    """Seconds from `started` until the `n` runs of `moment` exist (polled every 0.1 s)."""
+    count = 0
+    while count < n:
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"only {count}/{n} runs after {timeout}s")
+        time.sleep(0.1)
+        count = conn.execute("SELECT count(*) FROM job_runs WHERE scheduled_at = %s", [moment]).fetchone()[0]
+    return time.monotonic() - started
+
+
+def one_round(url: str, *, n: int, k: int, partitions: int, workload: str, timeout: float) -> dict:
+    """Cronyard: `k` run_scheduler processes dispatch `n` due jobs of `workload`."""
+    from bench import workload as wl
+
+    wl.create_jobs(url, n=n, workload=workload, later=wl.later_than_now())
     env = {
         **os.environ,
         "DATABASE_URL": url,
         "SCHEDULER_POLL_SECONDS": "0.1",
         "SCHEDULER_LEASE_SECONDS": "10",
         "CONN_MAX_AGE": "600",
+        # A burst is on time however long it takes to drain: at 1M jobs on a loaded
+        # machine the tail would pass the 60 s threshold and become misfires, which
+        # is another code path (and the limit loop has none).
+        "SCHEDULER_MISFIRE_THRESHOLD_SECONDS": "900",
     }
-    logs = [open(f"/tmp/bench-dispatch-{k}-{i}.log", "wb") for i in range(k)]
+    logs = [open(f"/tmp/bench-dispatch-{os.getpid()}-{k}-{i}.log", "wb") for i in range(k)]
     procs = [
         subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "run_scheduler"],
@@ -131,36 +122,36 @@ def one_round(url: str, n: int, k: int, partitions: int, timeout: float) -> dict
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"leases never balanced: {shares(conn)}")
                 time.sleep(0.2)
-            conn.execute("UPDATE jobs SET next_run_at = now() - interval '1 second'")
-            started = time.monotonic()
-            count = 0
-            while count < n:
-                if time.monotonic() - started > timeout:
-                    raise RuntimeError(f"only {count}/{n} runs after {timeout}s")
-                time.sleep(0.25)
-                count = conn.execute("SELECT count(*) FROM job_runs").fetchone()[0]
-            elapsed = time.monotonic() - started
-            dupes = conn.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM job_runs GROUP BY job_id, scheduled_at"
-                " HAVING count(*) > 1) d"
-            ).fetchone()[0]
-        rss = [peak_rss_mb(p.pid) for p in procs]
-    finally:
+            moment = wl.make_due(conn)
+            elapsed = wait_for_runs(conn, n=n, moment=moment, started=time.monotonic(), timeout=timeout)
+            rss = [peak_rss_mb(p.pid) for p in procs]
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
         for proc in procs:
             proc.wait(timeout=30)
+        with psycopg.connect(url, autocommit=True) as conn:
+            checks = wl.verify(conn, n=n, moment=moment)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         for log in logs:
             log.close()
     return {
+        "workload": workload,
         "jobs": n,
         "schedulers": k,
         "seconds": round(elapsed, 2),
         "runs_per_second": round(n / elapsed),
         "peak_rss_mb": [round(r, 1) for r in rss],
-        "duplicates": dupes,
+        **checks,
         "exit_codes": [p.returncode for p in procs],
     }
+
+
+def failed(row: dict) -> bool:
+    return bool(row["duplicates"] or row["missing"] or row["wrong_next"] or any(row.get("exit_codes", ())))
 
 
 def main() -> None:
@@ -169,6 +160,8 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, nargs="+", default=[100_000])
     parser.add_argument("--schedulers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workload", nargs="+", choices=("realistic", "interval"), default=["realistic"])
+    parser.add_argument("--with-limit", action="store_true", help="also the raw loop, interleaved")
     parser.add_argument("--db", default="cronyard_bench_dispatch", help="scratch database name")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--json", type=Path, help="also write the results here")
@@ -191,22 +184,47 @@ def main() -> None:
     django.setup()
     from django.conf import settings
 
+    from bench import raw_dispatch
+
     results = []
-    for n in args.jobs:
-        for k in args.schedulers:
-            result = one_round(url, n, k, settings.SCHEDULER_PARTITIONS, args.timeout)
-            print(json.dumps(result), file=sys.stderr, flush=True)
-            results.append(result)
+    for workload in args.workload:
+        for n in args.jobs:
+            for k in args.schedulers:
+                same = {
+                    "n": n,
+                    "k": k,
+                    "partitions": settings.SCHEDULER_PARTITIONS,
+                    "workload": workload,
+                    "timeout": args.timeout,
+                }
+                row = one_round(url, **same)
+                if args.with_limit:
+                    raw = raw_dispatch.one_round(url, **same)
+                    row["limit_runs_per_second"] = raw["runs_per_second"]
+                    row["ratio"] = round(row["runs_per_second"] / raw["runs_per_second"], 2)
+                    row["limit_checks"] = {key: raw[key] for key in ("duplicates", "missing", "wrong_next")}
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                results.append(row)
     print(f"batch size {settings.SCHEDULER_BATCH_SIZE}, {settings.SCHEDULER_PARTITIONS} partitions")
-    print("| jobs | schedulers | seconds | runs/s | peak RSS per scheduler (MB) |")
-    print("|---:|---:|---:|---:|---|")
+    print("| workload | jobs | schedulers | seconds | runs/s | limit runs/s | ratio | dup/missing | RSS MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---|---|")
     for r in results:
-        cells = [r["jobs"], r["schedulers"], r["seconds"], r["runs_per_second"], r["peak_rss_mb"]]
+        cells = [
+            r["workload"],
+            r["jobs"],
+            r["schedulers"],
+            r["seconds"],
+            r["runs_per_second"],
+            r.get("limit_runs_per_second", "-"),
+            r.get("ratio", "-"),
+            f"{r['duplicates']}/{r['missing']}",
+            r["peak_rss_mb"],
+        ]
         print("| " + " | ".join(str(c) for c in cells) + " |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
-    if any(r["duplicates"] or any(r["exit_codes"]) for r in results):
-        sys.exit("duplicates or a scheduler exited non-zero")
+    if any(failed(r) or failed({**r.get("limit_checks", r), "exit_codes": ()}) for r in results):
+        sys.exit("duplicates, missing runs, wrong next times or a scheduler exited non-zero")
 
 
 if __name__ == "__main__":

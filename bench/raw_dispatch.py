@@ -1,21 +1,33 @@
 """The dispatch limit: the same database work as a scheduler batch, in a minimal
-raw-psycopg loop (lock due jobs SKIP LOCKED, insert their runs ON CONFLICT DO
-NOTHING, advance next_run_at, commit), with none of Cronyard's Python around it:
-no leases, no schedule math beyond `+ interval`, no misfire or overlap policy.
+raw-psycopg loop, with none of Cronyard's Python around it: no leases, no fence, no
+misfire or overlap policy, no plan-then-lock.
 
-    DATABASE_URL=... .venv/bin/python bench/raw_dispatch.py --jobs 100000 --workers 1 2
+Per batch, one partition at a time (as a Citus shard would be addressed): lock up
+to 500 due jobs of the partition `FOR UPDATE SKIP LOCKED` in index order, compute
+each job's next time the way the product does (cron: cronsim in the job's zone, `H`
+expanded by the job id; interval: `+ interval`), insert their runs with every
+snapshot column the executor reads (`unnest`, `ON CONFLICT DO NOTHING`), advance
+`next_run_at` to the computed values, commit. Arrays are bound in binary and the
+statements prepared, as the scheduler's are.
 
-Uses the scratch database of bench/dispatch.py, so both measure the same rows.
+    DATABASE_URL=... .venv/bin/python bench/raw_dispatch.py --jobs 100000 --workers 1 2 \
+        [--workload realistic|interval]
+
+Uses the scratch database and the jobs of bench/dispatch.py (bench/workload.py), so
+both measure the same rows; bench/dispatch.py --with-limit runs `one_round` right
+after each Cronyard round.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing
 import os
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import psycopg
@@ -23,28 +35,70 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.dispatch import ensure_database, reset_and_create_jobs  # noqa: E402
+from bench.dispatch import ensure_database, wait_for_runs  # noqa: E402
 
 BATCH = 500
 
 CLAIM = """
-SELECT id, next_run_at, interval_seconds, tenant_id, partition_id, target::text
+SELECT id, next_run_at, cron_expr, time_zone, interval_seconds, tenant_id, target::text, name,
+       overlap_policy, max_attempts, retry_backoff_seconds, retry_backoff_cap_seconds, lease_seconds, priority
 FROM jobs
-WHERE partition_id = ANY(%s) AND NOT paused AND next_run_at <= now()
+WHERE partition_id = %s AND NOT paused AND next_run_at <= now()
 ORDER BY next_run_at
 LIMIT %s
 FOR UPDATE SKIP LOCKED
 """
 INSERT = """
-INSERT INTO job_runs (job_id, scheduled_at, tenant_id, partition_id, not_before, target)
-SELECT j, s, t, p, now(), g::jsonb
-FROM unnest(%s::uuid[], %s::timestamptz[], %s::bigint[], %s::smallint[], %s::text[]) AS u(j, s, t, p, g)
+INSERT INTO job_runs (
+    job_id, scheduled_at, tenant_id, partition_id, status, "trigger", priority, not_before, target,
+    job_name, overlap_policy, max_attempts, retry_backoff_seconds, retry_backoff_cap_seconds, lease_seconds)
+SELECT j, s, t, %b, 'queued', 'schedule', pr, now(), g::jsonb, nm, op, ma, rb, rc, ls
+FROM unnest(%b::uuid[], %b::timestamptz[], %b::bigint[], %b::text[], %b::text[], %b::text[], %b::int[],
+            %b::int[], %b::int[], %b::int[], %b::smallint[])
+     AS u(j, s, t, g, nm, op, ma, rb, rc, ls, pr)
 ON CONFLICT DO NOTHING
 """
 ADVANCE = """
-UPDATE jobs SET next_run_at = next_run_at + interval_seconds * interval '1 second'
-WHERE id = ANY(%s)
+UPDATE jobs AS j SET next_run_at = v.new
+FROM unnest(%b::uuid[], %b::timestamptz[]) AS v(id, new)
+WHERE j.partition_id = %b AND j.id = v.id
 """
+
+
+@functools.lru_cache(maxsize=8192)
+def _cron_after(expanded: str, zone: str, due: datetime) -> datetime:
+    from cronsim import CronSim
+
+    from jobs.dst import load_zone
+
+    return next(CronSim(expanded, due.astimezone(load_zone(zone)))).astimezone(UTC)
+
+
+def next_time(cron: str, zone: str, interval: int | None, job_id, due: datetime) -> datetime:
+    """The job's first slot after `due`: cronsim in its zone, or `+ interval`.
+
+    As cheap as an expert's loop would make it, so the limit stays a limit: the job id
+    seeds only `H`, and jobs that share an expanded expression, a zone and a due time
+    share one cronsim search (what jobs.planning does too).
+    """
+    from jobs.cron import expand_cron
+
+    if interval:
+        return due + timedelta(seconds=interval)
+    return _cron_after(expand_cron(cron, job_id if "H" in cron.upper() else None), zone, due)
+
+
+def dispatch_partition(conn: psycopg.Connection, partition: int) -> int:
+    """One batch of one partition, one transaction: the jobs dispatched."""
+    with conn.transaction():
+        rows = conn.execute(CLAIM, [partition, BATCH]).fetchall()
+        if not rows:
+            return 0
+        ids = [r[0] for r in rows]
+        due = [r[1] for r in rows]
+        conn.execute(INSERT, [partition, ids, due, *([r[i] for r in rows] for i in range(5, 14))])
+        conn.execute(ADVANCE, [ids, [next_time(r[2], r[3], r[4], r[0], r[1]) for r in rows], partition])
+    return len(rows)
 
 
 def worker(url: str, partitions: list[int], go, done) -> None:
@@ -52,27 +106,14 @@ def worker(url: str, partitions: list[int], go, done) -> None:
         conn.prepare_threshold = 0
         go.wait()
         while not done.is_set():
-            with conn.transaction():
-                rows = conn.execute(CLAIM, [partitions, BATCH]).fetchall()
-                if rows:
-                    ids = [r[0] for r in rows]
-                    conn.execute(
-                        INSERT,
-                        [
-                            ids,
-                            [r[1] for r in rows],
-                            [r[3] for r in rows],
-                            [r[4] for r in rows],
-                            [r[5] for r in rows],
-                        ],
-                    )
-                    conn.execute(ADVANCE, [ids])
-            if len(rows) < BATCH:
+            if not sum(dispatch_partition(conn, p) for p in partitions):
                 time.sleep(0.05)
 
 
-def one_round(url: str, n: int, k: int, partitions: int) -> dict:
-    reset_and_create_jobs(url, n)
+def one_round(url: str, *, n: int, k: int, partitions: int, workload: str, timeout: float = 900) -> dict:
+    from bench import workload as wl
+
+    wl.create_jobs(url, n=n, workload=workload, later=wl.later_than_now())
     ctx = multiprocessing.get_context("fork")
     go, done = ctx.Event(), ctx.Event()
     procs = [
@@ -81,19 +122,27 @@ def one_round(url: str, n: int, k: int, partitions: int) -> dict:
     ]
     for proc in procs:
         proc.start()
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            moment = wl.make_due(conn)
+            started = time.monotonic()
+            go.set()
+            elapsed = wait_for_runs(conn, n=n, moment=moment, started=started, timeout=timeout)
+    finally:
+        done.set()
+        for proc in procs:
+            proc.join(timeout=30)
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("UPDATE jobs SET next_run_at = now() - interval '1 second'")
-        started = time.monotonic()
-        go.set()
-        count = 0
-        while count < n:
-            time.sleep(0.1)
-            count = conn.execute("SELECT count(*) FROM job_runs").fetchone()[0]
-        elapsed = time.monotonic() - started
-    done.set()
-    for proc in procs:
-        proc.join(timeout=30)
-    return {"jobs": n, "workers": k, "seconds": round(elapsed, 2), "runs_per_second": round(n / elapsed)}
+        checks = wl.verify(conn, n=n, moment=moment)
+    return {
+        "workload": workload,
+        "jobs": n,
+        "workers": k,
+        "schedulers": k,
+        "seconds": round(elapsed, 2),
+        "runs_per_second": round(n / elapsed),
+        **checks,
+    }
 
 
 def main() -> None:
@@ -102,6 +151,7 @@ def main() -> None:
     )
     parser.add_argument("--jobs", type=int, nargs="+", default=[100_000])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workload", choices=("realistic", "interval"), default="realistic")
     parser.add_argument("--db", default="cronyard_bench_dispatch")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -113,7 +163,13 @@ def main() -> None:
     django.setup()
     from django.conf import settings
 
-    results = [one_round(url, n, k, settings.SCHEDULER_PARTITIONS) for n in args.jobs for k in args.workers]
+    results = [
+        one_round(url, n=n, k=k, partitions=settings.SCHEDULER_PARTITIONS, workload=args.workload)
+        for n in args.jobs
+        for k in args.workers
+    ]
+    for r in results:
+        print(json.dumps(r), file=sys.stderr, flush=True)
     print("| jobs | raw workers | seconds | runs/s |")
     print("|---:|---:|---:|---:|")
     for r in results:

@@ -47,6 +47,7 @@ from datetime import datetime
 from uuid import UUID
 
 from jobs.leases import HELD_SQL, NAMESPACE
+from jobs.planning import DUE_JOB_COLUMNS, DueJob
 
 
 def fence(
@@ -68,6 +69,36 @@ def fence(
     return now, set(held or ())
 
 
+# target as text: see DueJob.target. The tenant's rate limit rides along (a primary-key
+# probe of the small tenants table per row), so an unlimited batch needs no query more.
+_READ_COLUMNS = ", ".join(
+    [*("target::text" if c == "target" else c for c in DUE_JOB_COLUMNS),
+     "(SELECT t.max_runs_per_minute FROM tenants t WHERE t.id = jobs.tenant_id)"]
+)
+_READ_SQL = f"""
+(SELECT {_READ_COLUMNS} FROM jobs
+ WHERE partition_id = ANY(%(owned)s) AND NOT paused AND next_run_at > %(cutoff)s AND next_run_at <= %(now)s
+ ORDER BY next_run_at LIMIT %(limit)s)
+UNION ALL
+(SELECT {_READ_COLUMNS} FROM jobs
+ WHERE partition_id = ANY(%(owned)s) AND NOT paused AND next_run_at <= %(cutoff)s
+ ORDER BY next_run_at LIMIT %(limit)s)
+"""
+
+
+def read_due(cursor, *, owned: Sequence[int], now: datetime, cutoff: datetime, limit: int) -> list[DueJob]:
+    """Due jobs of `owned`, on-time ones (due after `cutoff`) first, then the oldest misfired ones.
+
+    A plain read, no lock and no open transaction: what it returns is only a proposal
+    that lock_unchanged re-checks row by row. On-time jobs go first so that a backlog
+    of misfired jobs (cheap to defer: their slots are already late) never makes
+    on-time jobs late too. One round trip (the two branches of a UNION ALL come back
+    in order); rows are plain DueJobs, not ORM instances.
+    """
+    cursor.execute(_READ_SQL, {"owned": list(owned), "now": now, "cutoff": cutoff, "limit": limit})
+    return [DueJob(*row) for row in cursor.fetchmany(limit)]
+
+
 def lock_unchanged(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]]) -> set[UUID]:
     """Lock the planned jobs that nobody changed since they were read: (id, next_run_at, updated_at).
 
@@ -82,7 +113,7 @@ def lock_unchanged(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]
     cursor.execute(
         """
         SELECT j.id FROM jobs AS j
-        JOIN unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[]) AS v(id, next_run_at, updated_at)
+        JOIN unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, next_run_at, updated_at)
           ON j.id = v.id
         WHERE j.next_run_at = v.next_run_at AND j.updated_at = v.updated_at AND NOT j.paused
         FOR UPDATE OF j SKIP LOCKED
@@ -97,13 +128,18 @@ def advance_next_run(cursor, rows: Sequence[tuple[UUID, datetime | None, datetim
 
     A row is written only if next_run_at still equals the value the plan was made
     from and the new value is later (or NULL: finished), so a stale plan is a no-op.
+    The new values come from Python (no now() + column in an UPDATE).
+
+    lock_unchanged and this bind their arrays in binary (`%b`): text dumping of 500
+    UUIDs and timestamps took 5.5 ms a statement in Python, binary 0.5 ms. They need
+    a server-side-binding cursor (runs.queue.raw_cursor), not Django's.
     """
     if not rows:
         return set()
     cursor.execute(
         """
         UPDATE jobs AS j SET next_run_at = v.new
-        FROM unnest(%s::uuid[], %s::timestamptz[], %s::timestamptz[]) AS v(id, new, old)
+        FROM unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, new, old)
         WHERE j.id = v.id AND j.next_run_at = v.old AND (v.new IS NULL OR v.new > v.old)
         RETURNING j.id
         """,

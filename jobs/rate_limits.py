@@ -20,7 +20,7 @@ Only runs the dispatcher inserted as `queued` count: a run the overlap policy sk
 or that already existed starts nothing. Manual triggers, backfills and replays do not
 go through dispatch and are neither limited nor counted: an operator asked for each.
 
-Cost: the limits come with the batch's read (`with_limits`), so a batch whose tenants
+Cost: the limits come with the batch's read (`DueJob.tenant_max_runs_per_minute`), so a batch whose tenants
 have no limit returns before any statement; a limited one pays three.
 """
 
@@ -34,10 +34,8 @@ from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 from django.db import connection
-from django.db.models import F, QuerySet
 
 from jobs import rate_limit_sql
-from jobs.models import Job
 from jobs.planning import Plan
 from runs.rows import InsertedRun
 
@@ -45,13 +43,9 @@ log = logging.getLogger(__name__)
 
 WINDOW = timedelta(minutes=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# The read of due jobs carries each job's tenant limit under this name (None: unlimited).
+# The read of due jobs (jobs/dispatch_sql.read_due) carries each job's tenant limit
+# under this name (None: unlimited).
 LIMIT_ATTR = "tenant_max_runs_per_minute"
-
-
-def with_limits(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """Annotate the due-jobs read with the tenant's limit, so dispatch needs no extra query."""
-    return jobs.annotate(**{LIMIT_ATTR: F("tenant__max_runs_per_minute")})
 
 
 def window_of(moment: datetime) -> datetime:

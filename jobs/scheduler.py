@@ -33,10 +33,10 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from jobs import dispatch_sql, health, leases, rate_limits
-from jobs.models import Job, Misfire, SlotRange
-from jobs.planning import Plan, plan_job
+from jobs.models import Misfire, SlotRange
+from jobs.planning import DueJob, Plan, plan_job
 from runs import partitions
-from runs.queue import enqueue_runs, notify_executors
+from runs.queue import enqueue_runs, notify_executors, raw_cursor
 from scheduler_project import db, liveness
 from scheduler_project.loop import Loop
 
@@ -179,24 +179,25 @@ class Scheduler(Loop):
         if not jobs:
             return BatchResult()
         plans = self._plan_batch(jobs, now)
-        with transaction.atomic():
+        with transaction.atomic(), connection.wrap_database_errors:
             with connection.cursor() as cursor:
                 db_now, held = dispatch_sql.fence(
                     cursor, session_pid=snap.session_pid, lease_seconds=self.lease_seconds
                 )
-                in_lease = [p for p in plans if p.job.partition_id in held]
-                if not in_lease:
-                    # The lease session lost these partitions while we planned (e.g. we
-                    # were stopped): nothing is dispatched, and no batch is logged
-                    # under a session that no longer holds them.
-                    return BatchResult()
-                locked = dispatch_sql.lock_unchanged(
-                    cursor, [(p.job.id, p.job.next_run_at, p.job.updated_at) for p in in_lease]
-                )
-                plans_locked = [p for p in in_lease if p.job.id in locked]
-                advanced = dispatch_sql.advance_next_run(
-                    cursor, [(p.job.id, p.new_next, p.job.next_run_at) for p in plans_locked]
-                )
+            in_lease = [p for p in plans if p.job.partition_id in held]
+            if not in_lease:
+                # The lease session lost these partitions while we planned (e.g. we
+                # were stopped): nothing is dispatched, and no batch is logged
+                # under a session that no longer holds them.
+                return BatchResult()
+            cursor = raw_cursor(connection)
+            locked = dispatch_sql.lock_unchanged(
+                cursor, [(p.job.id, p.job.next_run_at, p.job.updated_at) for p in in_lease]
+            )
+            plans_locked = [p for p in in_lease if p.job.id in locked]
+            advanced = dispatch_sql.advance_next_run(
+                cursor, [(p.job.id, p.new_next, p.job.next_run_at) for p in plans_locked]
+            )
             plans_ok = [p for p in plans_locked if p.job.id in advanced]
             runs = [run for p in plans_ok for run in p.runs]
             inserted = enqueue_runs(runs)
@@ -254,25 +255,20 @@ class Scheduler(Loop):
         )
         return result
 
-    def _read_due(self, owned: list[int], now: datetime) -> list[Job]:
-        """Due jobs of `owned`, on-time ones first, then the oldest misfired ones.
-
-        A plain read, no lock and no open transaction: what it returns is only a
-        proposal that the dispatch transaction re-checks row by row. On-time jobs go
-        first so that a backlog of misfired jobs (cheap to defer: their slots are
-        already late) never makes on-time jobs late too.
-        """
+    def _read_due(self, owned: list[int], now: datetime) -> list[DueJob]:
+        """Due jobs of `owned` (dispatch_sql.read_due): a plain read, no lock, no transaction."""
         if not owned:
             return []
-        due = rate_limits.with_limits(Job.objects.filter(partition_id__in=owned, paused=False))
-        cutoff = now - self.threshold
-        limit = self.batch_limit
-        jobs = list(due.filter(next_run_at__gt=cutoff, next_run_at__lte=now).order_by("next_run_at")[:limit])
-        if len(jobs) < limit:
-            jobs += due.filter(next_run_at__lte=cutoff).order_by("next_run_at")[: limit - len(jobs)]
-        return jobs
+        with connection.wrap_database_errors:
+            return dispatch_sql.read_due(
+                raw_cursor(connection),
+                owned=owned,
+                now=now,
+                cutoff=now - self.threshold,
+                limit=self.batch_limit,
+            )
 
-    def _plan_batch(self, jobs: list[Job], now: datetime) -> list[Plan]:
+    def _plan_batch(self, jobs: list[DueJob], now: datetime) -> list[Plan]:
         deadline = time.monotonic() + PLAN_BUDGET_SECONDS
         plans = []
         for job in jobs:
@@ -287,7 +283,7 @@ class Scheduler(Loop):
             plans.append(self._plan(job, now))
         return plans
 
-    def _plan(self, job: Job, now: datetime) -> Plan:
+    def _plan(self, job: DueJob, now: datetime) -> Plan:
         try:
             return plan_job(job, now=now, threshold=self.threshold)
         except Exception:

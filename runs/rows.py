@@ -23,7 +23,7 @@ class NewRun:
     scheduled_at: datetime
     tenant_id: int
     partition_id: int
-    target: dict
+    target: dict | str  # str: the JSON text as the dispatch read it (runs.queue inserts either)
     trigger: str = "schedule"
     priority: int = 0
     job_name: str = ""

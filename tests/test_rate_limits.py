@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs import rate_limits, tenant_services
+from jobs import tenant_services
 from jobs.models import Job, Tenant, TenantDispatchWindow
 from jobs.rate_limits import Wanted, allocate, window_of
 from jobs.scheduler import Scheduler
@@ -214,6 +214,22 @@ def test_the_ledger_and_run_detail_say_the_run_was_deferred(tenant, api, make_sc
     assert note in job_page
 
 
-def test_limits_ride_on_the_due_jobs_read():
-    sql = str(rate_limits.with_limits(Job.objects.all()).query)
-    assert '"tenants"."max_runs_per_minute"' in sql
+@pytest.mark.django_db(transaction=True)
+def test_limits_ride_on_the_due_jobs_read(settings):
+    from jobs import dispatch_sql
+    from runs.queue import raw_cursor
+
+    limited, _ = tenant_services.create_tenant(slug="ride", max_runs_per_minute=7)
+    free, _ = tenant_services.create_tenant(slug="free")
+    herd(limited, 2)
+    herd(free, 2)
+    with connection.wrap_database_errors:
+        rows = dispatch_sql.read_due(
+            raw_cursor(connection),
+            owned=list(range(settings.SCHEDULER_PARTITIONS)),
+            now=T,
+            cutoff=T - timedelta(hours=1),
+            limit=100,
+        )
+    assert {(r.tenant_id, r.tenant_max_runs_per_minute) for r in rows} == {(limited.id, 7), (free.id, None)}
+    assert len(rows) == 4

@@ -6,14 +6,14 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from jobs import dispatch_sql, leases
 from jobs.models import Job, SchedulerNode
 from jobs.planning import run_for
 from jobs.scheduler import Scheduler
 from runs.models import JobRun
-from runs.queue import enqueue_runs
+from runs.queue import enqueue_runs, raw_cursor
 from tests.conftest import database_url
 from tests.support.scheduler import locks_by_pid, make_job
 
@@ -160,6 +160,30 @@ def test_full_batches_loop_and_many_jobs_fire_once_each(tenant, make_scheduler):
     assert set(JobRun.objects.values_list("job_id", flat=True)) == {j.id for j in jobs}
 
 
+def test_a_batch_plans_from_rows_not_orm_instances(tenant, make_scheduler):
+    """Building a Job model per due job was a fifth of a batch's time (docs/DECISIONS.md):
+    the read hands planning plain rows, and the runs are the same."""
+    from django.db.models.signals import post_init
+
+    jobs = [
+        make_job(tenant, interval_seconds=60, next_run_at=T - timedelta(seconds=i % 5)) for i in range(20)
+    ]
+    built = []
+
+    def count(sender, instance, **kwargs):
+        built.append(instance)
+
+    post_init.connect(count, sender=Job)
+    try:
+        assert make_scheduler(node_id="n1").step() is False
+    finally:
+        post_init.disconnect(count, sender=Job)
+    assert built == []
+    assert sorted(JobRun.objects.values_list("job_id", "scheduled_at")) == sorted(
+        (j.id, j.next_run_at) for j in jobs
+    )
+
+
 def test_lost_lease_session_dispatches_nothing_until_a_new_session(tenant, make_scheduler, caplog):
     job = make_job(tenant, next_run_at=T - timedelta(seconds=5))
     sched = make_scheduler(node_id="n1")
@@ -200,7 +224,8 @@ def test_stale_heartbeat_stops_dispatch(tenant, make_scheduler):
 
 def test_cas_refuses_stale_and_backward_writes(tenant):
     job = make_job(tenant, next_run_at=T)
-    with connection.cursor() as cursor:
+    with transaction.atomic():
+        cursor = raw_cursor(connection)
         assert (
             dispatch_sql.advance_next_run(
                 cursor, [(job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))]
