@@ -99,8 +99,59 @@ def read_due(cursor, *, owned: Sequence[int], now: datetime, cutoff: datetime, l
     return [DueJob(*row) for row in cursor.fetchmany(limit)]
 
 
-def lock_unchanged(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]]) -> set[UUID]:
-    """Lock the planned jobs that nobody changed since they were read: (id, next_run_at, updated_at).
+# Row-locking and writing statements name the partition. On plain PostgreSQL one
+# statement covers the batch (`partition_id = ANY(...)`, which the (partition_id, id)
+# primary key serves); on Citus, which runs FOR UPDATE and cheap writes only inside one
+# shard (DESIGN section 10), the same statement runs once per partition of the batch
+# with `partition_id = $n`. A sparse batch then costs a statement per partition: that
+# is the price of Citus, and single-server users do not pay it (docs/DECISIONS.md,
+# "Dispatch on Citus").
+_ONE = "j.partition_id = %b::smallint"
+_MANY = "j.partition_id = ANY(%b::smallint[])"
+
+_LOCK_SQL = """
+SELECT j.id FROM jobs AS j
+JOIN unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, next_run_at, updated_at)
+  ON j.id = v.id
+WHERE {partitions} AND j.next_run_at = v.next_run_at AND j.updated_at = v.updated_at AND NOT j.paused
+FOR UPDATE OF j SKIP LOCKED
+"""
+
+_ADVANCE_SQL = """
+UPDATE jobs AS j SET next_run_at = v.new
+FROM unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, new, old)
+WHERE {partitions} AND j.id = v.id AND j.next_run_at = v.old AND (v.new IS NULL OR v.new > v.old)
+RETURNING j.id
+"""
+
+# (partition_id, id, a, b) per job: the partition, the job and the two values compared.
+Row = tuple[int, UUID, "datetime | None", "datetime | None"]
+
+
+def _by_partition(cursor, template: str, rows: Sequence[Row], *, citus: bool) -> set[UUID]:
+    if not rows:
+        return set()
+    if not citus:
+        partitions = sorted({r[0] for r in rows})
+        groups = [(partitions, rows)]
+        sql = template.format(partitions=_MANY)
+    else:
+        by: dict[int, list[Row]] = {}
+        for r in rows:
+            by.setdefault(r[0], []).append(r)
+        groups = sorted(by.items())
+        sql = template.format(partitions=_ONE)
+    out: set[UUID] = set()
+    for partition, group in groups:
+        # Positional: the unnest's three arrays come before the partition in the text.
+        cursor.execute(sql, [[r[1] for r in group], [r[2] for r in group], [r[3] for r in group], partition])
+        out |= {row[0] for row in cursor.fetchall()}
+    return out
+
+
+def lock_unchanged(cursor, rows: Sequence[Row], *, citus: bool = False) -> set[UUID]:
+    """Lock the planned jobs that nobody changed since they were read:
+    (partition_id, id, next_run_at, updated_at) -> ids locked.
 
     The plan was made outside any transaction; this is where it is re-checked. In
     READ COMMITTED a row locked FOR UPDATE is re-evaluated against its newest committed
@@ -108,23 +159,11 @@ def lock_unchanged(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]
     was edited or paused (updated_at moved), is left out: its plan is stale and the
     next batch plans it again. SKIP LOCKED leaves rows a stalled transaction holds.
     """
-    if not rows:
-        return set()
-    cursor.execute(
-        """
-        SELECT j.id FROM jobs AS j
-        JOIN unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, next_run_at, updated_at)
-          ON j.id = v.id
-        WHERE j.next_run_at = v.next_run_at AND j.updated_at = v.updated_at AND NOT j.paused
-        FOR UPDATE OF j SKIP LOCKED
-        """,
-        [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
-    )
-    return {row[0] for row in cursor.fetchall()}
+    return _by_partition(cursor, _LOCK_SQL, rows, citus=citus)
 
 
-def advance_next_run(cursor, rows: Sequence[tuple[UUID, datetime | None, datetime]]) -> set[UUID]:
-    """Compare-and-set next_run_at for many jobs in one statement: (id, new, old) -> ids advanced.
+def advance_next_run(cursor, rows: Sequence[Row], *, citus: bool = False) -> set[UUID]:
+    """Compare-and-set next_run_at for many jobs: (partition_id, id, new, old) -> ids advanced.
 
     A row is written only if next_run_at still equals the value the plan was made
     from and the new value is later (or NULL: finished), so a stale plan is a no-op.
@@ -134,15 +173,4 @@ def advance_next_run(cursor, rows: Sequence[tuple[UUID, datetime | None, datetim
     UUIDs and timestamps took 5.5 ms a statement in Python, binary 0.5 ms. They need
     a server-side-binding cursor (runs.queue.raw_cursor), not Django's.
     """
-    if not rows:
-        return set()
-    cursor.execute(
-        """
-        UPDATE jobs AS j SET next_run_at = v.new
-        FROM unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, new, old)
-        WHERE j.id = v.id AND j.next_run_at = v.old AND (v.new IS NULL OR v.new > v.old)
-        RETURNING j.id
-        """,
-        [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]],
-    )
-    return {row[0] for row in cursor.fetchall()}
+    return _by_partition(cursor, _ADVANCE_SQL, rows, citus=citus)

@@ -38,6 +38,7 @@ from jobs.planning import DueJob, Plan, plan_job
 from runs import partitions
 from runs.queue import enqueue_runs, notify_executors, raw_cursor
 from scheduler_project import db, liveness
+from scheduler_project.citus import citus_installed
 from scheduler_project.loop import Loop
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class Scheduler(Loop):
         self._unusable_logged_generation = -1
         # Jobs the next batch reads: halves after a failed batch, doubles back after a full one.
         self.batch_limit = self.batch_size
+        self._citus: bool | None = None
 
     # -- Loop API ------------------------------------------------------------------
 
@@ -192,11 +194,15 @@ class Scheduler(Loop):
                 return BatchResult()
             cursor = raw_cursor(connection)
             locked = dispatch_sql.lock_unchanged(
-                cursor, [(p.job.id, p.job.next_run_at, p.job.updated_at) for p in in_lease]
+                cursor,
+                [(p.job.partition_id, p.job.id, p.job.next_run_at, p.job.updated_at) for p in in_lease],
+                citus=self._on_citus(),
             )
             plans_locked = [p for p in in_lease if p.job.id in locked]
             advanced = dispatch_sql.advance_next_run(
-                cursor, [(p.job.id, p.new_next, p.job.next_run_at) for p in plans_locked]
+                cursor,
+                [(p.job.partition_id, p.job.id, p.new_next, p.job.next_run_at) for p in plans_locked],
+                citus=self._on_citus(),
             )
             plans_ok = [p for p in plans_locked if p.job.id in advanced]
             runs = [run for p in plans_ok for run in p.runs]
@@ -254,6 +260,13 @@ class Scheduler(Loop):
             (time.monotonic() - started) * 1000,
         )
         return result
+
+    def _on_citus(self) -> bool:
+        """Whether the database is Citus (asked once): dispatch then writes per partition."""
+        if self._citus is None:
+            with connection.cursor() as cursor:
+                self._citus = citus_installed(cursor)
+        return self._citus
 
     def _read_due(self, owned: list[int], now: datetime) -> list[DueJob]:
         """Due jobs of `owned` (dispatch_sql.read_due): a plain read, no lock, no transaction."""

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import connection, transaction
 
 from jobs import dispatch_sql, leases
@@ -222,18 +223,26 @@ def test_stale_heartbeat_stops_dispatch(tenant, make_scheduler):
     assert runs_of(job) == []
 
 
-def test_cas_refuses_stale_and_backward_writes(tenant):
+@pytest.mark.parametrize("citus", [False, True], ids=["one-statement", "per-partition"])
+def test_cas_refuses_stale_and_backward_writes(tenant, citus):
+    # Both forms of the statement (one for the batch, or one per partition as on Citus).
     job = make_job(tenant, next_run_at=T)
+    other = make_job(tenant, next_run_at=T)
+    p = job.partition_id
     with transaction.atomic():
         cursor = raw_cursor(connection)
-        assert (
-            dispatch_sql.advance_next_run(
-                cursor, [(job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))]
-            )
-            == set()
-        )
-        assert dispatch_sql.advance_next_run(cursor, [(job.id, T - timedelta(minutes=1), T)]) == set()
-        assert dispatch_sql.advance_next_run(cursor, [(job.id, T + timedelta(minutes=1), T)]) == {job.id}
+
+        def cas(*rows):
+            return dispatch_sql.advance_next_run(cursor, list(rows), citus=citus)
+
+        assert cas((p, job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))) == set()
+        assert cas((p, job.id, T - timedelta(minutes=1), T)) == set()
+        # The partition is part of the key: a row named with the wrong one is not written.
+        assert cas(((p + 1) % settings.SCHEDULER_PARTITIONS, job.id, T + timedelta(minutes=1), T)) == set()
+        assert cas(
+            (p, job.id, T + timedelta(minutes=1), T),
+            (other.partition_id, other.id, T + timedelta(minutes=2), T),
+        ) == {job.id, other.id}
     job.refresh_from_db()
     assert job.next_run_at == T + timedelta(minutes=1)
 
