@@ -55,6 +55,28 @@ def prepare_database(
     Idempotent. `create_on_coordinator=False` when the caller (Django's test database
     creation) has just created the coordinator's copy itself.
     """
+    # One preparation at a time per cluster: citus_add_node propagates the roles to the
+    # worker, and two at once (pytest-xdist's workers each preparing a test database)
+    # fail there with "tuple concurrently updated". An advisory lock in the
+    # coordinator's maintenance database serialises them across processes.
+    with _connect(coordinator, "postgres", user) as guard:
+        guard.execute("SELECT pg_advisory_lock(%s)", [PREPARE_LOCK])
+        _prepare(
+            coordinator=coordinator,
+            workers=workers,
+            db=db,
+            user=user,
+            create_on_coordinator=create_on_coordinator,
+        )
+
+
+# pg_advisory_lock key of prepare_database ("CITU").
+PREPARE_LOCK = 0x43495455
+
+
+def _prepare(
+    *, coordinator: str, workers: list[str], db: str, user: str, create_on_coordinator: bool
+) -> None:
     for worker in workers:
         _create(worker, db, user, fresh=not create_on_coordinator)
     if create_on_coordinator:
