@@ -99,6 +99,25 @@ def read_due(cursor, *, owned: Sequence[int], now: datetime, cutoff: datetime, l
     return [DueJob(*row) for row in cursor.fetchmany(limit)]
 
 
+# The earliest upcoming slot of the owned partitions: one probe of the due index
+# (partition_id, next_run_at) per partition. An idle scheduler sleeps until then
+# instead of a whole poll interval (end-to-end lag, docs/DECISIONS.md).
+_NEXT_DUE_SQL = """
+SELECT min(n.next_run_at) FROM unnest(%(owned)s::smallint[]) AS o(p) CROSS JOIN LATERAL (
+    SELECT next_run_at FROM jobs
+    WHERE partition_id = o.p AND NOT paused AND next_run_at > %(now)s
+    ORDER BY next_run_at LIMIT 1
+) n
+"""
+
+
+def next_due(cursor, *, owned: Sequence[int], now: datetime) -> datetime | None:
+    """When the next job of `owned` falls due after `now` (None: none scheduled)."""
+    cursor.execute(_NEXT_DUE_SQL, {"owned": list(owned), "now": now})
+    row = cursor.fetchone()
+    return row[0] if row else None
+
+
 # Row-locking and writing statements name the partition. On plain PostgreSQL one
 # statement covers the batch (`partition_id = ANY(...)`, which the (partition_id, id)
 # primary key serves); on Citus, which runs FOR UPDATE and cheap writes only inside one

@@ -42,6 +42,10 @@ class Loop:
     def close(self) -> None:
         """Release what the loop holds; called once after the last step."""
 
+    def idle_seconds(self) -> float:
+        """How long to wait after a step that did no work (at most `poll_seconds`)."""
+        return self.poll_seconds
+
     def wait_for_work(self, timeout: float) -> None:
         """Sleep until woken, stopped or timed out. Subclasses may listen for NOTIFY here."""
         self._wake.wait(timeout)
@@ -72,6 +76,6 @@ class Loop:
                 if once:
                     break
                 if not did_work and not self.stopping.is_set():
-                    self.wait_for_work(self.poll_seconds)
+                    self.wait_for_work(self.idle_seconds())
         finally:
             self.close()

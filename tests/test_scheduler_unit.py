@@ -58,6 +58,24 @@ def test_due_cron_job_fires_once_and_advances(tenant, make_scheduler):
     assert job.next_run_at == datetime(2026, 5, 4, 10, 1, tzinfo=UTC)
 
 
+def test_an_idle_scheduler_sleeps_until_the_next_job_is_due(tenant, make_scheduler):
+    # The poll interval was most of the end-to-end lag: an idle scheduler now wakes
+    # when its next job falls due (never later than a poll interval).
+    make_job(tenant, next_run_at=T - timedelta(seconds=5))
+    make_job(tenant, next_run_at=T + timedelta(milliseconds=300))
+    sched = make_scheduler(node_id="n1", poll_seconds=1.0)
+    assert sched.step() is False
+    assert 0.2 < sched.idle_seconds() <= 0.31
+    assert sched.idle_seconds() == 1.0  # nothing newer known: a whole poll
+
+
+def test_with_nothing_upcoming_the_idle_wait_is_the_poll(tenant, make_scheduler):
+    make_job(tenant, next_run_at=T + timedelta(hours=2))
+    sched = make_scheduler(node_id="n1", poll_seconds=0.7)
+    assert sched.step() is False
+    assert sched.idle_seconds() == 0.7
+
+
 def test_second_step_at_same_time_adds_nothing(tenant, make_scheduler):
     job = make_job(tenant, next_run_at=T - timedelta(seconds=5))
     sched = make_scheduler(node_id="n1")
