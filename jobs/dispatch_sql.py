@@ -99,15 +99,16 @@ def read_due(cursor, *, owned: Sequence[int], now: datetime, cutoff: datetime, l
     return [DueJob(*row) for row in cursor.fetchmany(limit)]
 
 
-# The earliest upcoming slot of the owned partitions: one probe of the due index
-# (partition_id, next_run_at) per partition. An idle scheduler sleeps until then
-# instead of a whole poll interval (end-to-end lag, docs/DECISIONS.md).
+# The earliest upcoming slot of the owned partitions. An idle scheduler sleeps until
+# then instead of a whole poll interval (end-to-end lag, docs/DECISIONS.md). Walks
+# jobs_due_order_idx (next_run_at, not paused) from `now`: with k schedulers about k
+# entries until one of ours. On Citus each shard answers from its own copy of that
+# index and the coordinator takes the smallest (a per-partition LATERAL probe cannot
+# be pushed down there).
 _NEXT_DUE_SQL = """
-SELECT min(n.next_run_at) FROM unnest(%(owned)s::smallint[]) AS o(p) CROSS JOIN LATERAL (
-    SELECT next_run_at FROM jobs
-    WHERE partition_id = o.p AND NOT paused AND next_run_at > %(now)s
-    ORDER BY next_run_at LIMIT 1
-) n
+SELECT next_run_at FROM jobs
+WHERE partition_id = ANY(%(owned)s::smallint[]) AND NOT paused AND next_run_at > %(now)s
+ORDER BY next_run_at LIMIT 1
 """
 
 

@@ -272,8 +272,13 @@ class Scheduler(Loop):
 
     def _note_next_due(self, owned: list[int], now: datetime) -> None:
         """Remember when the next owned job falls due, so the idle wait ends then."""
-        with connection.wrap_database_errors:
-            nxt = dispatch_sql.next_due(raw_cursor(connection), owned=owned, now=now) if owned else None
+        try:
+            with connection.wrap_database_errors:
+                nxt = dispatch_sql.next_due(raw_cursor(connection), owned=owned, now=now) if owned else None
+        except DatabaseError as exc:
+            # Only the idle wait depends on it: fall back to a poll, never fail the batch.
+            log.warning("node=%s: could not read the next due time (%s); polling", self.node_id, exc)
+            nxt = None
         self._next_due_mono = None if nxt is None else time.monotonic() + (nxt - now).total_seconds()
 
     def idle_seconds(self) -> float:
