@@ -97,6 +97,21 @@ def queue_for(job: Job, *, minutes_ago: int = 5, target: dict | None = None) -> 
     return key
 
 
+def completion(run: rows.ClaimedRun, status: str) -> rows.Completion:
+    """An outcome of `run`'s attempt (a retry comes back in 30 s)."""
+    return rows.Completion(
+        job_id=run.job_id,
+        scheduled_at=run.scheduled_at,
+        partition_id=run.partition_id,
+        attempt=run.attempt,
+        status=status,
+        retry_in_s=30.0,
+        result_code=200,
+        error="",
+        entry={"attempt": run.attempt, "outcome": "ok"},
+    )
+
+
 def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
     """The per-partition (Citus) form, forced on this plain PostgreSQL connection."""
     tenant, _ = create_tenant(slug="parts", max_concurrency=100)
@@ -154,21 +169,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
             )
             assert len(held) == len(rest)
             written = await outcomes.complete_runs(
-                conn,
-                [
-                    rows.Completion(
-                        job_id=r.job_id,
-                        scheduled_at=r.scheduled_at,
-                        partition_id=r.partition_id,
-                        attempt=r.attempt,
-                        status="succeeded" if i % 2 else "retrying",
-                        retry_in_s=30.0,
-                        result_code=200,
-                        error="",
-                        entry={"attempt": r.attempt, "outcome": "ok"},
-                    )
-                    for i, r in enumerate(rest)
-                ],
+                conn, [completion(r, "succeeded" if i % 2 else "retrying") for i, r in enumerate(rest)]
             )
             assert len(written) == len(rest)
         finally:
@@ -208,23 +209,7 @@ def test_plain_postgresql_claims_and_writes_a_batch_in_one_statement_each():
             claimed = await claims.claim_runs(conn, owner="me:1", limit=32)
             keys = [(r.partition_id, (r.job_id, r.scheduled_at, r.attempt)) for r in claimed]
             held = await claims.heartbeat_runs(conn, keys)
-            written = await outcomes.complete_runs(
-                conn,
-                [
-                    rows.Completion(
-                        job_id=r.job_id,
-                        scheduled_at=r.scheduled_at,
-                        partition_id=r.partition_id,
-                        attempt=r.attempt,
-                        status="succeeded",
-                        retry_in_s=None,
-                        result_code=200,
-                        error="",
-                        entry={"attempt": r.attempt, "outcome": "ok"},
-                    )
-                    for r in claimed
-                ],
-            )
+            written = await outcomes.complete_runs(conn, [completion(r, "succeeded") for r in claimed])
             return claimed, held, written
         finally:
             await conn.close()
