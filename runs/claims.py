@@ -62,8 +62,9 @@ _EXPIRED_PARTITIONS_SQL = """
 SELECT DISTINCT partition_id, now() FROM job_runs WHERE status = 'running' AND lease_until < now()
 """
 
-# One partition's expired leases. The history entry and the message are built in the
-# locking SELECT, so the UPDATE only copies values (see the module docstring).
+# The expired leases of the partitions named (one on Citus). The history entry and the
+# message are built in the locking SELECT, so the UPDATE only copies values (see the
+# module docstring).
 _REAP_SQL = per_partition.Forms.of(f"""
 WITH expired AS (
     SELECT r.id, r.scheduled_at, r.attempt - r.deferrals >= r.max_attempts AS dead,
@@ -88,7 +89,7 @@ WHERE r.partition_id {{partition_filter}} AND r.id = e.id AND r.scheduled_at = e
 RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.job_name, r.attempt, r.owner, r.status, r.last_error
 """)
 
-# Step 1 of a partition's claim: lock the tenants claim_order chose for it, in tenant id
+# Step 1 of a claim: lock the tenants claim_order chose for it, in tenant id
 # order (claimers never deadlock). A statement without distributed tables: on Citus it
 # runs on the coordinator, so one tenant's claims are serialised whichever shard they
 # touch (inside a statement on a shard the lock would be taken on that worker).
@@ -113,7 +114,7 @@ WHERE status = 'running' AND tenant_id = ANY(%(tenants)s::bigint[])
 GROUP BY tenant_id
 """
 
-# Step 3, in one partition, with those counts.
+# Step 3, in the partitions named (one per statement on Citus), with those counts.
 # Per locked tenant, its best runs by effective priority (a run waiting longer than
 # `aging` seconds counts as priority 9, so a flood of 9s cannot hold a 0 back forever):
 # the union of two index-ordered probes, the best by priority and the longest waiting,
