@@ -1,6 +1,6 @@
 """The executor's side of the run queue in SQL: claim (tenant caps, fair share,
-priority aging, overlap, cancel_previous), heartbeat, and reaping of expired leases
-(the outcomes of attempts: runs/outcomes.py). Async (psycopg AsyncConnection), off the
+priority aging, overlap, cancel_previous) and heartbeat (reaping of expired leases:
+runs/reaping.py; the outcomes of attempts: runs/outcomes.py). Async (psycopg AsyncConnection), off the
 Django ORM, so the hot path costs a few round trips per batch. Each function runs in
 its own transaction unless it says otherwise.
 
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
 from runs import attempts, claim_order, connections, per_partition
-from runs.rows import ClaimedRun, ReapedRun, RunKey
+from runs.rows import ClaimedRun, RunKey
 
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
 TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
@@ -31,18 +31,6 @@ TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
 DEFAULT_AGING_SECONDS = 60.0
 
 
-# The history entry of an attempt whose lease ran out: when it finished is unknown.
-_REAPED_ENTRY = attempts.sql_entry(
-    attempt="r.attempt",
-    owner="r.owner",
-    started_at="r.started_at",
-    finished_at="NULL",
-    duration_ms="NULL",
-    outcome="'lease expired'",
-    result_code="NULL",
-    error="'lease expired (no heartbeat)'",
-    retry_in_s="0",
-)
 # ... and of one a newer run of a cancel_previous job cut short.
 _CANCELLED_BY_NEWER_ENTRY = attempts.sql_entry(
     attempt="o.attempt",
@@ -55,39 +43,6 @@ _CANCELLED_BY_NEWER_ENTRY = attempts.sql_entry(
     error="'cancelled by a newer run'",
     retry_in_s="NULL",
 )
-
-# Partitions holding an expired lease: a read across partitions, no lock. The running
-# rows are few (at most the executors' slots), all in job_runs_running_idx.
-_EXPIRED_PARTITIONS_SQL = """
-SELECT DISTINCT partition_id, now() FROM job_runs WHERE status = 'running' AND lease_until < now()
-"""
-
-# The expired leases of the partitions named (one on Citus). The history entry and the
-# message are built in the locking SELECT, so the UPDATE only copies values (see the
-# module docstring).
-_REAP_SQL = per_partition.Forms.of(f"""
-WITH expired AS (
-    SELECT r.id, r.scheduled_at, r.attempt - r.deferrals >= r.max_attempts AS dead,
-           jsonb_build_array({_REAPED_ENTRY}) AS entry,
-           'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating' AS error
-    FROM job_runs r
-    WHERE r.partition_id {{partition_filter}} AND r.status = 'running' AND r.lease_until < %(now)s
-    ORDER BY r.lease_until
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE job_runs r SET
-    status = CASE WHEN e.dead THEN 'dead' ELSE 'retrying' END,
-    not_before = %(now)s,
-    lease_until = NULL,
-    finished_at = CASE WHEN e.dead THEN %(now)s END,
-    last_error = e.error,
-    attempts = r.attempts || e.entry
-FROM expired e
-WHERE r.partition_id {{partition_filter}} AND r.id = e.id AND r.scheduled_at = e.scheduled_at
-  AND r.status = 'running' AND r.lease_until < %(now)s
-RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.job_name, r.attempt, r.owner, r.status, r.last_error
-""")
 
 # Step 1 of a claim: lock the tenants claim_order chose for it, in tenant id
 # order (claimers never deadlock). A statement without distributed tables: on Citus it
@@ -253,36 +208,6 @@ WHERE r.partition_id {partition_filter} AND r.job_id = h.job_id AND r.scheduled_
 RETURNING r.job_id, r.scheduled_at, r.attempt
 """
 )
-
-
-async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
-    """Hand back runs whose owner stopped heartbeating (lease expiries).
-
-    The expired attempt is fenced off by the status change: its late writes all
-    require status='running' with its attempt number. Out of attempts → dead. One
-    read finds the partitions with an expired lease (usually none: the read is all a
-    healthy cluster pays), then one statement for them all, or one per partition
-    (runs/per_partition.py).
-    """
-    cursor = await conn.execute(_EXPIRED_PARTITIONS_SQL)
-    expired = sorted(await cursor.fetchall())
-    if not expired:
-        return []
-    now = expired[0][1]
-    if not await connections.one_partition_per_statement(conn):
-        cursor = await conn.execute(
-            _REAP_SQL.many, {"partitions": [p for p, _ in expired], "now": now, "limit": limit}
-        )
-        return [ReapedRun(*row) for row in await cursor.fetchall()]
-    reaped: list[ReapedRun] = []
-    for partition_id, _ in expired:
-        if len(reaped) >= limit:
-            break
-        cursor = await conn.execute(
-            _REAP_SQL.one, {"partition": partition_id, "now": now, "limit": limit - len(reaped)}
-        )
-        reaped += [ReapedRun(*row) for row in await cursor.fetchall()]
-    return reaped
 
 
 async def claim_runs(

@@ -23,7 +23,7 @@ import pytest
 from jobs.models import Job
 from jobs.services import create_job, partition_for
 from jobs.tenant_services import create_tenant
-from runs import breakers, claims, connections, outcomes, rows
+from runs import breakers, claims, connections, outcomes, reaping, rows
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, set_running, task_target
@@ -142,7 +142,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
                 " updated_at, opened_at, open_until) VALUES (%s, 'open', 5, 5, 0, 0, now(), now(), %s)",
                 ["http://127.0.0.1:9", datetime.now(UTC) + timedelta(minutes=5)],
             )
-            reaped = await claims.reap_expired_leases(conn)
+            reaped = await reaping.reap_expired_leases(conn)
             assert [r.job_id for r in reaped] == [orphan_key[0]]
             claimed = await claims.claim_runs(conn, owner="me:1", limit=50)
             assert len({r.partition_id for r in claimed}) >= 3
