@@ -241,9 +241,10 @@ WHERE t.host = x.host
 # Put a claimed run back untouched by a call: the status it was claimed from (a run
 # that has used an attempt was retrying), one more deferral so the attempt the claim
 # took is not counted as used. Fenced like every write of an attempt. One partition per
-# statement, and the database's time as a parameter: Citus refuses now() inside a
-# COALESCE in a distributed UPDATE (runs/claims.py).
-_DEFER_SQL = """
+# statement on Citus (runs/per_partition.py), and the database's time as a parameter:
+# Citus refuses now() inside a COALESCE in a distributed UPDATE (runs/claims.py).
+_DEFER_SQL = per_partition.Forms.of(
+    """
 UPDATE job_runs r SET
     status = CASE WHEN r.attempt - r.deferrals > 1 THEN 'retrying' ELSE 'queued' END,
     deferrals = r.deferrals + 1,
@@ -253,10 +254,11 @@ UPDATE job_runs r SET
     last_error = x.reason
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(job_id uuid, scheduled_at timestamptz, attempt integer,
                                                until timestamptz, reason text)
-WHERE r.partition_id = %(partition)s AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+WHERE r.partition_id {partition_filter} AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
   AND r.attempt = x.attempt AND r.status = 'running'
 RETURNING r.job_id
 """
+)
 
 
 def _encode(states: dict[str, HostState]) -> str:
@@ -305,13 +307,12 @@ async def admit(conn, candidates: Sequence[Candidate], *, policy: Policy) -> Adm
         admission, states = decide_admission(states, candidates, now=now, policy=policy)
         await conn.execute(_SAVE_SQL, [_encode(states)])
         partition_of = {c.key: c.partition_id for c in candidates}
-        groups = per_partition.group((partition_of[d.key], d) for d in admission.defer)
-        params = [
-            {"partition": partition_id, "now": now, "rows": _encode_deferrals(deferrals)}
-            for partition_id, deferrals in groups.items()
-        ]
-        if params:
-            await per_partition.run(conn, _DEFER_SQL, params)
+        await per_partition.run(
+            conn,
+            _DEFER_SQL,
+            per_partition.group((partition_of[d.key], d) for d in admission.defer),
+            lambda deferrals: {"now": now, "rows": _encode_deferrals(deferrals)},
+        )
     return admission
 
 

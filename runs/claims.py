@@ -1,11 +1,13 @@
 """The executor's side of the run queue in SQL: claim (tenant caps, fair share,
-priority aging, overlap, cancel_previous), heartbeat, and reaping of expired leases
-(the outcomes of attempts: runs/outcomes.py). Async (psycopg AsyncConnection), off the
-Django ORM, so the hot path costs a round trip or two per batch and partition. Each
-function runs in its own transaction unless it says otherwise.
+priority aging, overlap, cancel_previous) and heartbeat (reaping of expired leases:
+runs/reaping.py; the outcomes of attempts: runs/outcomes.py). Async (psycopg AsyncConnection), off the
+Django ORM, so the hot path costs a few round trips per batch. Each function runs in
+its own transaction unless it says otherwise.
 
-Every statement that writes or locks a run addresses one `partition_id` (DESIGN section
-10: on Citus `FOR UPDATE` and cheap writes exist only inside one shard). Reads that only
+Every statement that writes or locks a run names the partitions it touches: on Citus
+one `partition_id` per statement (DESIGN section 10: `FOR UPDATE` and cheap writes
+exist only inside one shard), on plain PostgreSQL all of a batch's partitions at once
+(runs/per_partition.py: one template, two forms). Reads that only
 count or choose (tenants' running runs, which partitions to claim from, expired leases)
 may span partitions. Times derived from a column (lease ends, retry times) are computed
 from a timestamp passed in, not from now() inside the UPDATE, and attempt entries are
@@ -19,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
-from runs import attempts, claim_order, per_partition
-from runs.rows import ClaimedRun, ReapedRun, RunKey
+from runs import attempts, claim_order, connections, per_partition
+from runs.rows import ClaimedRun, RunKey
 
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
 TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
@@ -29,18 +31,6 @@ TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
 DEFAULT_AGING_SECONDS = 60.0
 
 
-# The history entry of an attempt whose lease ran out: when it finished is unknown.
-_REAPED_ENTRY = attempts.sql_entry(
-    attempt="r.attempt",
-    owner="r.owner",
-    started_at="r.started_at",
-    finished_at="NULL",
-    duration_ms="NULL",
-    outcome="'lease expired'",
-    result_code="NULL",
-    error="'lease expired (no heartbeat)'",
-    retry_in_s="0",
-)
 # ... and of one a newer run of a cancel_previous job cut short.
 _CANCELLED_BY_NEWER_ENTRY = attempts.sql_entry(
     attempt="o.attempt",
@@ -54,39 +44,7 @@ _CANCELLED_BY_NEWER_ENTRY = attempts.sql_entry(
     retry_in_s="NULL",
 )
 
-# Partitions holding an expired lease: a read across partitions, no lock. The running
-# rows are few (at most the executors' slots), all in job_runs_running_idx.
-_EXPIRED_PARTITIONS_SQL = """
-SELECT DISTINCT partition_id, now() FROM job_runs WHERE status = 'running' AND lease_until < now()
-"""
-
-# One partition's expired leases. The history entry and the message are built in the
-# locking SELECT, so the UPDATE only copies values (see the module docstring).
-_REAP_SQL = f"""
-WITH expired AS (
-    SELECT r.id, r.scheduled_at, r.attempt - r.deferrals >= r.max_attempts AS dead,
-           jsonb_build_array({_REAPED_ENTRY}) AS entry,
-           'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating' AS error
-    FROM job_runs r
-    WHERE r.partition_id = %(partition)s AND r.status = 'running' AND r.lease_until < %(now)s
-    ORDER BY r.lease_until
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE job_runs r SET
-    status = CASE WHEN e.dead THEN 'dead' ELSE 'retrying' END,
-    not_before = %(now)s,
-    lease_until = NULL,
-    finished_at = CASE WHEN e.dead THEN %(now)s END,
-    last_error = e.error,
-    attempts = r.attempts || e.entry
-FROM expired e
-WHERE r.partition_id = %(partition)s AND r.id = e.id AND r.scheduled_at = e.scheduled_at
-  AND r.status = 'running' AND r.lease_until < %(now)s
-RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.job_name, r.attempt, r.owner, r.status, r.last_error
-"""
-
-# Step 1 of a partition's claim: lock the tenants claim_order chose for it, in tenant id
+# Step 1 of a claim: lock the tenants claim_order chose for it, in tenant id
 # order (claimers never deadlock). A statement without distributed tables: on Citus it
 # runs on the coordinator, so one tenant's claims are serialised whichever shard they
 # touch (inside a statement on a shard the lock would be taken on that worker).
@@ -111,16 +69,17 @@ WHERE status = 'running' AND tenant_id = ANY(%(tenants)s::bigint[])
 GROUP BY tenant_id
 """
 
-# Step 3, in one partition, with those counts.
+# Step 3, in the partitions named (one per statement on Citus), with those counts.
 # Per locked tenant, its best runs by effective priority (a run waiting longer than
 # `aging` seconds counts as priority 9, so a flood of 9s cannot hold a 0 back forever):
 # the union of two index-ordered probes, the best by priority and the longest waiting,
 # each at most the tenant's free slots. Per job, at most one run unless the job allows
 # overlap (a job's runs are all in its partition). Across tenants, the fair-share rank
 # (running + k-th pick) / weight decides, as in claim_order.
-_CLAIM_SQL = """
+_CLAIM_SQL = per_partition.Forms.of(
+    """
 WITH busy AS MATERIALIZED (
-    SELECT job_id FROM job_runs WHERE partition_id = %(partition)s AND status = 'running'
+    SELECT job_id FROM job_runs WHERE partition_id {partition_filter} AND status = 'running'
 ),
 slots AS (
     SELECT t.id AS tenant_id, t.weight, run.n AS running, t.max_concurrency - run.n AS free
@@ -131,7 +90,7 @@ by_priority AS (
     SELECT c.* FROM slots s CROSS JOIN LATERAL (
         SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy, r.not_before
         FROM job_runs r
-        WHERE r.partition_id = %(partition)s AND r.tenant_id = s.tenant_id
+        WHERE r.partition_id {partition_filter} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
           AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
                OR r.job_id NOT IN (SELECT job_id FROM busy))
@@ -145,7 +104,7 @@ by_age AS (
     SELECT c.* FROM slots s CROSS JOIN LATERAL (
         SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy, r.not_before
         FROM job_runs r
-        WHERE r.partition_id = %(partition)s AND r.tenant_id = s.tenant_id
+        WHERE r.partition_id {partition_filter} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying')
           AND r.not_before <= now() - %(aging)s * interval '1 second'
           AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
@@ -171,7 +130,7 @@ superseded AS (
     SELECT p.id, p.scheduled_at FROM picked p
     WHERE p.overlap_policy = 'cancel_previous'
       AND EXISTS (SELECT 1 FROM job_runs n
-                  WHERE n.partition_id = %(partition)s
+                  WHERE n.partition_id {partition_filter}
                     AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at
                     AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
 ),
@@ -185,7 +144,7 @@ dropped AS (
         status = 'cancelled', finished_at = now(), lease_until = NULL,
         last_error = 'cancelled: a newer occurrence of this job supersedes it (cancel_previous)'
     FROM superseded x
-    WHERE d.partition_id = %(partition)s AND d.id = x.id AND d.scheduled_at = x.scheduled_at
+    WHERE d.partition_id {partition_filter} AND d.id = x.id AND d.scheduled_at = x.scheduled_at
     RETURNING d.job_id
 ),
 eligible AS (
@@ -210,7 +169,7 @@ claimed AS (
         lease_until = to_timestamp(%(epoch)s + r.lease_seconds),
         owner = %(owner)s, started_at = now(), finished_at = NULL
     FROM chosen c
-    WHERE r.partition_id = %(partition)s AND r.id = c.id AND r.scheduled_at = c.scheduled_at
+    WHERE r.partition_id {partition_filter} AND r.id = c.id AND r.scheduled_at = c.scheduled_at
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
               r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
               r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, r.deferrals, r.deferred_since
@@ -222,7 +181,7 @@ older AS (
     -- re-checks the attempt it was built for.
     SELECT o.id, o.scheduled_at, o.attempt, jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY}) AS entry
     FROM job_runs o JOIN chosen c ON o.job_id = c.job_id
-    WHERE o.partition_id = %(partition)s AND c.overlap_policy = 'cancel_previous'
+    WHERE o.partition_id {partition_filter} AND c.overlap_policy = 'cancel_previous'
       AND o.status = 'running' AND o.scheduled_at < c.scheduled_at
 ),
 cancelled AS (
@@ -231,53 +190,52 @@ cancelled AS (
         last_error = 'cancelled by a newer run',
         attempts = o.attempts || x.entry
     FROM older x
-    WHERE o.partition_id = %(partition)s AND o.id = x.id AND o.scheduled_at = x.scheduled_at
+    WHERE o.partition_id {partition_filter} AND o.id = x.id AND o.scheduled_at = x.scheduled_at
       AND o.attempt = x.attempt AND o.status = 'running'
     RETURNING o.job_id
 )
 SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
 """.replace("{_CANCELLED_BY_NEWER_ENTRY}", _CANCELLED_BY_NEWER_ENTRY)
+)
 
-_HEARTBEAT_SQL = """
+_HEARTBEAT_SQL = per_partition.Forms.of(
+    """
 UPDATE job_runs r SET lease_until = to_timestamp(%(epoch)s + r.lease_seconds)
 FROM unnest(%(job_ids)s::uuid[], %(scheduled)s::timestamptz[], %(attempts)s::integer[])
     AS h(job_id, scheduled_at, attempt)
-WHERE r.partition_id = %(partition)s AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
+WHERE r.partition_id {partition_filter} AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
   AND r.attempt = h.attempt AND r.status = 'running'
 RETURNING r.job_id, r.scheduled_at, r.attempt
 """
-
-
-async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
-    """Hand back runs whose owner stopped heartbeating (lease expiries).
-
-    The expired attempt is fenced off by the status change: its late writes all
-    require status='running' with its attempt number. Out of attempts → dead. One
-    read finds the partitions with an expired lease, then one statement per partition
-    (usually none: the read is all a healthy cluster pays).
-    """
-    cursor = await conn.execute(_EXPIRED_PARTITIONS_SQL)
-    reaped: list[ReapedRun] = []
-    for partition_id, now in sorted(await cursor.fetchall()):
-        if len(reaped) >= limit:
-            break
-        cursor = await conn.execute(
-            _REAP_SQL, {"partition": partition_id, "now": now, "limit": limit - len(reaped)}
-        )
-        reaped += [ReapedRun(*row) for row in await cursor.fetchall()]
-    return reaped
+)
 
 
 async def claim_runs(
     conn, *, owner: str, limit: int, aging_seconds: float = DEFAULT_AGING_SECONDS
 ) -> list[ClaimedRun]:
-    """Claim up to `limit` runnable runs for `owner`: one read chooses the partitions in
-    fair-share order (runs/claim_order.py), then one short claim transaction per
-    partition until the batch is full. No transaction is open during any call."""
+    """Claim up to `limit` runnable runs for `owner`: one read chooses the partitions and
+    tenants in fair-share order (runs/claim_order.py), then one short claim transaction
+    for all of them (plain PostgreSQL), or one per partition until the batch is full
+    (Citus). No transaction is open during any call."""
     if limit <= 0:
         return []
-    claimed: list[ClaimedRun] = []
     plan = await claim_order.plan(conn, limit=limit, aging_seconds=aging_seconds)
+    if not plan.partitions:
+        return []
+    if not await connections.one_partition_per_statement(conn):
+        # One statement ranks the whole batch across tenants, as one partition's claim
+        # does within its partition: the plan's partitions and tenants only narrow it.
+        return await _claim(
+            conn,
+            sql=_CLAIM_SQL.many,
+            where={"partitions": [p for p, _ in plan.partitions]},
+            tenants=[t for _, ts in plan.partitions for t in ts],
+            owner=owner,
+            limit=limit,
+            aging_seconds=aging_seconds,
+            max_rank=plan.max_rank,
+        )
+    claimed: list[ClaimedRun] = []
     for partition_id, tenants in plan.partitions:
         claimed += await claim_partition(
             conn,
@@ -305,7 +263,32 @@ async def claim_partition(
     max_rank: float = float("inf"),
 ) -> list[ClaimedRun]:
     """Claim up to `limit` runs of `tenants` in one partition, in one transaction,
-    none with a fair-share rank worse than `max_rank` (see claim_order.ClaimPlan).
+    none with a fair-share rank worse than `max_rank` (see claim_order.ClaimPlan)."""
+    return await _claim(
+        conn,
+        sql=_CLAIM_SQL.one,
+        where={"partition": partition_id},
+        tenants=tenants,
+        owner=owner,
+        limit=limit,
+        aging_seconds=aging_seconds,
+        max_rank=max_rank,
+    )
+
+
+async def _claim(
+    conn,
+    *,
+    sql: str,
+    where: dict,
+    tenants: Sequence[int],
+    owner: str,
+    limit: int,
+    aging_seconds: float,
+    max_rank: float,
+) -> list[ClaimedRun]:
+    """Claim up to `limit` runs of `tenants` in the partitions `where` names (a form of
+    _CLAIM_SQL and its partition parameter), in one transaction.
 
     Never more running runs per tenant than tenants.max_concurrency, across all
     partitions: claimers of the same tenant are serialised by a transaction-scoped
@@ -322,9 +305,9 @@ async def claim_partition(
         cursor = await conn.execute(_RUNNING_SQL, {"tenants": tenant_ids})
         running = dict(await cursor.fetchall())
         cursor = await conn.execute(
-            _CLAIM_SQL,
+            sql,
             {
-                "partition": partition_id,
+                **where,
                 "tenants": tenant_ids,
                 "running": [running.get(t, 0) for t in tenant_ids],
                 "limit": limit,
@@ -346,18 +329,15 @@ async def heartbeat_runs(conn, runs: Iterable[tuple[int, RunKey]]) -> set[RunKey
     process's clock (executors and database hosts keep NTP time; a skew of s seconds
     moves every lease end by s).
     """
-    groups = per_partition.group(runs)
-    if not groups:
-        return set()
     epoch = datetime.now(UTC).timestamp()
-    params = [
-        {
-            "partition": partition_id,
+
+    def params(keys: list[RunKey]) -> dict:
+        return {
             "epoch": epoch,
             "job_ids": [k[0] for k in keys],
             "scheduled": [k[1] for k in keys],
             "attempts": [k[2] for k in keys],
         }
-        for partition_id, keys in groups.items()
-    ]
-    return {(row[0], row[1], row[2]) for row in await per_partition.run(conn, _HEARTBEAT_SQL, params)}
+
+    held = await per_partition.run(conn, _HEARTBEAT_SQL, per_partition.group(runs), params)
+    return {(row[0], row[1], row[2]) for row in held}

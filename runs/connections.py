@@ -31,6 +31,25 @@ async def is_citus(conn) -> bool:
     return _CITUS[conn]
 
 
+# Connections told to address one partition per statement whatever their database.
+_FORCED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def force_one_partition_per_statement(conn, value: bool = True) -> None:
+    """Make `conn` use the per-partition (Citus) statements, or the batch ones if False,
+    whatever its database: the per-partition form is then exercised on plain PostgreSQL."""
+    _FORCED[conn] = value
+
+
+async def one_partition_per_statement(conn) -> bool:
+    """Whether the executor's statements on `conn` address one partition each (Citus:
+    `FOR UPDATE` and cheap writes exist only inside one shard) rather than a batch's
+    partitions at once (plain PostgreSQL). runs/per_partition.py."""
+    if conn in _FORCED:
+        return _FORCED[conn]
+    return await is_citus(conn)
+
+
 def plan_cache_mode(*, citus: bool) -> str:
     """The executor's plan_cache_mode: generic plans on plain PostgreSQL, custom on Citus.
 

@@ -31,7 +31,19 @@ from datetime import datetime
 
 import psycopg
 
-from runs import breakers, claims, connections, inflight, nodes, outcomes, retry, rows, targets, tasks
+from runs import (
+    breakers,
+    claims,
+    connections,
+    inflight,
+    nodes,
+    outcomes,
+    reaping,
+    retry,
+    rows,
+    targets,
+    tasks,
+)
 from runs.alerts import Alerter, DeadRunAlert
 from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
 from runs.keys import run_key
@@ -117,7 +129,7 @@ class ExecutorSteps:
     async def reap_once(self) -> list[rows.ReapedRun]:
         """Hand back runs whose owner (any executor) stopped heartbeating. Does not wait
         for a free slot: an orphan counts against its tenant's cap until it is reaped."""
-        reaped = await claims.reap_expired_leases(self._claim_conn)
+        reaped = await reaping.reap_expired_leases(self._claim_conn)
         for run in reaped:
             self.counters.lease_expiries += 1
             log.warning(

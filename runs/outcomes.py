@@ -1,8 +1,8 @@
 """The write that ends attempts: outcomes, fenced by attempt, with each job's health in
-the same statement. One statement per partition (runs/per_partition.py): a job's runs
-and its jobs row share the partition, so each job's health is judged from all its
-outcomes of the batch at once. Times are computed here and passed in (runs/claims.py
-says why).
+the same statement. One statement for the batch, or one per partition on Citus
+(runs/per_partition.py): a job's runs and its jobs row share the partition, so each
+job's health is judged from all its outcomes of the batch at once. Times are computed
+here and passed in (runs/claims.py says why).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from datetime import UTC, datetime, timedelta
 from runs import per_partition
 from runs.rows import Completion, RunKey
 
-_COMPLETE_SQL = """
+_COMPLETE_SQL = per_partition.Forms.of(
+    """
 WITH done AS (
     UPDATE job_runs r SET
         status = x.status,
@@ -27,7 +28,7 @@ WITH done AS (
     FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(
         job_id uuid, scheduled_at timestamptz, attempt integer, status text, not_before timestamptz,
         result_code integer, error text, entry jsonb)
-    WHERE r.partition_id = %(partition)s AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+    WHERE r.partition_id {partition_filter} AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
       AND r.attempt = x.attempt AND r.status = 'running'
     RETURNING r.job_id, r.scheduled_at, r.attempt, r.status, x.entry -> 0 ->> 'outcome' AS outcome
 ),
@@ -54,7 +55,7 @@ per_job AS (
 -- different orders must not deadlock (a deadlock would lose a batch of outcomes).
 locked AS MATERIALIZED (
     SELECT jb.id FROM jobs jb
-    WHERE jb.partition_id = %(partition)s AND jb.id IN (SELECT job_id FROM per_job)
+    WHERE jb.partition_id {partition_filter} AND jb.id IN (SELECT job_id FROM per_job)
     ORDER BY jb.id FOR NO KEY UPDATE
 ),
 health AS (
@@ -69,30 +70,30 @@ health AS (
         -- A success ends the streak; the next streak alerts again.
         failure_alerted = jb.failure_alerted AND NOT p.any_ok
     FROM per_job p, locked l
-    WHERE jb.partition_id = %(partition)s AND jb.id = p.job_id AND l.id = jb.id
+    WHERE jb.partition_id {partition_filter} AND jb.id = p.job_id AND l.id = jb.id
     RETURNING jb.id
 )
 -- (A data-modifying WITH runs to completion whether or not the result reads it.)
 SELECT job_id, scheduled_at, attempt FROM done
 """
+)
 
 
 async def complete_runs(conn, completions: Sequence[Completion]) -> set[RunKey]:
     """Write the outcomes of attempts, each only if that attempt still holds its run.
 
     Returns the keys written; the others were fenced off and wrote nothing. One
-    statement per partition (a job's runs and its jobs row share it, so each job's
+    statement, or one per partition on Citus (a job's runs and its jobs row share it, so each job's
     health is judged from all its outcomes of the batch at once).
     """
-    groups = per_partition.group((c.partition_id, c) for c in completions)
-    if not groups:
-        return set()
     now = datetime.now(UTC)
-    params = [
-        {"partition": partition_id, "now": now, "rows": _encode_completions(batch, now=now)}
-        for partition_id, batch in groups.items()
-    ]
-    return {(row[0], row[1], row[2]) for row in await per_partition.run(conn, _COMPLETE_SQL, params)}
+    written = await per_partition.run(
+        conn,
+        _COMPLETE_SQL,
+        per_partition.group((c.partition_id, c) for c in completions),
+        lambda batch: {"now": now, "rows": _encode_completions(batch, now=now)},
+    )
+    return {(row[0], row[1], row[2]) for row in written}
 
 
 def _encode_completions(completions: Sequence[Completion], *, now: datetime) -> str:

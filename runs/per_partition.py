@@ -1,17 +1,45 @@
-"""Statements that address one partition each, for several partitions at once.
+"""Statements that address partitions: one statement per partition on Citus, one for the
+whole batch on plain PostgreSQL.
 
-Every write of the executor addresses one `partition_id` (DESIGN section 10); a batch
-that spans partitions becomes one statement per partition, sent pipelined so that
-plain PostgreSQL still pays one round trip for the batch.
+Every write of the executor names the partitions it touches (DESIGN section 10). On
+Citus a statement must address ONE partition (`FOR UPDATE` and cheap writes exist only
+inside one shard), so a batch that spans partitions becomes one statement per
+partition, pipelined. Plain PostgreSQL has no such limit, and a statement per
+partition costs it a plan and an execution each: there the batch is one statement
+over `partition_id = ANY(...)`. Both forms come from one SQL template, whose
+`{partition_filter}` is filled once at import (`Forms.of`), so there is one SQL source.
+Which form a connection uses: runs/connections.one_partition_per_statement.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
+from runs import connections
+
 T = TypeVar("T")
+
+PLACEHOLDER = "{partition_filter}"
+# The right-hand side of `<alias>.partition_id ...` in each form.
+ONE = "= %(partition)s"
+MANY = "= ANY(%(partitions)s::smallint[])"
+
+
+@dataclass(frozen=True)
+class Forms:
+    """One statement in its two forms: `one` names %(partition)s, `many` %(partitions)s."""
+
+    one: str
+    many: str
+
+    @classmethod
+    def of(cls, template: str) -> Forms:
+        if PLACEHOLDER not in template:
+            raise ValueError("the template names no {partition_filter}")
+        return cls(template.replace(PLACEHOLDER, ONE), template.replace(PLACEHOLDER, MANY))
 
 
 def group(items: Iterable[tuple[int, T]]) -> dict[int, list[T]]:
@@ -22,10 +50,25 @@ def group(items: Iterable[tuple[int, T]]) -> dict[int, list[T]]:
     return dict(sorted(groups.items()))
 
 
-async def run(conn, sql: str, params: Sequence[dict]) -> list[tuple]:
-    """Run `sql` (which returns rows) once per partition's parameters, pipelined: one
-    round trip for all of them, each statement addressing one partition. The rows of
-    every statement."""
+async def run(
+    conn, forms: Forms, groups: dict[int, list[T]], params: Callable[[list[T]], dict]
+) -> list[tuple]:
+    """Run a statement over the grouped items, returning the rows of every statement sent.
+
+    `params(items)` gives a statement's parameters for some of the items; the partition
+    parameter is added here. Per-partition mode: one statement per partition, pipelined
+    (one round trip for all of them). Otherwise one statement for all the items.
+    """
+    if not groups:
+        return []
+    if not await connections.one_partition_per_statement(conn):
+        items = [item for batch in groups.values() for item in batch]
+        cursor = await conn.execute(forms.many, {**params(items), "partitions": list(groups)})
+        return await cursor.fetchall()
+    return await _each(conn, forms.one, [{**params(batch), "partition": p} for p, batch in groups.items()])
+
+
+async def _each(conn, sql: str, params: Sequence[dict]) -> list[tuple]:
     if len(params) == 1:
         # The common case (a batch from one partition): a pipeline's extra sync costs
         # more than it saves.

@@ -30,7 +30,7 @@ REDACTED = "***"
 _SECRET_NAME = re.compile(r"auth|cookie|token|secret|key|passw|credential|session|signature", re.IGNORECASE)
 
 # The outcome the executor's reaper records for an attempt whose lease ran out
-# (runs/claims.py _REAP_SQL); the underscore spelling is accepted too.
+# (runs/reaping.py _REAP_SQL); the underscore spelling is accepted too.
 LEASE_EXPIRED_OUTCOMES = ("lease expired", "lease_expired")
 
 

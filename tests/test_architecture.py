@@ -49,6 +49,7 @@ EXECUTOR_SIDE = {
         "claim_order",
         "outcomes",
         "per_partition",
+        "reaping",
     )
 }
 # What the operator-facing rest of `runs` (admin, API, selectors, services, metrics) may
@@ -65,6 +66,7 @@ SQL_MODULES = {
     "runs.claim_order",
     "runs.outcomes",
     "runs.per_partition",
+    "runs.reaping",
     "runs.connections",
     "runs.breakers",
     "runs.nodes",

@@ -23,7 +23,7 @@ import pytest
 from jobs.models import Job
 from jobs.services import create_job, partition_for
 from jobs.tenant_services import create_tenant
-from runs import breakers, claims, connections, outcomes, rows
+from runs import breakers, claims, connections, outcomes, reaping, rows
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, set_running, task_target
@@ -97,7 +97,23 @@ def queue_for(job: Job, *, minutes_ago: int = 5, target: dict | None = None) -> 
     return key
 
 
+def completion(run: rows.ClaimedRun, status: str) -> rows.Completion:
+    """An outcome of `run`'s attempt (a retry comes back in 30 s)."""
+    return rows.Completion(
+        job_id=run.job_id,
+        scheduled_at=run.scheduled_at,
+        partition_id=run.partition_id,
+        attempt=run.attempt,
+        status=status,
+        retry_in_s=30.0,
+        result_code=200,
+        error="",
+        entry={"attempt": run.attempt, "outcome": "ok"},
+    )
+
+
 def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
+    """The per-partition (Citus) form, forced on this plain PostgreSQL connection."""
     tenant, _ = create_tenant(slug="parts", max_concurrency=100)
     jobs = spread_jobs(tenant, 6)
     for job in jobs:
@@ -118,6 +134,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
 
     async def scenario() -> None:
         conn = await recording_connection()
+        connections.force_one_partition_per_statement(conn)
         conn.statements = sent
         try:
             await conn.execute(
@@ -125,7 +142,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
                 " updated_at, opened_at, open_until) VALUES (%s, 'open', 5, 5, 0, 0, now(), now(), %s)",
                 ["http://127.0.0.1:9", datetime.now(UTC) + timedelta(minutes=5)],
             )
-            reaped = await claims.reap_expired_leases(conn)
+            reaped = await reaping.reap_expired_leases(conn)
             assert [r.job_id for r in reaped] == [orphan_key[0]]
             claimed = await claims.claim_runs(conn, owner="me:1", limit=50)
             assert len({r.partition_id for r in claimed}) >= 3
@@ -152,21 +169,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
             )
             assert len(held) == len(rest)
             written = await outcomes.complete_runs(
-                conn,
-                [
-                    rows.Completion(
-                        job_id=r.job_id,
-                        scheduled_at=r.scheduled_at,
-                        partition_id=r.partition_id,
-                        attempt=r.attempt,
-                        status="succeeded" if i % 2 else "retrying",
-                        retry_in_s=30.0,
-                        result_code=200,
-                        error="",
-                        entry={"attempt": r.attempt, "outcome": "ok"},
-                    )
-                    for i, r in enumerate(rest)
-                ],
+                conn, [completion(r, "succeeded" if i % 2 else "retrying") for i, r in enumerate(rest)]
             )
             assert len(written) == len(rest)
         finally:
@@ -189,7 +192,41 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
     assert retried and all(r.not_before > datetime.now(UTC) + timedelta(seconds=20) for r in retried)
 
 
-def test_fair_share_reaches_across_partitions():
+def test_plain_postgresql_claims_and_writes_a_batch_in_one_statement_each():
+    """Single-server users pay one claim transaction per batch, whatever its spread over
+    partitions, and one statement for its heartbeat and for its outcomes."""
+    tenant, _ = create_tenant(slug="plain", max_concurrency=100)
+    jobs = spread_jobs(tenant, 8)
+    for job in jobs:
+        queue_for(job)
+    sent: list[tuple[str, object]] = []
+
+    async def scenario() -> tuple[list[rows.ClaimedRun], set, set]:
+        conn = await recording_connection()
+        conn.statements = sent
+        try:
+            assert not await connections.one_partition_per_statement(conn)
+            claimed = await claims.claim_runs(conn, owner="me:1", limit=32)
+            keys = [(r.partition_id, (r.job_id, r.scheduled_at, r.attempt)) for r in claimed]
+            held = await claims.heartbeat_runs(conn, keys)
+            written = await outcomes.complete_runs(conn, [completion(r, "succeeded") for r in claimed])
+            return claimed, held, written
+        finally:
+            await conn.close()
+
+    claimed, held, written = asyncio.run(scenario())
+    assert len(claimed) == len(jobs) and len({r.partition_id for r in claimed}) >= 3
+    assert len(held) == len(written) == len(claimed)
+    writes = [(sql, params) for sql, params in sent if _WRITES_OR_LOCKS.search(sql)]
+    # The claim, the heartbeat, the outcomes: each one statement naming every partition.
+    assert len(writes) == 3, [" ".join(sql.split())[:60] for sql, _ in writes]
+    partitions = sorted({r.partition_id for r in claimed})
+    assert all(sorted(params["partitions"]) == partitions for _, params in writes)
+    assert all(job.last_outcome == "succeeded" for job in Job.objects.filter(tenant=tenant))
+
+
+@pytest.mark.parametrize("one_per_statement", [False, True], ids=["plain", "per-partition"])
+def test_fair_share_reaches_across_partitions(one_per_statement):
     """A tenant with nothing running is served first even though a busy tenant's backlog
     fills every other partition; the cap counts runs in every partition."""
     busy, _ = create_tenant(slug="busy", max_concurrency=12)
@@ -203,6 +240,7 @@ def test_fair_share_reaches_across_partitions():
 
     async def claim():
         conn = await connections.connect_async(database_url())
+        connections.force_one_partition_per_statement(conn, one_per_statement)
         try:
             return await claims.claim_runs(conn, owner="me:1", limit=4)
         finally:

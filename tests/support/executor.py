@@ -124,6 +124,6 @@ def claim_now(*, limit: int = 10, owner: str = "test-claimer"):
 
 
 def reap_now():
-    from runs import claims
+    from runs import reaping
 
-    return _on_executor_connection(claims.reap_expired_leases)
+    return _on_executor_connection(reaping.reap_expired_leases)
