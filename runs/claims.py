@@ -164,10 +164,14 @@ chosen AS (
     LIMIT %(limit)s
 ),
 claimed AS (
+    -- started_at is the claim statement's own time, not its transaction's: the claim
+    -- runs after the tenant locks and running counts of the same transaction, and a
+    -- previous run of a skip job can finish between the two (a run would look as if it
+    -- started before its predecessor finished).
     UPDATE job_runs r SET
         status = 'running', attempt = r.attempt + 1,
         lease_until = to_timestamp(%(epoch)s + r.lease_seconds),
-        owner = %(owner)s, started_at = now(), finished_at = NULL
+        owner = %(owner)s, started_at = statement_timestamp(), finished_at = NULL
     FROM chosen c
     WHERE r.partition_id {partition_filter} AND r.id = c.id AND r.scheduled_at = c.scheduled_at
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
