@@ -112,9 +112,33 @@ class Cluster:
 
     def stall(self, kind: str, rng: random.Random, seconds: float) -> None:
         proc = rng.choice(self.group(kind))
+        if kind == "executor":
+            # The executor holding the most runs: a random pick on a loaded machine could
+            # be one restarted a moment ago that holds nothing yet, and the stall would
+            # then prove nothing about fencing (the run's own check below fails).
+            proc = self._busiest_executor() or proc
         os.kill(proc.pid, signal.SIGSTOP)
         time.sleep(seconds)
         os.kill(proc.pid, signal.SIGCONT)
+
+    def _busiest_executor(self) -> subprocess.Popen | None:
+        """The executor process with the most running runs (its pid is in the owner id)."""
+        from django.db import DatabaseError, connection
+
+        from runs.models import JobRun
+
+        try:
+            owners = Counter(JobRun.objects.filter(status="running").values_list("owner", flat=True))
+        except DatabaseError:
+            connection.close()
+            return None
+        by_pid = Counter()
+        for owner, n in owners.items():
+            parts = owner.split(":")
+            if len(parts) >= 3 and parts[-2].isdigit():
+                by_pid[int(parts[-2])] += n
+        running = [p for p in self.group("executor") if p.poll() is None and by_pid[p.pid] > 0]
+        return max(running, key=lambda p: by_pid[p.pid], default=None)
 
     def check_alive(self) -> None:
         """A process that died on its own is a finding; replace it so the run goes on."""
