@@ -18,8 +18,7 @@ from jobs.scheduler import Scheduler
 from runs.keys import format_utc
 from runs.models import JobRun
 from scheduler_project import db
-from tests.conftest import database_url
-from tests.support.scheduler import bulk_interval_jobs
+from tests.support.scheduler import bulk_interval_jobs, in_process_schedulers
 
 T = datetime(2026, 5, 4, 10, 0, 5, tzinfo=UTC)
 DUE = T - timedelta(seconds=5)
@@ -33,20 +32,7 @@ def fast_password_hashing(settings):
 
 @pytest.fixture
 def make_scheduler():
-    made: list[Scheduler] = []
-
-    def make(**kwargs) -> Scheduler:
-        kwargs.setdefault("clock", lambda: T)
-        kwargs.setdefault("heartbeat_thread", False)
-        kwargs.setdefault("maintain_partitions", False)
-        kwargs.setdefault("lease_seconds", 30)
-        sched = Scheduler(conninfo=database_url(), **kwargs)
-        made.append(sched)
-        return sched
-
-    yield make
-    for sched in made:
-        sched.close()
+    yield from in_process_schedulers(at=T)
 
 
 def herd(tenant: Tenant, n: int, *, due: datetime = DUE, **fields) -> list[Job]:

@@ -12,11 +12,10 @@ from django.db import connection, transaction
 from jobs import dispatch_sql, leases
 from jobs.models import Job, SchedulerNode
 from jobs.planning import run_for
-from jobs.scheduler import Scheduler
 from runs.models import JobRun
 from runs.queue import enqueue_runs, raw_cursor
 from tests.conftest import database_url
-from tests.support.scheduler import locks_by_pid, make_job
+from tests.support.scheduler import in_process_schedulers, locks_by_pid, make_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,20 +24,7 @@ T = datetime(2026, 5, 4, 10, 0, 5, tzinfo=UTC)  # 5 s after a minute boundary
 
 @pytest.fixture
 def make_scheduler():
-    made: list[Scheduler] = []
-
-    def make(**kwargs) -> Scheduler:
-        kwargs.setdefault("clock", lambda: T)
-        kwargs.setdefault("heartbeat_thread", False)
-        kwargs.setdefault("maintain_partitions", False)
-        kwargs.setdefault("lease_seconds", 30)
-        sched = Scheduler(conninfo=database_url(), **kwargs)
-        made.append(sched)
-        return sched
-
-    yield make
-    for sched in made:
-        sched.close()
+    yield from in_process_schedulers(at=T)
 
 
 def runs_of(job: Job) -> list[JobRun]:

@@ -147,3 +147,25 @@ def parse_batches(log_text: str) -> list[Batch]:
 
 def duplicates(pairs: Iterable[tuple]) -> list[tuple]:
     return [key for key, n in Counter(pairs).items() if n > 1]
+
+
+def in_process_schedulers(*, at: datetime):
+    """A fixture body: a factory of in-process Schedulers on the test database, their
+    clock fixed at `at`, no heartbeat thread or maintenance; all closed afterwards."""
+    from jobs.scheduler import Scheduler
+    from tests.conftest import database_url
+
+    made: list[Scheduler] = []
+
+    def make(**kwargs) -> Scheduler:
+        kwargs.setdefault("clock", lambda: at)
+        kwargs.setdefault("heartbeat_thread", False)
+        kwargs.setdefault("maintain_partitions", False)
+        kwargs.setdefault("lease_seconds", 30)
+        sched = Scheduler(conninfo=database_url(), **kwargs)
+        made.append(sched)
+        return sched
+
+    yield make
+    for sched in made:
+        sched.close()
