@@ -205,7 +205,8 @@ def main() -> None:
                     row["limit_checks"] = {key: raw[key] for key in ("duplicates", "missing", "wrong_next")}
                 print(json.dumps(row), file=sys.stderr, flush=True)
                 results.append(row)
-    print(f"batch size {settings.SCHEDULER_BATCH_SIZE}, {settings.SCHEDULER_PARTITIONS} partitions")
+    batch = settings.SCHEDULER_BATCH_SIZE or "the engine's default (500; 2000 on Citus)"
+    print(f"batch size {batch}, {settings.SCHEDULER_PARTITIONS} partitions")
     print("| workload | jobs | schedulers | seconds | runs/s | limit runs/s | ratio | dup/missing | RSS MB |")
     print("|---|---:|---:|---:|---:|---:|---:|---|---|")
     for r in results:

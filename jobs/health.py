@@ -62,11 +62,11 @@ UPDATE jobs j SET overdue_alerted_for = j.next_run_at
 FROM tenants t
 WHERE j.id IN (
     SELECT id FROM jobs
-    WHERE NOT paused AND next_run_at < now() - make_interval(secs => %(late)s)
+    WHERE NOT paused AND next_run_at < %(now)s - make_interval(secs => %(late)s)
       AND overdue_alerted_for IS DISTINCT FROM next_run_at
     ORDER BY next_run_at LIMIT %(limit)s
 ) AND t.id = j.tenant_id
-RETURNING j.id, j.name, t.slug, j.next_run_at, extract(epoch FROM now() - j.next_run_at)
+RETURNING j.id, j.name, t.slug, j.next_run_at
 """
 
 _FAILING_SQL = """
@@ -84,10 +84,14 @@ RETURNING j.id, j.name, t.slug, j.consecutive_failures, j.last_failure_at
 def sweep() -> list[dict]:
     """Mark and return the alerts due now (one transaction); [] if another node sweeps."""
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [NAMESPACE, SWEEP_LOCK_KEY])
-        if not cursor.fetchone()[0]:
+        # The database's clock, read once: Citus refuses now() in an UPDATE's RETURNING.
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s), now()", [NAMESPACE, SWEEP_LOCK_KEY])
+        locked, now = cursor.fetchone()
+        if not locked:
             return []
-        cursor.execute(_OVERDUE_SQL, {"late": settings.SCHEDULER_OVERDUE_ALERT_SECONDS, "limit": SWEEP_LIMIT})
+        cursor.execute(
+            _OVERDUE_SQL, {"now": now, "late": settings.SCHEDULER_OVERDUE_ALERT_SECONDS, "limit": SWEEP_LIMIT}
+        )
         alerts = [
             {
                 "event": "job.overdue",
@@ -95,9 +99,9 @@ def sweep() -> list[dict]:
                 "job_name": name,
                 "tenant": tenant,
                 "scheduled_at": slot.isoformat().replace("+00:00", "Z"),
-                "overdue_seconds": round(float(late), 3),
+                "overdue_seconds": round((now - slot).total_seconds(), 3),
             }
-            for job_id, name, tenant, slot, late in cursor.fetchall()
+            for job_id, name, tenant, slot in cursor.fetchall()
         ]
         cursor.execute(_FAILING_SQL, {"limit": SWEEP_LIMIT})
         alerts += [

@@ -219,109 +219,76 @@ async def claim_runs(
 ) -> list[ClaimedRun]:
     """Claim up to `limit` runnable runs for `owner`: one read chooses the partitions and
     tenants in fair-share order (runs/claim_order.py), then one short claim transaction
-    for all of them (plain PostgreSQL), or one per partition until the batch is full
-    (Citus). No transaction is open during any call."""
+    for all of them: one claim statement for the batch (plain PostgreSQL) or one per
+    partition until the batch is full (Citus). No transaction is open during any call.
+
+    Never more running runs per tenant than tenants.max_concurrency, across all
+    partitions: claimers of the same tenant are serialised by a transaction-scoped
+    advisory lock, and the running counts are read after the locks are held.
+    """
     if limit <= 0:
         return []
     plan = await claim_order.plan(conn, limit=limit, aging_seconds=aging_seconds)
     if not plan.partitions:
         return []
+    tenant_ids = sorted({t for _, ts in plan.partitions for t in ts})
+    params = {"limit": limit, "owner": owner, "aging": aging_seconds, "max_rank": plan.max_rank}
     if not await connections.one_partition_per_statement(conn):
         # One statement ranks the whole batch across tenants, as one partition's claim
         # does within its partition: the plan's partitions and tenants only narrow it.
-        return await _claim(
-            conn,
-            sql=_CLAIM_SQL.many,
-            where={"partitions": [p for p, _ in plan.partitions]},
-            tenants=[t for _, ts in plan.partitions for t in ts],
-            owner=owner,
-            limit=limit,
-            aging_seconds=aging_seconds,
-            max_rank=plan.max_rank,
-        )
+        # Two round trips: the locks and the counts, then the claim and the commit.
+        async with conn.pipeline(), conn.transaction():
+            running = await _lock_and_count(conn, tenant_ids)
+            partitions = [p for p, _ in plan.partitions]
+            return await _claim(
+                conn, _CLAIM_SQL.many, {**params, "partitions": partitions}, tenant_ids, running
+            )
+    # Citus: the locks and the tenants' running counts (a read of every shard) once for
+    # the batch, then a claim statement per partition in the same transaction, each
+    # counting the claims of the partitions before it. A transaction per partition read
+    # the counts per partition too: ~30 ms of fan-out for a few runs each.
     claimed: list[ClaimedRun] = []
-    for partition_id, tenants in plan.partitions:
-        claimed += await claim_partition(
-            conn,
-            partition_id=partition_id,
-            tenants=tenants,
-            owner=owner,
-            limit=limit - len(claimed),
-            aging_seconds=aging_seconds,
-            max_rank=plan.max_rank,
-        )
-        if len(claimed) >= limit:
-            break
+    async with conn.transaction():
+        running = await _lock_and_count(conn, tenant_ids)
+        for partition_id, tenants in plan.partitions:
+            params["limit"] = limit - len(claimed)
+            got = await _claim(
+                conn, _CLAIM_SQL.one, {**params, "partition": partition_id}, sorted(set(tenants)), running
+            )
+            for run in got:
+                running[run.tenant_id] = running.get(run.tenant_id, 0) + 1
+            claimed += got
+            if len(claimed) >= limit:
+                break
     claimed.sort(key=lambda run: (-run.priority, run.scheduled_at))
     return claimed
 
 
-async def claim_partition(
-    conn,
-    *,
-    partition_id: int,
-    tenants: Sequence[int],
-    owner: str,
-    limit: int,
-    aging_seconds: float = DEFAULT_AGING_SECONDS,
-    max_rank: float = float("inf"),
-) -> list[ClaimedRun]:
-    """Claim up to `limit` runs of `tenants` in one partition, in one transaction,
-    none with a fair-share rank worse than `max_rank` (see claim_order.ClaimPlan)."""
-    return await _claim(
-        conn,
-        sql=_CLAIM_SQL.one,
-        where={"partition": partition_id},
-        tenants=tenants,
-        owner=owner,
-        limit=limit,
-        aging_seconds=aging_seconds,
-        max_rank=max_rank,
-    )
+async def _lock_and_count(conn, tenant_ids: Sequence[int]) -> dict[int, int]:
+    """Inside the claim transaction: lock the tenants (in id order), then count their
+    running runs across every partition. {tenant_id: running}."""
+    await conn.execute(_LOCK_TENANTS_SQL, {"ns": TENANT_CLAIM_LOCK, "tenants": list(tenant_ids)})
+    cursor = await conn.execute(_RUNNING_SQL, {"tenants": list(tenant_ids)})
+    return dict(await cursor.fetchall())
 
 
 async def _claim(
-    conn,
-    *,
-    sql: str,
-    where: dict,
-    tenants: Sequence[int],
-    owner: str,
-    limit: int,
-    aging_seconds: float,
-    max_rank: float,
+    conn, sql: str, params: dict, tenant_ids: Sequence[int], running: dict[int, int]
 ) -> list[ClaimedRun]:
-    """Claim up to `limit` runs of `tenants` in the partitions `where` names (a form of
-    _CLAIM_SQL and its partition parameter), in one transaction.
-
-    Never more running runs per tenant than tenants.max_concurrency, across all
-    partitions: claimers of the same tenant are serialised by a transaction-scoped
-    advisory lock, and the slot count is taken after the lock is held.
-    """
-    tenant_ids = sorted(set(tenants))
-    if limit <= 0 or not tenant_ids:
-        return []
-    # Two round trips: the locks and the counts, then the claim and the commit. The
-    # lease ends count from this process's clock (see heartbeat_runs), a parameter:
-    # Citus refuses now() + a column in UPDATE ... SET.
-    async with conn.pipeline(), conn.transaction():
-        await conn.execute(_LOCK_TENANTS_SQL, {"ns": TENANT_CLAIM_LOCK, "tenants": tenant_ids})
-        cursor = await conn.execute(_RUNNING_SQL, {"tenants": tenant_ids})
-        running = dict(await cursor.fetchall())
-        cursor = await conn.execute(
-            sql,
-            {
-                **where,
-                "tenants": tenant_ids,
-                "running": [running.get(t, 0) for t in tenant_ids],
-                "limit": limit,
-                "owner": owner,
-                "epoch": datetime.now(UTC).timestamp(),
-                "aging": aging_seconds,
-                "max_rank": max_rank,
-            },
-        )
-        return [ClaimedRun(*row) for row in await cursor.fetchall()]
+    """One claim statement (a form of _CLAIM_SQL; `params` carries its partition
+    parameter, the batch limit, owner, aging and rank bound) for `tenant_ids`, whose
+    running counts are `running`. The lease ends count from this process's clock (see
+    heartbeat_runs), a parameter: Citus refuses now() + a column in UPDATE ... SET."""
+    cursor = await conn.execute(
+        sql,
+        {
+            **params,
+            "tenants": list(tenant_ids),
+            "running": [running.get(t, 0) for t in tenant_ids],
+            "epoch": datetime.now(UTC).timestamp(),
+        },
+    )
+    return [ClaimedRun(*row) for row in await cursor.fetchall()]
 
 
 async def heartbeat_runs(conn, runs: Iterable[tuple[int, RunKey]]) -> set[RunKey]:

@@ -145,3 +145,28 @@ def distribute(cursor) -> list[str]:
             )
             changed.append(table)
     return changed
+
+
+# Session defaults of a Cronyard database on Citus (docs/DECISIONS.md, "One connection
+# per worker for a multi-shard statement"). Every statement Cronyard sends is a short
+# one: a multi-shard read (a tenant's running runs, the claim plan, the admin's counts)
+# touches a few rows in each of 32 shards x ~9 day partitions. With Citus's default
+# pool (up to 16 connections per worker per statement, 1 kept open) each such read
+# opened and closed a dozen worker connections: 80-190 ms instead of 20-50 ms on the
+# 2-core test cluster, and enough connection churn to starve the executors.
+SESSION_DEFAULTS = {"citus.max_adaptive_executor_pool_size": "1"}
+
+
+def tune_database(cursor) -> dict[str, str]:
+    """Make SESSION_DEFAULTS the current database's defaults when it has Citus (new
+    sessions pick them up); on plain PostgreSQL do nothing. Returns what it set."""
+    if not citus_installed(cursor):
+        return {}
+    for name, value in SESSION_DEFAULTS.items():
+        # ALTER DATABASE takes no parameters: the server quotes the name and value.
+        cursor.execute(
+            "SELECT format('ALTER DATABASE %%I SET %%s = %%L', current_database(), %s::text, %s::text)",
+            [name, value],
+        )
+        cursor.execute(cursor.fetchone()[0])
+    return dict(SESSION_DEFAULTS)

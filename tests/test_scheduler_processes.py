@@ -16,6 +16,7 @@ from django.db import connection
 
 from jobs.models import Job, SchedulerNode
 from runs.models import JobRun
+from tests.support.processes import load_scale
 from tests.support.scheduler import (
     bulk_interval_jobs,
     duplicates,
@@ -23,6 +24,7 @@ from tests.support.scheduler import (
     lease_pid_of,
     locks_by_pid,
     parse_batches,
+    wait_dispatched,
     wait_until,
 )
 
@@ -40,7 +42,7 @@ def make_jobs(tenant, *, lead_seconds: float) -> list[Job]:
     rng = random.Random(42)
     base = datetime.now(UTC) + timedelta(seconds=lead_seconds)
     pairs = []
-    for _ in range(N_JOBS):
+    for _ in range(int(N_JOBS * load_scale())):
         interval = rng.randint(2, 5)
         pairs.append((base + timedelta(milliseconds=rng.randrange(interval * 1000)), interval))
     return bulk_interval_jobs(tenant, anchors_and_intervals=pairs)
@@ -97,10 +99,12 @@ def test_two_then_three_schedulers_fire_every_slot_exactly_once(tenant, processe
             lambda: len(locks_by_pid(cursor)) == 3, timeout=3 * LEASE + 5, what="third node holds a share"
         )
     time.sleep(20)
+    cutoff = datetime.now(UTC) - MARGIN
+    wait_dispatched(jobs, cutoff=cutoff, timeout=60)
     stopped_at = stop(processes, procs)
     assert [p.returncode for p in procs] == [0, 0, 0], processes.log_of(procs[0])[-2000:]
-    total = check_exactly_once(jobs, cutoff=stopped_at - MARGIN, stopped_at=stopped_at)
-    assert total > 10_000
+    total = check_exactly_once(jobs, cutoff=cutoff, stopped_at=stopped_at)
+    assert total > 10_000 * load_scale()
     batches = all_batches(processes, procs)
     assert sum(b.inserted for b in batches) == total
     # The scheduler's own fencing never tried a second insert of an occurrence (the
@@ -161,13 +165,15 @@ def test_chaos_sigkill_and_sigstop_still_exactly_once(tenant, processes):
     done.set()
     thread.join()
     time.sleep(4)  # let the last restarted victim settle before the cutoff window
+    cutoff = datetime.now(UTC) - MARGIN
+    wait_dispatched(jobs, cutoff=cutoff, timeout=60)
     procs = [stalled, steady, *victims]
     stopped = stop(processes, procs)
     assert stalled.returncode == 0 and steady.returncode == 0
     assert len(kills) >= 5
 
-    total = check_exactly_once(jobs, cutoff=stopped - MARGIN, stopped_at=stopped)
-    assert total > 10_000
+    total = check_exactly_once(jobs, cutoff=cutoff, stopped_at=stopped)
+    assert total > 10_000 * load_scale()
     batches = all_batches(processes, procs)
     assert sum(b.stale for b in batches) == 0
 
@@ -183,7 +189,10 @@ def test_chaos_sigkill_and_sigstop_still_exactly_once(tenant, processes):
     assert lost, "no 'lease lost' line for the stalled session"
     lost_at = lost.start()
     assert "lease session started" in log[lost_at:] and "generation=2" in log[lost_at:]
-    assert all(b.session_pid != old_pid for b in parse_batches(log[lost_at:]))
+    # A batch logged after that line under the old session was committed before the
+    # stop and printed on resume (its line races the lease thread's); none began later.
+    late_lines = [b for b in parse_batches(log[lost_at:]) if b.session_pid == old_pid]
+    assert all(b.db_now < stopped_at + timedelta(seconds=1) for b in late_lines)
     resumed = [b for b in mine if b.session_pid != old_pid and b.inserted > 0]
     assert resumed and all(b.db_now > continued_at for b in resumed)
     print(

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from jobs.leases import NAMESPACE
 from jobs.models import Job, Tenant
 from jobs.services import partition_for
+from runs.models import JobRun
 
 TARGET = {"type": "task", "name": "noop", "kwargs": {}}
 
@@ -62,6 +63,28 @@ def expected_interval_slots(jobs: Iterable[Job], *, cutoff: datetime) -> set[tup
             out.add((job.id, t))
             t += step
     return out
+
+
+def wait_dispatched(jobs: list[Job], *, cutoff: datetime, timeout: float) -> None:
+    """Wait until every slot of `jobs` up to `cutoff` has a run.
+
+    Process tests call this before stopping the schedulers, so that a slot dispatched
+    late (a loaded machine, a slower engine, a node that just took over a partition)
+    is told apart from a slot lost, which never comes: the exactly-once checks after
+    the stop then hold whatever the dispatch lag was.
+    """
+    expected = expected_interval_slots(jobs, cutoff=cutoff)
+    ids = [job.id for job in jobs]
+
+    def dispatched() -> bool:
+        rows = JobRun.objects.filter(job_id__in=ids, scheduled_at__lte=cutoff).values_list(
+            "job_id", "scheduled_at"
+        )
+        return expected <= set(rows)
+
+    wait_until(
+        dispatched, timeout=timeout, interval=0.5, what=f"every slot up to {cutoff:%H:%M:%S} dispatched"
+    )
 
 
 def locks_by_pid(cursor) -> dict[int, set[int]]:
