@@ -127,8 +127,6 @@ class Scheduler(Loop):
     # -- Loop API ------------------------------------------------------------------
 
     def start(self) -> None:
-        if not self.batch_size:
-            self.batch_size = self.batch_limit = CITUS_BATCH_SIZE if self._on_citus() else BATCH_SIZE
         if not self._started:
             self.lease.start(thread=self.heartbeat_thread)
             self._started = True
@@ -190,6 +188,9 @@ class Scheduler(Loop):
 
     def dispatch(self, snap: leases.LeaseSnapshot) -> BatchResult:
         started = time.monotonic()
+        if not self.batch_size:
+            # Here, not at start: the database may be down when the process starts.
+            self.batch_size = self.batch_limit = CITUS_BATCH_SIZE if self._on_citus() else BATCH_SIZE
         now = self.clock() if self.clock else db.now()
         jobs = self._read_due(sorted(snap.owned), now)
         if not jobs:

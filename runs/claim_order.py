@@ -32,9 +32,6 @@ from datetime import datetime
 from runs import connections
 
 _OPEN_TENANTS = """
-running AS (
-    SELECT tenant_id, count(*) AS n FROM busy GROUP BY tenant_id
-),
 open_tenants AS (
     SELECT t.id, t.weight, coalesce(ru.n, 0) AS n, t.max_concurrency - coalesce(ru.n, 0) AS free
     FROM tenants t LEFT JOIN running ru ON ru.tenant_id = t.id
@@ -49,6 +46,9 @@ _NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
 _PLAIN_SQL = f"""
 WITH busy AS MATERIALIZED (
     SELECT tenant_id, job_id FROM job_runs WHERE status = 'running'
+),
+running AS (
+    SELECT tenant_id, count(*) AS n FROM busy GROUP BY tenant_id
 ),
 {_OPEN_TENANTS},
 picks AS (
@@ -85,29 +85,38 @@ WINDOW w AS (PARTITION BY tenant_id)
 """
 
 # Per (partition, tenant): its runnable runs, the best effective priority among them
-# and the oldest slot; the tenant's k-th group ranks like its k-th pick would (runs in
-# one partition are claimed together, so a group stands for them). Runs of busy jobs
-# are not passed over here (that would ship the running set to every shard); the
-# claim passes over them, at the cost of a claim that may find nothing.
+# and the oldest slot, and its running runs; the tenant's k-th group ranks like its k-th
+# pick would (runs in one partition are claimed together, so a group stands for them).
+# One pass over the shards for both (a GROUP BY on the distribution column, pushed down):
+# a second multi-shard read for the running runs cost as much again. Runs of busy jobs
+# are not passed over here (that would ship the running set to every shard); the claim
+# passes over them, at the cost of a claim that may find nothing.
+_RUNNABLE = "r.status IN ('queued', 'retrying') AND r.not_before <= now()"
 _CITUS_SQL = f"""
 WITH groups AS MATERIALIZED (
-    SELECT r.partition_id, r.tenant_id, count(*) AS runs, min(r.scheduled_at) AS scheduled_at,
-           max(CASE WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9
+    SELECT r.partition_id, r.tenant_id,
+           count(*) FILTER (WHERE {_RUNNABLE}) AS runs,
+           count(*) FILTER (WHERE r.status = 'running') AS running,
+           min(r.scheduled_at) FILTER (WHERE {_RUNNABLE}) AS scheduled_at,
+           max(CASE WHEN NOT ({_RUNNABLE}) THEN NULL
+                    WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9
                     ELSE r.priority END) AS effective_priority
     FROM job_runs r
-    WHERE r.status IN ('queued', 'retrying') AND r.not_before <= now()
+    WHERE r.status IN ('queued', 'retrying', 'running')
     GROUP BY r.partition_id, r.tenant_id
 ),
-busy AS MATERIALIZED (
-    SELECT tenant_id FROM job_runs WHERE status = 'running'
+running AS (
+    SELECT tenant_id, sum(running)::bigint AS n FROM groups GROUP BY tenant_id
 ),
 {_OPEN_TENANTS},
 picks AS (
-    SELECT g.*, o.n, o.weight, least(o.free, %(limit)s) AS cap,
+    SELECT g.partition_id, g.tenant_id, g.runs, g.scheduled_at, g.effective_priority,
+           o.n, o.weight, least(o.free, %(limit)s) AS cap,
            row_number() OVER (PARTITION BY g.tenant_id
                               ORDER BY g.effective_priority DESC, g.scheduled_at) AS k,
            sum(g.runs) OVER (PARTITION BY g.tenant_id) AS found
     FROM groups g JOIN open_tenants o ON o.id = g.tenant_id
+    WHERE g.runs > 0
 )
 SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k, least(cap, found)::bigint
 FROM picks WHERE k <= %(limit)s
@@ -170,6 +179,8 @@ def _places(tenant: Pick, *, limit: int) -> Iterator[float]:
 
 
 async def plan(conn, *, limit: int, aging_seconds: float) -> ClaimPlan:
-    sql = _CITUS_SQL if await connections.is_citus(conn) else _PLAIN_SQL
+    # The Citus form wherever the claims go per partition (runs/connections), so that
+    # plain PostgreSQL runs it too when told to (the tests of the per-partition forms).
+    sql = _CITUS_SQL if await connections.one_partition_per_statement(conn) else _PLAIN_SQL
     cursor = await conn.execute(sql, {"limit": limit, "aging": aging_seconds, "probe": PROBE})
     return rank([Pick(*row) for row in await cursor.fetchall()], limit=limit)
