@@ -267,7 +267,7 @@ def fair_share_section(fair: dict) -> str:
         f"The cost of fair share: the task target, 1 executor, {fair['runs']} runs all in one tenant\n"
         f"(the fair-share rank is trivial) or round-robin over {many} tenants of weights 1 to 3 (every\n"
         f"claim batch ranks them), {len(fair['rounds'][1])} rounds of each interleaved (1, {many}, 1, "
-        f"{many}, ...); medians, and the {many}-tenant figure over the 1-tenant one:\n\n"
+        f"{many}, ...);\nmedians, and the {many}-tenant figure over the 1-tenant one:\n\n"
         + fair_share_table(fair)
     )
 
