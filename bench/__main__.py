@@ -1,6 +1,6 @@
 """`make bench`: every benchmark in one run, each beside its limit, into docs/BENCHMARKS.md.
 
-    make bench                      # 10k and 100k jobs; 10k runs; lag at 1,000 runs/s (~15 min)
+    make bench                      # 10k and 100k jobs; 10k runs; lag at 1,000 runs/s (~16 min)
     make bench BENCH_ARGS=--full    # adds 1M jobs (several minutes more)
     python -m bench --smoke --report /tmp/b.md --plots /tmp/plots   # seconds: make test's form
 
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import threading
@@ -239,6 +240,59 @@ def execute_part(
     return rows
 
 
+# Fair share's cost: one tenant (a trivial rank) against this many (every batch ranks them).
+FAIR_SHARE_TENANTS = 20
+
+
+def fair_share_part(bench: Bench, *, runs: int, pairs: int) -> dict:
+    """The task bench with 1 executor, 1 tenant then FAIR_SHARE_TENANTS tenants, `pairs`
+    times: interleaved, so the machine's noise lands on both sides alike."""
+    rounds: dict[int, list[dict]] = {1: [], FAIR_SHARE_TENANTS: []}
+    for _ in range(pairs):
+        for tenants in rounds:
+            bench.run(
+                "execute.py", "--kinds", "task", "--executors", "1", "--runs", str(runs),
+                "--tenants", str(tenants), "--json", str(bench.data / "execute_fair_share.json"),
+            )  # fmt: skip
+            rounds[tenants].append(bench.json("execute_fair_share.json")[0])
+    (bench.data / "fair_share.json").write_text(json.dumps({str(t): r for t, r in rounds.items()}, indent=2))
+    return {"runs": runs, "rounds": rounds}
+
+
+def fair_share_section(fair: dict) -> str:
+    """One sentence on what is measured, then the median runs/s and CPU per run of each
+    side and their ratio to one tenant."""
+    many = FAIR_SHARE_TENANTS
+    return (
+        f"The cost of fair share: the task target, 1 executor, {fair['runs']} runs all in one tenant\n"
+        f"(the fair-share rank is trivial) or round-robin over {many} tenants of weights 1 to 3 (every\n"
+        f"claim batch ranks them), {len(fair['rounds'][1])} rounds of each interleaved (1, {many}, 1, "
+        f"{many}, ...);\nmedians, and the {many}-tenant figure over the 1-tenant one:\n\n"
+        + fair_share_table(fair)
+    )
+
+
+def fair_share_table(fair: dict) -> str:
+    medians = {
+        tenants: {key: statistics.median(r[key] for r in rows) for key in
+                  ("runs_per_s", "executor_cpu_ms_per_run", "postgres_cpu_ms_per_run")}
+        for tenants, rows in fair["rounds"].items()
+    }  # fmt: skip
+    one = medians[1]
+    lines = [
+        "| tenants | runs/s per round | median runs/s | vs 1 tenant "
+        "| median executor CPU ms/run | vs 1 tenant | median PostgreSQL CPU ms/run | vs 1 tenant |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for tenants, m in medians.items():
+        per_round = ", ".join(str(r["runs_per_s"]) for r in fair["rounds"][tenants])
+        cells = [tenants, per_round, round(m["runs_per_s"]), ratio(m["runs_per_s"], one["runs_per_s"])]
+        for key in ("executor_cpu_ms_per_run", "postgres_cpu_ms_per_run"):
+            cells += [round(m[key], 3), ratio(m[key], one[key])]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
 # --- the report ----------------------------------------------------------------------
 
 
@@ -316,6 +370,7 @@ def write_report(
     info: dict,
     dispatch: list[dict],
     execute: list[dict],
+    fair_share: dict,
     lag_text: str,
     ledger_text: str | None,
     args: argparse.Namespace,
@@ -359,6 +414,8 @@ Task target (builtin `noop`: the database cost only). The limit: a raw-psycopg b
 claim + complete loop, one worker per executor (`bench/raw_limit.py`):
 
 {execute_table(execute, "task", "raw claim+complete")}
+
+{fair_share_section(fair_share)}
 
 HTTP target: one no-op aiohttp server in its own process (`bench/noop_server.py`). The
 limit: a raw aiohttp-on-uvloop client loop, no database, the same concurrency per
@@ -415,6 +472,7 @@ def main() -> None:
     if args.smoke:
         jobs, processes, runs = [200], [1], 200
         task_executors, http_executors = [1], [1]
+        fair_runs, fair_pairs = 200, 1
         lag = [
             "--jobs",
             "100",
@@ -438,12 +496,16 @@ def main() -> None:
         jobs = [10_000, 100_000] + ([1_000_000] if args.full else [])
         processes, runs = [1, 2], args.runs
         task_executors, http_executors = [1, 2], [1, 2, 4]
+        # Short rounds, so three pairs add about a minute; long enough to dwarf the
+        # executor's first claims.
+        fair_runs, fair_pairs = 5_000, 3
         lag = []
         prefix = "cronyard_bench_"
     workloads = dispatch_workloads()
     steps = (
         2 * len(jobs) * len(workloads)
         + 2 * len(task_executors)
+        + 2 * fair_pairs
         + 2 * len(http_executors)
         + 1
         + (0 if args.smoke else 1)
@@ -454,6 +516,7 @@ def main() -> None:
     )
     problems = verify_dispatch(dispatch)
     execute = execute_part(bench, runs=runs, task_executors=task_executors, http_executors=http_executors)
+    fair_share = fair_share_part(bench, runs=fair_runs, pairs=fair_pairs)
     lag_text = bench.run("lag.py", *lag, "--db", prefix + "lag", "--json", str(bench.data / "lag.json"))
     ledger_text = None if args.smoke else bench.run("ledger.py", "--db", prefix + "ledger")
     bench.overall.close()
@@ -472,6 +535,7 @@ def main() -> None:
         info=machine(),
         dispatch=dispatch,
         execute=execute,
+        fair_share=fair_share,
         lag_text=lag_text,
         ledger_text=ledger_text,
         args=args,

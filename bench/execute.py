@@ -1,7 +1,8 @@
 """Executor throughput: N queued runs, one per job, drained by k `run_executor` processes.
 
     DATABASE_URL=... .venv/bin/python bench/execute.py [--runs 10000] [--executors 1 2]
-        [--kinds task http] [--concurrency 32] [--url http://127.0.0.1:PORT/noop] [--json out.json]
+        [--kinds task http] [--concurrency 32] [--tenants 1] [--url http://127.0.0.1:PORT/noop]
+        [--json out.json]
 
 The top-of-the-hour shape: N jobs, each with one queued run (not N runs of one job),
 so every completion also updates its own job's health row, as in production.
@@ -9,7 +10,13 @@ Executors are started first and the clock starts when the runs commit (one INSER
 plus NOTIFY) after every executor has registered, so process start-up is not
 measured. `task` runs the builtin `noop` task (database cost only); `http` POSTs to
 a no-op aiohttp server in its own process (bench/noop_server.py; --url to share one
-with bench/raw_http.py). Runs and jobs go to a dedicated tenant emptied before and after.
+with bench/raw_http.py). Runs and jobs go to dedicated tenants, created and emptied
+before each scenario and removed after it.
+
+`--tenants N` spreads the same runs round-robin over N bench tenants (weights 1, 2, 3
+cycling, caps out of reach): every claim batch then ranks tenants for fair share
+(runs/claim_order.py), where one tenant makes the rank trivial. `make bench` compares
+1 and 20 to show what fair share costs.
 """
 
 from __future__ import annotations
@@ -27,38 +34,63 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings")
 
-SLUG = "bench-execute"
+# Every bench tenant's slug starts with this ("bench-exec-1".."bench-exec-N"; older
+# checkouts made one "bench-execute"), so leftovers of an interrupted run are found too.
+SLUG_PREFIX = "bench-exec"
 LOGS = ROOT / "var" / "bench" / "logs"
 TASK_TARGET = {"type": "task", "name": "noop", "kwargs": {}}
 
 
-def tenant_id() -> int:
+def create_tenants(n: int = 1) -> list[int]:
+    """N fresh bench tenants, weights 1..3 cycling, caps out of reach. Leftover bench
+    tenants go first: every tenant with a free slot costs the fair-share plan a probe,
+    so twenty idle ones left by an earlier run would tax a one-tenant measurement."""
     from jobs.models import Tenant
 
-    tenant, _ = Tenant.objects.get_or_create(slug=SLUG, defaults={"name": SLUG, "max_concurrency": 1_000_000})
-    return tenant.id
+    remove_tenants()
+    tenants = Tenant.objects.bulk_create(
+        Tenant(slug=f"{SLUG_PREFIX}-{i}", name=f"{SLUG_PREFIX}-{i}", weight=(i - 1) % 3 + 1,
+               max_concurrency=1_000_000)
+        for i in range(1, n + 1)
+    )  # fmt: skip
+    return [t.id for t in tenants]
 
 
-def clear(tenant: int) -> None:
+def remove_tenants() -> None:
+    """Every bench tenant, its runs and jobs first (raw DELETEs: no ORM cascade over runs)."""
+    from jobs.models import Tenant
+
+    bench = Tenant.objects.filter(slug__startswith=SLUG_PREFIX)
+    ids = list(bench.values_list("id", flat=True))
+    if ids:
+        clear(ids)
+        bench.delete()
+
+
+def clear(tenants: list[int]) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("DELETE FROM job_runs WHERE tenant_id = %s", [tenant])
-        cursor.execute("DELETE FROM jobs WHERE tenant_id = %s", [tenant])
+        cursor.execute("DELETE FROM job_runs WHERE tenant_id = ANY(%s)", [tenants])
+        cursor.execute("DELETE FROM jobs WHERE tenant_id = ANY(%s)", [tenants])
 
 
-def make_jobs(*, tenant: int, n: int, target: dict, interval_seconds: int, next_run_at: datetime) -> list:
-    """N unsaved interval jobs of the tenant (bulk_create them), each in its own partition slot."""
+def make_jobs(
+    *, tenant: int | list[int], n: int, target: dict, interval_seconds: int, next_run_at: datetime
+) -> list:
+    """N unsaved interval jobs (bulk_create them), each in its own partition slot; several
+    tenants take them in turn."""
     from jobs.models import Job
     from jobs.services import partition_for
 
+    tenants = tenant if isinstance(tenant, list) else [tenant]
     jobs = []
     for i in range(n):
         job_id = uuid.uuid4()
         jobs.append(
             Job(
                 id=job_id,
-                tenant_id=tenant,
+                tenant_id=tenants[i % len(tenants)],
                 name=f"bench-{i}",
                 interval_seconds=interval_seconds,
                 target=target,
@@ -69,8 +101,9 @@ def make_jobs(*, tenant: int, n: int, target: dict, interval_seconds: int, next_
     return jobs
 
 
-def enqueue(tenant: int, n: int, target: dict) -> None:
-    """N jobs (never due by themselves) and one queued run each, committed with a NOTIFY."""
+def enqueue(tenants: list[int], n: int, target: dict) -> None:
+    """N jobs (never due by themselves), round-robin over the tenants, and one queued run
+    each, committed with a NOTIFY."""
     from django.db import transaction
 
     from jobs.models import Job
@@ -79,13 +112,13 @@ def enqueue(tenant: int, n: int, target: dict) -> None:
 
     scheduled = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
     jobs = make_jobs(
-        tenant=tenant, n=n, target=target, interval_seconds=3600, next_run_at=scheduled + timedelta(days=365)
+        tenant=tenants, n=n, target=target, interval_seconds=3600, next_run_at=scheduled + timedelta(days=365)
     )
     runs = [
         NewRun(
             job_id=job.id,
             scheduled_at=scheduled,
-            tenant_id=tenant,
+            tenant_id=job.tenant_id,
             partition_id=job.partition_id,
             target=target,
             job_name=job.name,
@@ -99,30 +132,39 @@ def enqueue(tenant: int, n: int, target: dict) -> None:
         notify_executors()
 
 
-def finished(tenant: int) -> tuple[int, int]:
+def finished(tenants: list[int]) -> tuple[int, int]:
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FILTER (WHERE status IN ('succeeded', 'dead', 'cancelled', 'skipped')),"
             " count(*) FILTER (WHERE status <> 'succeeded' AND status IN ('dead', 'cancelled', 'skipped'))"
-            " FROM job_runs WHERE tenant_id = %s",
-            [tenant],
+            " FROM job_runs WHERE tenant_id = ANY(%s)",
+            [tenants],
         )
         return cursor.fetchone()
 
 
-def unfinished(tenant: int) -> int:
-    """Runs still waiting or running: cheap to poll (it shrinks as the drain goes on),
-    unlike counting finished rows, which scans every run 20 times a second."""
+def unfinished(tenants: list[int]) -> int:
+    """Runs still waiting or running: the progress poll (it filters on the statuses
+    still to be left, so it costs less than counting finished rows)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM job_runs"
-            " WHERE tenant_id = %s AND status IN ('queued', 'retrying', 'running')",
-            [tenant],
+            " WHERE tenant_id = ANY(%s) AND status IN ('queued', 'retrying', 'running')",
+            [tenants],
         )
+        return cursor.fetchone()[0]
+
+
+def last_finished(tenants: list[int]) -> datetime | None:
+    """When the last outcome was written (the executors' clock, this machine's)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT max(finished_at) FROM job_runs WHERE tenant_id = ANY(%s)", [tenants])
         return cursor.fetchone()[0]
 
 
@@ -188,48 +230,55 @@ def postgres_cpu() -> dict[int, float]:
         return {pid: cpu.cpu_seconds(pid) for pid in cpu.postgres_pids(cursor)}
 
 
-def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, tenant: int) -> dict:
+def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, tenant_count: int) -> dict:
     from tqdm import tqdm
 
     from bench import cpu
     from tests.support.processes import Processes
 
-    clear(tenant)
+    # Before the executors start: they would otherwise see the tenants come and go.
+    tenants = create_tenants(tenant_count)
     LOGS.mkdir(parents=True, exist_ok=True)
     procs = Processes(executor_env(), LOGS)
     try:
         children = start_executors(procs, executors, concurrency)
         xacts = commits()
-        enqueue(tenant, n, target)
+        enqueue(tenants, n, target)
         # Executors cannot see the runs before the commit, which enqueue() has just
         # done: the clock measures draining, not inserting.
-        started = time.monotonic()
+        started, began = time.monotonic(), datetime.now(UTC)
         executor_cpu = cpu.total([p.pid for p in children])
         pg_before = postgres_cpu()
         peak_rss = 0.0
-        with tqdm(total=n, desc=f"{kind} x{executors}", unit="run", file=sys.stderr, leave=False) as bar:
+        desc = f"{kind} x{executors}" + (f", {tenant_count} tenants" if tenant_count > 1 else "")
+        with tqdm(total=n, desc=desc, unit="run", file=sys.stderr, leave=False) as bar:
             while True:
-                done = n - unfinished(tenant)
+                done = n - unfinished(tenants)
                 bar.update(done - bar.n)
                 peak_rss = max(peak_rss, *(rss_mb(p.pid) for p in children))
                 if done >= n:
                     break
                 if time.monotonic() - started > 600:
                     raise RuntimeError(f"{kind}: only {done}/{n} finished in 10 minutes")
-                time.sleep(0.05)
-        elapsed = time.monotonic() - started
+                # The poll scans the table and competes with the drain for the same cores
+                # (more so with many tenants), so it is slow; the clock stops at the last
+                # outcome's finished_at, not when the poll notices.
+                time.sleep(0.25)
+        last = last_finished(tenants)
+        elapsed = (last - began).total_seconds() if last else time.monotonic() - started
         executor_cpu = cpu.total([p.pid for p in children]) - executor_cpu
         # (PostgreSQL's figure includes this loop's polling.)
         pg_cpu = sum(after - pg_before.get(pid, 0.0) for pid, after in postgres_cpu().items())
         time.sleep(1.0)  # backends report their commit counts within a second of going idle
         xacts = commits() - xacts
-        _, failed = finished(tenant)
+        _, failed = finished(tenants)
     finally:
         procs.stop_all()
-    clear(tenant)
+        remove_tenants()
     return {
         "kind": kind,
         "executors": executors,
+        "tenants": tenant_count,
         "runs": n,
         "concurrency": concurrency,
         "seconds": round(elapsed, 2),
@@ -255,6 +304,9 @@ def main() -> None:
     parser.add_argument("--executors", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--kinds", nargs="+", choices=["task", "http"], default=["task", "http"])
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--tenants", type=int, default=1, help="spread the runs round-robin over this many tenants"
+    )
     parser.add_argument("--url", help="a running no-op server (default: start bench/noop_server.py)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
@@ -264,7 +316,8 @@ def main() -> None:
     django.setup()
     from bench.noop_server import NoopServer
 
-    tenant = tenant_id()
+    if args.tenants < 1:
+        parser.error("--tenants: at least 1")
     results = []
     server = NoopServer() if "http" in args.kinds and not args.url else None
     if server is not None:
@@ -273,10 +326,11 @@ def main() -> None:
         for kind in args.kinds:
             target = TASK_TARGET if kind == "task" else http_target(args.url or server.url)
             for executors in args.executors:
-                result = scenario(kind, executors, args.runs, args.concurrency, target, tenant)
+                result = scenario(kind, executors, args.runs, args.concurrency, target, args.tenants)
                 results.append(result)
                 print(
-                    f"{kind:5} executors={executors} runs={result['runs']} concurrency={args.concurrency}: "
+                    f"{kind:5} executors={executors} tenants={args.tenants} runs={result['runs']} "
+                    f"concurrency={args.concurrency}: "
                     f"{result['seconds']}s = {result['runs_per_s']} runs/s "
                     f"(failed {result['failed']}, peak RSS {result['peak_rss_mb']} MB/executor, CPU ms/run: "
                     f"executors {result['executor_cpu_ms_per_run']}, "
@@ -289,12 +343,13 @@ def main() -> None:
         if server is not None:
             server.__exit__(None, None, None)
     print(
-        "| target | executors | runs | runs/s | seconds | failed | peak RSS/executor "
+        "| target | executors | tenants | runs | runs/s | seconds | failed | peak RSS/executor "
         "| executor CPU ms/run | PostgreSQL CPU ms/run | commits/run |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        cells = [r["kind"], r["executors"], r["runs"], r["runs_per_s"], r["seconds"], r["failed"]]
+        cells = [r["kind"], r["executors"], r["tenants"], r["runs"], r["runs_per_s"], r["seconds"]]
+        cells.append(r["failed"])
         cells += [f"{r['peak_rss_mb']} MB", r["executor_cpu_ms_per_run"], r["postgres_cpu_ms_per_run"]]
         cells.append(r["commits_per_run"])
         print("| " + " | ".join(str(c) for c in cells) + " |")

@@ -66,8 +66,8 @@ def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
     from bench.execute import clear, enqueue, finished
     from runs.connections import database_conninfo
 
-    clear(tenant)
-    enqueue(tenant, runs, {"type": "task", "name": "noop", "kwargs": {}})
+    clear([tenant])
+    enqueue([tenant], runs, {"type": "task", "name": "noop", "kwargs": {}})
     ctx = multiprocessing.get_context("spawn")
     start, done = ctx.Event(), ctx.Queue()
     procs = [
@@ -83,8 +83,8 @@ def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
     elapsed = time.monotonic() - began
     for p in procs:
         p.join()
-    ok, _ = finished(tenant)
-    clear(tenant)
+    ok, _ = finished([tenant])
+    clear([tenant])
     if total != runs or ok != runs:
         raise RuntimeError(f"claimed {total}, finished {ok}, expected {runs}")
     return {
@@ -108,10 +108,13 @@ def main() -> None:
     import django
 
     django.setup()
-    from bench.execute import tenant_id
+    from bench.execute import create_tenants, remove_tenants
 
-    tenant = tenant_id()
-    results = [measure(tenant, args.runs, args.batch, w) for w in args.workers]
+    (tenant,) = create_tenants(1)
+    try:
+        results = [measure(tenant, args.runs, args.batch, w) for w in args.workers]
+    finally:
+        remove_tenants()
     print("| raw limit (claim+complete, no calls) | workers | batch | runs | runs/s | seconds |")
     print("|---|---|---|---|---|---|")
     for r in results:

@@ -3,11 +3,14 @@ on the test cluster. Checks the report and plots are written, never the numbers.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+from bench.__main__ import parse_table
+from jobs.models import Tenant
 from tests.conftest import database_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +25,7 @@ HEADINGS = [
 TABLE_HEADERS = [
     "| workload | jobs | schedulers | Cronyard runs/s | limit runs/s | ratio |",
     "| executors | runs | Cronyard runs/s | raw claim+complete runs/s | ratio |",
+    "| tenants | runs/s per round | median runs/s | vs 1 tenant |",
     "| executors | runs | Cronyard runs/s | raw aiohttp runs/s | ratio |",
     "| steady rate | schedulers | executors | window | received/expected | p50 s | p99 s |",
     "| burst | schedulers | executors | received | first request s | last request (drain) s |",
@@ -59,6 +63,13 @@ def test_smoke_run_writes_the_report_with_every_table_and_plot(transactional_db,
         assert header in text, header
     # Machine, commit and server version are part of every report.
     assert "cores" in text and "GB RAM" in text and "commit " in text and "PostgreSQL 1" in text
+    # Fair share's cost: the same bench with 1 tenant and with 20, each round's row
+    # saying which, and no bench tenant left behind to tax the next plan read.
+    rounds = json.loads((tmp_path / "data" / "fair_share.json").read_text())
+    assert {t: [r["tenants"] for r in rows] for t, rows in rounds.items()} == {"1": [1], "20": [20]}
+    fair_table = parse_table(text[text.index("| tenants | runs/s per round") :].split("\n\n")[0])
+    assert [row["tenants"] for row in fair_table] == ["1", "20"]
+    assert not Tenant.objects.filter(slug__startswith="bench-exec").exists()
     for name in PLOTS:
         data = (plots / name).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n"), name
