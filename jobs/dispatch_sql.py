@@ -167,6 +167,9 @@ def _by_partition(cursor, template: str, rows: Sequence[Row], *, citus: bool) ->
     # executemany sends the statements in one pipeline: on Citus a batch spans ~100
     # partitions, and a round trip each (with a scheduler process that must be woken
     # between them on a busy host) cost more than the statements.
+    if len(params) == 1:
+        cursor.execute(sql, params[0])
+        return {row[0] for row in cursor.fetchall()}
     cursor.executemany(sql, params, returning=True)
     out: set[UUID] = set()
     while True:
