@@ -27,7 +27,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings")
 
 CLAIM_SQL = """
 WITH picked AS (
-    SELECT id, scheduled_at FROM job_runs
+    SELECT partition_id, id, scheduled_at FROM job_runs
     WHERE tenant_id = %(tenant)s AND status IN ('queued', 'retrying') AND not_before <= now()
     ORDER BY priority DESC, scheduled_at
     LIMIT %(batch)s
@@ -35,14 +35,16 @@ WITH picked AS (
 )
 UPDATE job_runs r SET status = 'running', attempt = r.attempt + 1, owner = %(owner)s,
     started_at = now(), lease_until = now() + r.lease_seconds * interval '1 second'
-FROM picked p WHERE r.id = p.id AND r.scheduled_at = p.scheduled_at
-RETURNING r.id, r.scheduled_at, r.attempt
+FROM picked p WHERE r.partition_id = p.partition_id AND r.id = p.id AND r.scheduled_at = p.scheduled_at
+RETURNING r.partition_id, r.id, r.scheduled_at, r.attempt
 """
 
 DONE_SQL = """
 UPDATE job_runs r SET status = 'succeeded', finished_at = now(), lease_until = NULL, result_code = 200
-FROM unnest(%s::bigint[], %s::timestamptz[], %s::integer[]) AS d(id, scheduled_at, attempt)
-WHERE r.id = d.id AND r.scheduled_at = d.scheduled_at AND r.attempt = d.attempt AND r.status = 'running'
+FROM unnest(%s::smallint[], %s::bigint[], %s::timestamptz[], %s::integer[])
+    AS d(partition_id, id, scheduled_at, attempt)
+WHERE r.partition_id = d.partition_id AND r.id = d.id AND r.scheduled_at = d.scheduled_at
+  AND r.attempt = d.attempt AND r.status = 'running'
 """
 
 
@@ -58,7 +60,7 @@ def worker(conninfo: str, tenant: int, batch: int, start, done) -> None:
             if not rows:
                 break
             claimed += len(rows)
-            conn.execute(DONE_SQL, [[r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]])
+            conn.execute(DONE_SQL, [[r[i] for r in rows] for i in range(4)])
         done.put(claimed)
 
 
