@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import weakref
 
+from scheduler_project.citus import INSTALLED_SQL
+
 # The channel the dispatcher NOTIFYs (runs/queue.notify_executors) and executors LISTEN on.
 NOTIFY_CHANNEL = "cronyard_runs"
 
@@ -26,7 +28,7 @@ _CITUS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 async def is_citus(conn) -> bool:
     """Whether the database has the citus extension (asked once per connection)."""
     if conn not in _CITUS:
-        cursor = await conn.execute("SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')")
+        cursor = await conn.execute(INSTALLED_SQL)
         _CITUS[conn] = bool((await cursor.fetchone())[0])
     return _CITUS[conn]
 

@@ -102,10 +102,16 @@ def drop_database(*, nodes: list[str], db: str, user: str = SUPERUSER) -> None:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
 
 
+# Whether the current database has the citus extension: the one test, asked by the
+# migrations and the scheduler (citus_installed) and by the executor's async
+# connections (runs/connections.is_citus).
+INSTALLED_SQL = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+
+
 def citus_installed(cursor) -> bool:
     """True when the current database has the citus extension (the migrations' switch)."""
-    cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'citus'")
-    return cursor.fetchone() is not None
+    cursor.execute(INSTALLED_SQL)
+    return bool(cursor.fetchone()[0])
 
 
 # What goes where on Citus (docs/DECISIONS.md). Distributed by partition_id and
