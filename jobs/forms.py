@@ -9,6 +9,7 @@ from typing import Any
 from django import forms
 
 from jobs import edits
+from jobs.dst_form import DstPolicyField
 from jobs.models import Job
 from jobs.validation import SCHEDULE_KEY, TRIGGER_FIELDS, JobInvalid
 from runs.selectors import redact_target
@@ -45,6 +46,14 @@ _TARGET_EXAMPLE = json.dumps({"type": "http", "url": "https://example.com/hook",
 
 
 class JobAdminForm(forms.ModelForm):
+    # Two menus, not the model's JSON textarea (jobs/dst_form.py).
+    dst_policy = DstPolicyField(
+        label="DST",
+        help_text="Cron's rule (Debian's): a fixed time such as 30 1 * * * runs once, the first "
+        "time, and just after a gap; a schedule whose minute or hour is * runs at every real "
+        "instant that matches (both times, none in a gap). Interval and one-time jobs ignore DST.",
+    )
+
     class Meta:
         model = Job
         fields = FORM_FIELDS
@@ -54,9 +63,6 @@ class JobAdminForm(forms.ModelForm):
             "cron_expr": "5 fields, names (MON, JAN), @daily-style aliases, H hashed per job. "
             "Set exactly one of cron, interval and run at.",
             "time_zone": "IANA zone the cron expression is evaluated in, e.g. Europe/Berlin.",
-            "dst_policy": 'JSON, e.g. {"repeated": "last", "missing": "skip"}: a wall time that happens '
-            "twice fires at the first / last / both; one that does not exist is shifted past the gap "
-            "or skipped. Empty or an omitted key: Debian cron's rule for the job's kind.",
             "interval_seconds": "Elapsed seconds between runs (DST-free).",
             "run_at": "One-time run (UTC).",
             "jitter_seconds": "Runs start up to this many seconds after their slot (a stable offset per "
@@ -110,9 +116,7 @@ class JobAdminForm(forms.ModelForm):
             if self.instance._state.adding:
                 # A new instance already has its id (uuid4 default) and save_model creates
                 # the job with it: H is validated with the seed it will be scheduled with.
-                clean = edits.new_job_values(
-                    self.new_job_fields(), job_id=self.instance.pk, now=db.now()
-                )
+                clean = edits.new_job_values(self.new_job_fields(), job_id=self.instance.pk, now=db.now())
             else:
                 clean = edits.job_changes(self.instance, self.job_changes(), now=db.now())
         except JobInvalid as exc:

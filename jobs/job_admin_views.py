@@ -4,7 +4,7 @@ change form."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -20,7 +20,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
-from jobs import console, services
+from jobs import console, dst_form, services
 from jobs.describe import check_preview_schedule, preview
 from jobs.field_rules import check_dst_policy
 from jobs.job_admin_page import PREVIEW_COUNT
@@ -115,7 +115,7 @@ class JobConsoleViews:
         )
         zone = request.GET.get("time_zone", "").strip() or "UTC"
         try:
-            policy = _policy_param(request.GET.get("dst_policy", ""))
+            policy = _policy_param(request.GET)
             cron, interval = check_preview_schedule(
                 cron=cron,
                 interval_seconds=interval,
@@ -125,7 +125,7 @@ class JobConsoleViews:
         except JobInvalid as exc:
             # The page shows one line: the first problem found.
             return JsonResponse({"error": next(iter(exc.errors.values()))[0]}, status=400)
-        except ValueError as exc:  # the dst_policy JSON
+        except ValueError as exc:  # the DST menus' values
             return JsonResponse({"error": str(exc)}, status=400)
         now = timezone.now().replace(microsecond=0)  # whole seconds, as create_job anchors an interval
         return JsonResponse(
@@ -140,15 +140,11 @@ class JobConsoleViews:
         )
 
 
-def _policy_param(text: str) -> dict:
-    """The dst_policy field as typed (JSON text; empty = Debian cron's rule)."""
-    if not text.strip():
-        return {}
+def _policy_param(params: Mapping[str, str]) -> dict:
+    """The DST menus as chosen (jobs/dst_form.py: `dst_policy_repeated`,
+    `dst_policy_missing`; unset = Debian cron's rule)."""
+    value = {key: params.get(f"dst_policy_{key}", "").strip() for key in dst_form.KEYS}
     try:
-        value = json.loads(text)
-    except ValueError:
-        raise ValueError("dst_policy: not valid JSON.") from None
-    try:
-        return check_dst_policy(value)
+        return check_dst_policy({key: v for key, v in value.items() if v})
     except ValueError as exc:
         raise ValueError("dst_policy: " + " ".join(map(str, exc.args))) from None

@@ -8,7 +8,7 @@ operations dashboard. The Django test client sees none of the JS, CSS or real fo
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 import requests
@@ -201,6 +201,16 @@ def test_login_search_filter_and_pause_resume_actions(page, web_server, admin_us
     assert poller.next_run_at > timezone.now() - timedelta(seconds=5)
 
 
+def next_spring_forward_sunday(after: datetime) -> date:
+    """The next second Sunday of March (New York's spring forward) after `after`'s date."""
+    for year in (after.year, after.year + 1):
+        day = date(year, 3, 8)
+        day += timedelta(days=(6 - day.weekday()) % 7)
+        if day > after.date():
+            return day
+    raise AssertionError("unreachable")
+
+
 def test_change_page_preview_live_preview_and_validation(signed_in, acme):
     page = signed_in
     job = services.create_job(
@@ -239,6 +249,21 @@ def test_change_page_preview_live_preview_and_validation(signed_in, acme):
     interval_slots = live.locator("li").all_inner_texts()
     assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ ", t) for t in interval_slots), interval_slots
     page.fill("#id_interval_seconds", "")
+    # The DST policy is two menus, and the live preview follows them. New York springs
+    # forward on the second Sunday of March: 02:30 does not exist that day. Cron's rule
+    # for a fixed time runs it just after the gap (03:00 EDT = 07:00Z); "not at all" skips it.
+    gap = next_spring_forward_sunday(timezone.now())
+    page.fill("#id_cron_expr", "30 2 * 3 0")
+    page.fill("#id_time_zone", "America/New_York")
+    expect(live.locator("li")).to_have_count(5)
+    expect(live).to_contain_text(f"{gap}T07:00:00Z")
+    page.select_option("select[name=dst_policy_missing]", "skip")
+    expect(live).to_contain_text(f"02:30 does not exist on {gap}; policy 'skip'")
+    expect(live).not_to_contain_text(f"{gap}T07:00:00Z")
+    expect(live.locator("li")).to_have_count(5)
+    page.select_option("select[name=dst_policy_missing]", "")
+    expect(live).to_contain_text(f"{gap}T07:00:00Z")
+    page.fill("#id_time_zone", "UTC")
 
     # A bad expression: the live box says why, and saving is refused with nothing written.
     page.fill("#id_cron_expr", "61 * * * *")

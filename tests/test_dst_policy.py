@@ -391,32 +391,50 @@ def fast_password_hashing(settings):
 
 
 def _form(tenant, **overrides) -> dict:
-    fields = {"target": HOOK, "cron_expr": "30 1 * * *", "time_zone": NY, "dst_policy": "", **overrides}
+    fields = {"target": HOOK, "cron_expr": "30 1 * * *", "time_zone": NY, **overrides}
     return job_form_data(tenant, **fields)
 
 
 @pytest.mark.parametrize(
-    "policy",
-    ['{"repeated": "second"}', '{"missing": 3}', '"last"', '{"oops": "first"}', "{not json"],
+    "menus",
+    [{"dst_policy_repeated": "second"}, {"dst_policy_missing": "3"}, {"dst_policy_repeated": '{"x": 1}'}],
 )
-def test_admin_form_refuses_a_bad_policy_on_the_field(admin_client, fast_password_hashing, tenant, policy):
-    response = admin_client.post("/admin/jobs/job/add/", _form(tenant, dst_policy=policy))
+def test_admin_form_refuses_a_bad_policy_on_the_field(admin_client, fast_password_hashing, tenant, menus):
+    response = admin_client.post("/admin/jobs/job/add/", _form(tenant, **menus))
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors
     assert list(errors) == ["dst_policy"], errors
     assert Job.objects.count() == 0
 
 
+def test_admin_form_shows_the_policy_as_two_menus(admin_client, fast_password_hashing, tenant):
+    # Not a JSON textarea: a menu per half of the rule, the stored keys selected, and an
+    # unset key left on "cron's rule" (saving the page unchanged keeps the stored object).
+    fields = {"name": "m", "cron_expr": "30 1 * * *", "time_zone": NY, "target": HOOK}
+    job = services.create_job(tenant=tenant, fields={**fields, "dst_policy": {"missing": "skip"}})
+    response = admin_client.get(f"/admin/jobs/job/{job.pk}/change/")
+    page = response.content.decode()
+    assert 'textarea name="dst_policy"' not in page
+    assert '<option value="skip" selected>' in page
+    repeated = page[page.index('name="dst_policy_repeated"') :]
+    assert '<option value="" selected>' in repeated[: repeated.index("</select>")]
+    field = (
+        admin_client.get(f"/admin/jobs/job/{job.pk}/change/").context["adminform"].form.fields["dst_policy"]
+    )
+    assert field.has_changed(job.dst_policy, ["", "skip"]) is False
+    assert field.has_changed(job.dst_policy, ["last", "skip"]) is True
+
+
 def test_admin_form_saves_the_policy_and_previews_it(admin_client, fast_password_hashing, tenant):
     with travel("2026-10-31T12:00:00Z"):
-        response = admin_client.post("/admin/jobs/job/add/", _form(tenant, dst_policy='{"repeated": "last"}'))
+        response = admin_client.post("/admin/jobs/job/add/", _form(tenant, dst_policy_repeated="last"))
         assert response.status_code == 302, response.context["adminform"].form.errors
         job = Job.objects.get()
         assert job.dst_policy == {"repeated": "last"}
         assert job.next_run_at == datetime(2026, 11, 1, 6, 30, tzinfo=UTC)
         live = admin_client.get(
             "/admin/jobs/job/preview/",
-            {"cron_expr": "30 1 * * *", "time_zone": NY, "dst_policy": '{"repeated": "both"}'},
+            {"cron_expr": "30 1 * * *", "time_zone": NY, "dst_policy_repeated": "both"},
         )
         assert live.status_code == 200
         assert [t["utc"] for t in live.json()["fire_times"][:2]] == [
@@ -425,6 +443,6 @@ def test_admin_form_saves_the_policy_and_previews_it(admin_client, fast_password
         ]
         bad = admin_client.get(
             "/admin/jobs/job/preview/",
-            {"cron_expr": "30 1 * * *", "time_zone": NY, "dst_policy": '{"repeated": "x"}'},
+            {"cron_expr": "30 1 * * *", "time_zone": NY, "dst_policy_repeated": "x"},
         )
         assert bad.status_code == 400 and "dst_policy" in bad.json()["error"]
