@@ -117,9 +117,46 @@ class Cluster:
             # be one restarted a moment ago that holds nothing yet, and the stall would
             # then prove nothing about fencing (the run's own check below fails).
             proc = self._busiest_executor() or proc
+        held = self._runs_of(proc) if kind == "executor" else {}
         os.kill(proc.pid, signal.SIGSTOP)
         time.sleep(seconds)
+        # Past the lease is not enough on a loaded machine: the other executor may not
+        # have reclaimed anything yet, and a stalled executor that wakes up still holding
+        # its leases proves nothing about fencing. Stay stopped until one of its runs has
+        # a newer attempt (bounded: the run's own check reports a stall that never was).
+        deadline = time.monotonic() + 30
+        while held and not self._reclaimed(held) and time.monotonic() < deadline:
+            time.sleep(0.5)
         os.kill(proc.pid, signal.SIGCONT)
+
+    def _runs_of(self, proc: subprocess.Popen) -> dict[tuple, int]:
+        """{(job_id, scheduled_at): attempt} of the runs `proc` is running now."""
+        from django.db import DatabaseError, connection
+
+        from runs.models import JobRun
+
+        try:
+            rows = JobRun.objects.filter(status="running", owner__contains=f":{proc.pid}:").values_list(
+                "job_id", "scheduled_at", "attempt"
+            )
+            return {(job_id, at): attempt for job_id, at, attempt in rows}
+        except DatabaseError:
+            connection.close()
+            return {}
+
+    def _reclaimed(self, held: dict[tuple, int]) -> bool:
+        """Whether any of `held` (runs a stalled process had) has moved to a newer attempt."""
+        from django.db import DatabaseError, connection
+
+        from runs.models import JobRun
+
+        job_ids = {job_id for job_id, _ in held}
+        try:
+            rows = JobRun.objects.filter(job_id__in=job_ids).values_list("job_id", "scheduled_at", "attempt")
+            return any(attempt > held.get((job_id, at), attempt) for job_id, at, attempt in rows)
+        except DatabaseError:
+            connection.close()
+            return False
 
     def _busiest_executor(self) -> subprocess.Popen | None:
         """The executor process with the most running runs (its pid is in the owner id)."""
