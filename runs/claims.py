@@ -21,6 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 
+import psycopg
+from psycopg import pq
+
 from runs import attempts, claim_order, connections, per_partition
 from runs.rows import ClaimedRun, RunKey
 
@@ -58,7 +61,8 @@ SELECT count(*) FROM (
 """
 
 # Step 2, under those locks: the tenants' running runs, across every partition (the
-# cap is per tenant). A read of its own, not a CTE of the claim: on Citus a statement
+# cap is per tenant). Plain PostgreSQL counts them inside the claim (_COUNTED_RUNNING).
+# On Citus, a read of its own, not a CTE of the claim: there a statement
 # that reads several shards is split into a plan per CTE with intermediate results
 # (about ten round trips to the workers); without it the claim goes to one shard whole.
 # READ COMMITTED: this statement sees every claim committed before it began, and no
@@ -76,8 +80,7 @@ GROUP BY tenant_id
 # each at most the tenant's places in the batch (slots.probe). Per job, at most one run
 # unless the job allows overlap (a job's runs are all in its partition). Across tenants, the fair-share rank
 # (running + k-th pick) / weight decides, as in claim_order.
-_CLAIM_SQL = per_partition.Forms.of(
-    """
+_CLAIM_TEMPLATE = """
 WITH busy AS MATERIALIZED (
     SELECT job_id FROM job_runs WHERE partition_id {partition_filter} AND status = 'running'
 ),
@@ -89,8 +92,7 @@ slots AS (
     SELECT t.id AS tenant_id, t.weight, run.n AS running, t.max_concurrency - run.n AS free,
            least(t.max_concurrency - run.n, %(limit)s,
                  greatest(0, floor(%(max_rank)s::float8 * t.weight + 1e-9)::bigint - run.n)) AS probe
-    FROM tenants t JOIN unnest(%(tenants)s::bigint[], %(running)s::bigint[]) AS run(tenant_id, n)
-        ON run.tenant_id = t.id
+    FROM tenants t JOIN {running} ON run.tenant_id = t.id
 ),
 by_priority AS (
     SELECT c.* FROM slots s CROSS JOIN LATERAL (
@@ -206,6 +208,26 @@ cancelled AS (
 )
 SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
 """.replace("{_CANCELLED_BY_NEWER_ENTRY}", _CANCELLED_BY_NEWER_ENTRY)
+
+# The tenants' running runs in the claim's `slots`, as (tenant_id, n) rows named `run`:
+# - plain PostgreSQL, counted by the claim itself: its snapshot is taken when it starts,
+#   after the lock statement before it returned, so it sees every claim of these
+#   tenants committed before ours and none can commit meanwhile (the locks);
+# - Citus (and the per-partition forms), given: _RUNNING_SQL read them once for the
+#   batch (a read of every shard), and each partition's claim adds the ones before it.
+# (A LATERAL aggregate, counted once per tenant: a scalar subquery in the select list
+# is pulled up into `slots` and counted again at each use of n.)
+_COUNTED_RUNNING = """(
+    SELECT u.t AS tenant_id, c.n
+    FROM unnest(%(tenants)s::bigint[]) AS u(t) CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM job_runs x WHERE x.status = 'running' AND x.tenant_id = u.t
+    ) c
+) AS run"""
+_GIVEN_RUNNING = "unnest(%(tenants)s::bigint[], %(running)s::bigint[]) AS run(tenant_id, n)"
+# The batch form counts (plain PostgreSQL), the one-partition form is given the counts.
+_CLAIM_SQL = per_partition.Forms(
+    one=per_partition.Forms.of(_CLAIM_TEMPLATE.replace("{running}", _GIVEN_RUNNING)).one,
+    many=per_partition.Forms.of(_CLAIM_TEMPLATE.replace("{running}", _COUNTED_RUNNING)).many,
 )
 
 _HEARTBEAT_SQL = per_partition.Forms.of(
@@ -230,7 +252,8 @@ async def claim_runs(
 
     Never more running runs per tenant than tenants.max_concurrency, across all
     partitions: claimers of the same tenant are serialised by a transaction-scoped
-    advisory lock, and the running counts are read after the locks are held.
+    advisory lock, and the running counts are read (by a statement that starts) after
+    the locks are held.
     """
     if limit <= 0:
         return []
@@ -240,15 +263,8 @@ async def claim_runs(
     tenant_ids = sorted({t for _, ts in plan.partitions for t in ts})
     params = {"limit": limit, "owner": owner, "aging": aging_seconds, "max_rank": plan.max_rank}
     if not await connections.one_partition_per_statement(conn):
-        # One statement ranks the whole batch across tenants, as one partition's claim
-        # does within its partition: the plan's partitions and tenants only narrow it.
-        # Two round trips: the locks and the counts, then the claim and the commit.
-        async with conn.pipeline(), conn.transaction():
-            running = await _lock_and_count(conn, tenant_ids)
-            partitions = [p for p, _ in plan.partitions]
-            return await _claim(
-                conn, _CLAIM_SQL.many, {**params, "partitions": partitions}, tenant_ids, running
-            )
+        partitions = [p for p, _ in plan.partitions]
+        return await _claim_batch(conn, {**params, "partitions": partitions}, tenant_ids)
     # Citus: the locks and the tenants' running counts (a read of every shard) once for
     # the batch, then a claim statement per partition in the same transaction, each
     # counting the claims of the partitions before it. A transaction per partition read
@@ -268,6 +284,38 @@ async def claim_runs(
                 break
     claimed.sort(key=lambda run: (-run.priority, run.scheduled_at))
     return claimed
+
+
+async def _claim_batch(conn, params: dict, tenant_ids: Sequence[int]) -> list[ClaimedRun]:
+    """Plain PostgreSQL: one statement ranks the whole batch across tenants, as one
+    partition's claim does within its partition (the plan's partitions and tenants only
+    narrow it), and counts the tenants' running runs itself. BEGIN, the locks, the claim
+    and COMMIT go in one pipeline sync: one round trip, the lock held for that one.
+
+    The executor waits on round trips, not CPU (docs/DECISIONS.md, "Executor claims:
+    profile and changes"): psycopg's transaction() syncs at BEGIN, and fetching
+    the counts and then the claim before the commit made this four waits."""
+    try:
+        async with conn.pipeline():
+            await conn.execute("BEGIN")
+            await conn.execute(_LOCK_TENANTS_SQL, {"ns": TENANT_CLAIM_LOCK, "tenants": list(tenant_ids)})
+            cursor = await conn.execute(
+                _CLAIM_SQL.many,
+                {**params, "tenants": list(tenant_ids), "epoch": datetime.now(UTC).timestamp()},
+            )
+            await conn.execute("COMMIT")
+        # Read after the pipeline's one Sync has brought every result back (fetching
+        # inside it would flush and wait once more).
+        return [ClaimedRun(*row) for row in await cursor.fetchall()]
+    except psycopg.Error:
+        # A failed statement leaves the transaction aborted (the server skipped the rest
+        # of the pipeline, COMMIT included): end it so the connection stays usable.
+        if not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            try:
+                await conn.execute("ROLLBACK")
+            except psycopg.Error:
+                pass  # the connection is gone; the caller's error says why
+        raise
 
 
 async def _lock_and_count(conn, tenant_ids: Sequence[int]) -> dict[int, int]:

@@ -13,6 +13,7 @@ on the rows.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -289,3 +290,76 @@ def test_the_plan_gives_the_batch_to_the_best_ranks_of_every_tenant():
     # A tenant alone gets its whole cap, beyond the picks read.
     alone = rank([Pick(2, 0, 1, 5, 0, at, 1, 10)], limit=6)
     assert alone == type(alone)([(5, [2])], 6.0)
+
+
+def round_trips(trace: str) -> int:
+    """How often a libpq trace shows the client sending and then waiting for the
+    server's answer: each run of client messages followed by server messages."""
+    sides = [line.split("\t")[1] for line in trace.splitlines() if line.count("\t") >= 2]
+    return sum(1 for sent, answered in itertools.pairwise(sides) if (sent, answered) == ("F", "B"))
+
+
+def test_plain_postgresql_claims_in_two_round_trips(tmp_path):
+    """The claim loop is bound by round trips (issue 12, docs/DECISIONS.md "Executor
+    claims: profile and changes"): on plain PostgreSQL a claim is the plan read, then the
+    lock, the claim (counting running runs itself, after the lock) and the commit sent
+    together: two waits for the server, not four."""
+    tenant, _ = create_tenant(slug="trips", max_concurrency=100)
+    for job in spread_jobs(tenant, 8):
+        queue_for(job)
+    trace_file = tmp_path / "libpq.trace"
+
+    async def scenario() -> list[rows.ClaimedRun]:
+        conn = await connections.connect_async(database_url())
+        try:
+            assert not await connections.one_partition_per_statement(conn)
+            # The first claim prepares the statements (a Parse and a wait each, once per
+            # connection and re-plan): the executor's steady state is the second.
+            assert len(await claims.claim_runs(conn, owner="me:1", limit=2)) == 2
+            with open(trace_file, "w") as out:
+                conn.pgconn.trace(out.fileno())
+                try:
+                    return await claims.claim_runs(conn, owner="me:1", limit=32)
+                finally:
+                    conn.pgconn.untrace()
+        finally:
+            await conn.close()
+
+    claimed = asyncio.run(scenario())
+    assert len(claimed) == 6
+    assert JobRun.objects.filter(tenant_id=tenant.id, status="running").count() == 8
+    trace = trace_file.read_text()
+    assert round_trips(trace) == 2, trace
+
+
+def test_a_failed_plain_claim_leaves_its_connection_usable():
+    """The claim's BEGIN ... COMMIT goes in one pipeline: when a statement fails, the
+    server skips the rest (COMMIT too) and the transaction is left aborted. The claim
+    ends it, so the next claim on the same connection works."""
+    tenant, _ = create_tenant(slug="fails", max_concurrency=100)
+    for job in spread_jobs(tenant, 3):
+        queue_for(job)
+
+    async def scenario() -> tuple[type, object, int]:
+        holder = await connections.connect_async(database_url())
+        conn = await connections.connect_async(database_url())
+        try:
+            # Another claimer holds the tenant's claim lock; ours gives up after 200 ms.
+            await holder.execute("BEGIN")
+            lock = "SELECT pg_advisory_xact_lock(%s, %s)"
+            await holder.execute(lock, [claims.TENANT_CLAIM_LOCK, tenant.id])
+            await conn.execute("SET statement_timeout = 200")
+            with pytest.raises(psycopg.errors.QueryCanceled) as failed:
+                await claims.claim_runs(conn, owner="me:1", limit=32)
+            status = conn.info.transaction_status
+            await holder.execute("ROLLBACK")
+            await conn.execute("SET statement_timeout = 0")
+            return failed.type, status, len(await claims.claim_runs(conn, owner="me:1", limit=32))
+        finally:
+            await conn.close()
+            await holder.close()
+
+    error, status, claimed = asyncio.run(scenario())
+    assert error is psycopg.errors.QueryCanceled
+    assert status == psycopg.pq.TransactionStatus.IDLE
+    assert claimed == 3
