@@ -523,7 +523,12 @@ def main() -> None:
     )
     problems = verify_dispatch(dispatch)
     growth_rows = (
-        growth.growth_part(bench, db=prefix + "dispatch", probe=job_runs_probe(prefix + "dispatch"))
+        growth.growth_part(
+            bench,
+            db=prefix + "dispatch",
+            probe=job_runs_probe(prefix + "dispatch"),
+            jobs=(100, 200) if args.smoke else growth.JOBS,  # --smoke --full: the wiring only
+        )
         if args.full
         else []
     )

@@ -17,10 +17,10 @@ TARGET_RSS_MB = 200
 BASE_JOBS = 100_000  # "cost vs" divides by this round's µs per run
 
 
-def growth_part(bench, *, db: str, probe) -> list[dict]:
+def growth_part(bench, *, db: str, probe, jobs: tuple[int, ...] = JOBS) -> list[dict]:
     """Run the curve (bench.run: progress bar, fails the bench if the script fails)."""
     bench.run(
-        "dispatch.py", "--jobs", *(str(n) for n in JOBS), "--schedulers", str(SCHEDULERS),
+        "dispatch.py", "--jobs", *(str(n) for n in jobs), "--schedulers", str(SCHEDULERS),
         "--workload", "realistic", "--db", db, "--json", str(bench.data / "growth.json"), probe=probe,
     )  # fmt: skip
     return bench.json("growth.json")
