@@ -1,7 +1,7 @@
 """`make bench`: every benchmark in one run, each beside its limit, into docs/BENCHMARKS.md.
 
     make bench                      # 10k and 100k jobs; 10k runs; lag at 1,000 runs/s (~16 min)
-    make bench BENCH_ARGS=--full    # adds 1M jobs (several minutes more)
+    make bench BENCH_ARGS=--full    # adds the growth curve 10k..1M jobs (bench/growth.py; ~5 min more)
     python -m bench --smoke --report /tmp/b.md --plots /tmp/plots   # seconds: make test's form
 
 Each part is its own script under bench/ and can be run alone; this runs them in an
@@ -373,6 +373,7 @@ def write_report(
     fair_share: dict,
     lag_text: str,
     ledger_text: str | None,
+    growth_text: str,
     args: argparse.Namespace,
     minutes: float,
 ) -> str:
@@ -405,6 +406,7 @@ checked: duplicates must be 0 and missing must be 0 (`make bench` fails otherwis
 
 ![runs/s vs N]({relative(plots["dispatch"], report)})
 
+{growth_text}
 ## Execution: no-op runs, one per job (the top-of-the-hour shape)
 
 N jobs each with one queued run, drained by `run_executor --concurrency
@@ -458,7 +460,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--full", action="store_true", help="also 1M jobs")
+    parser.add_argument("--full", action="store_true", help="also the dispatch growth curve up to 1M jobs")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, one process each (make test)")
     parser.add_argument("--runs", type=int, default=10_000, help="runs per execution scenario")
     parser.add_argument("--report", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
@@ -468,6 +470,7 @@ def main() -> None:
     if not os.environ.get("DATABASE_URL"):
         sys.exit("bench: DATABASE_URL is not set (make bench starts the embedded cluster)")
     started = time.monotonic()
+    from bench import growth
 
     if args.smoke:
         jobs, processes, runs = [200], [1], 200
@@ -493,7 +496,10 @@ def main() -> None:
         ]
         prefix = "cronyard_bench_smoke_"
     else:
-        jobs = [10_000, 100_000] + ([1_000_000] if args.full else [])
+        # --full adds the 1M round as its own curve (bench/growth.py: realistic, 2
+        # schedulers), not to this matrix: 1M x 2 workloads x 1 and 2 schedulers x the
+        # limit loop would add ~40 minutes.
+        jobs = [10_000, 100_000]
         processes, runs = [1, 2], args.runs
         task_executors, http_executors = [1, 2], [1, 2, 4]
         # Short rounds, so three pairs add about a minute; long enough to dwarf the
@@ -509,12 +515,24 @@ def main() -> None:
         + 2 * len(http_executors)
         + 1
         + (0 if args.smoke else 1)
+        + (1 if args.full else 0)
     )
     bench = Bench(data=args.data, steps=steps)
     dispatch = dispatch_part(
         bench, workloads=workloads, jobs=jobs, processes=processes, db=prefix + "dispatch"
     )
     problems = verify_dispatch(dispatch)
+    growth_rows = (
+        growth.growth_part(
+            bench,
+            db=prefix + "dispatch",
+            probe=job_runs_probe(prefix + "dispatch"),
+            jobs=(100, 200) if args.smoke else growth.JOBS,  # --smoke --full: the wiring only
+        )
+        if args.full
+        else []
+    )
+    problems += growth.problems(growth_rows)
     execute = execute_part(bench, runs=runs, task_executors=task_executors, http_executors=http_executors)
     fair_share = fair_share_part(bench, runs=fair_runs, pairs=fair_pairs)
     lag_text = bench.run("lag.py", *lag, "--db", prefix + "lag", "--json", str(bench.data / "lag.json"))
@@ -529,6 +547,8 @@ def main() -> None:
         "executor": plots.executor_plot(execute, args.plots / "executors.png"),
         "lag": plots.lag_plot(lags, args.plots / "lag.png"),
     }
+    if growth_rows:
+        drawn["growth"] = plots.growth_plot(growth_rows, args.plots / "growth.png")
     text = write_report(
         report=args.report,
         plots=drawn,
@@ -538,6 +558,9 @@ def main() -> None:
         fair_share=fair_share,
         lag_text=lag_text,
         ledger_text=ledger_text,
+        growth_text=growth.section(growth_rows, plot=relative(drawn["growth"], args.report))
+        if growth_rows
+        else "",
         args=args,
         minutes=(time.monotonic() - started) / 60,
     )

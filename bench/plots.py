@@ -84,3 +84,25 @@ def executor_plot(rows: list[dict], path: Path) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def growth_plot(rows: list[dict], path: Path) -> Path:
+    """Dispatch cost per run and each scheduler's peak RSS against N (log x)."""
+    fig, (cost, rss) = plt.subplots(1, 2, figsize=(10, 4))
+    points = sorted(rows, key=lambda r: r["jobs"])
+    xs = [r["jobs"] for r in points]
+    cost.plot(xs, [r["us_per_run"] for r in points], "-", marker="o", color="tab:blue")
+    cost.set_ylim(bottom=0)
+    cost.set_ylabel("µs per run (wall, all schedulers)")
+    cost.set_title("Dispatch cost per run vs N")
+    rss.plot(xs, [max(r["peak_rss_mb"]) for r in points], "-", marker="o", color="tab:red", label="peak RSS")
+    rss.axhline(200, linestyle="--", color="gray", label="target 200 MB")
+    rss.set_ylim(bottom=0)
+    rss.set_ylabel("MB (largest scheduler)")
+    rss.set_title("Scheduler peak RSS vs N")
+    rss.legend()
+    for ax in (cost, rss):
+        ax.set_xscale("log")
+        ax.set_xlabel("jobs all due (N)")
+        ax.grid(True, alpha=0.3)
+    return _save(fig, path)

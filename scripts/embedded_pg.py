@@ -517,7 +517,9 @@ def _quote_conf(val: str) -> str:
     return "'" + val.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
-def write_config(layout: Layout, port: int, fast: bool, settings: tuple[str, ...] = ()) -> None:
+def write_config(
+    layout: Layout, port: int, fast: bool, settings: tuple[str, ...] = (), *, preload_statements: bool = False
+) -> None:
     sockdir = layout.run
     if len(sockdir) > MAX_SOCKET_DIR_LEN:
         log(f"socket dir path too long for a unix socket ({len(sockdir)} chars); TCP only")
@@ -528,8 +530,15 @@ def write_config(layout: Layout, port: int, fast: bool, settings: tuple[str, ...
         f"unix_socket_directories = {_quote_conf(sockdir)}",
         f"port = {port}",
         "max_connections = 200",
-        "shared_buffers = 256MB",
+        f"shared_buffers = {shared_buffers_mb()}MB",
+        # A 1M-job burst writes ~3 GB of WAL in a minute; with the default 1GB a
+        # checkpoint was forced every ~0.5 GB and the full-page images after each one
+        # inflated the WAL further (docs/DECISIONS.md, "1M jobs: where the cost grows").
+        "max_wal_size = 8GB",
     ]
+    if preload_statements:
+        # Per-statement counters for profiling (make bench reports the heaviest).
+        block.append("shared_preload_libraries = 'pg_stat_statements'")
     if fast:
         block += [
             "# --fast: throwaway cluster, NOT crash safe",
@@ -707,6 +716,29 @@ def cmd_start(layout: Layout, fast: bool, dbs: list[str]) -> int:
     return 0
 
 
+def shared_buffers_mb() -> int:
+    """An eighth of the machine's memory, between 256 MB and 2 GB.
+
+    At 1M jobs the pages a dispatch touches at random (jobs and its indexes, the run
+    keys) are ~1.5 GB; with 256 MB every batch read them back from the OS cache and
+    backends wrote dirty pages out themselves to make room, and the cost per run
+    doubled from 100k to 1M jobs (docs/DECISIONS.md, "1M jobs: where the cost grows").
+    The memory is used only as pages are touched (anonymous shared memory), so a
+    test cluster that never grows stays small.
+    """
+    try:
+        pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return 256
+    return max(256, min(2048, pages // 8 // 2**20))
+
+
+def has_statements(bindir: str) -> bool:
+    """Whether this server has the pg_stat_statements module (postgresql-contrib): preloading
+    a missing library would keep the server from starting."""
+    return os.path.exists(os.path.join(os.path.dirname(bindir), "lib", "pg_stat_statements.so"))
+
+
 def start_server(layout: Layout, *, fast: bool, dbs: list[str], settings: tuple[str, ...] = ()) -> int:
     """Init if needed, start (idempotent), create the databases; return the port."""
     bindir = require_bindir()
@@ -737,7 +769,7 @@ def start_server(layout: Layout, *, fast: bool, dbs: list[str], settings: tuple[
             tried = set()
             for attempt in range(1, 6):
                 write_port(layout, port)
-                write_config(layout, port, fast, settings)
+                write_config(layout, port, fast, settings, preload_statements=has_statements(bindir))
                 chown_tree(layout.base, who)
                 log(f"starting PostgreSQL on 127.0.0.1:{port} (as {who.name}, {bindir})")
                 proc = pg_ctl_start(bindir, layout, who)

@@ -170,6 +170,31 @@ def test_failing_streak_alerts_once_and_again_after_recovery(tenant, settings):
     assert [a["event"] for a in job_health.sweep()] == ["job.failing"]
 
 
+def test_failing_sweep_probes_an_index_instead_of_scanning_every_job(tenant):
+    """The sweep runs every 5 s; at 1M jobs a sequential scan of jobs cost ~1 s of a core
+    each time (docs/DECISIONS.md, "1M jobs"). With 20k healthy jobs and one failing,
+    the failing query must be an index probe and still find the failing job."""
+    from jobs import health as job_health
+
+    job = make_job(tenant, next_run_at=db_now() + MINUTE, alert_after_failures=1)
+    with connection.cursor() as cursor:
+        # 20k copies of a healthy job (ids and names differ), as a big tenant has them.
+        cursor.execute(
+            """
+            INSERT INTO jobs
+            SELECT (json_populate_record(j, json_build_object('id', gen_random_uuid(), 'name', 'c' || g))).*
+            FROM jobs j, generate_series(1, 20000) g WHERE j.id = %s
+            """,
+            [job.id],
+        )
+        cursor.execute("ANALYZE jobs")
+        cursor.execute("EXPLAIN " + job_health._FAILING_SQL, {"limit": job_health.SWEEP_LIMIT})
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "Seq Scan on jobs" not in plan, plan
+    finish(job, ["dead"])
+    assert [a["job_id"] for a in job_health.sweep()] == [str(job.id)]
+
+
 @pytest.mark.parametrize("value", [0, -1, "3", 1.5, 1001])
 def test_bad_alert_after_failures_is_400(api, value):
     response = api.post(
