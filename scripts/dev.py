@@ -164,8 +164,18 @@ CITUS_TESTS = (
     "tests/test_job_health.py",
 )
 # A short dispatch and execute run: enough to see Citus's overhead, not a benchmark.
+# The raw dispatch loop too (--with-limit): `make bench`'s Citus rows run it there.
 CITUS_BENCH = (
-    ("dispatch.py", "--jobs", "10000", "--schedulers", "1", "--db", "cronyard_bench_dispatch"),
+    (
+        "dispatch.py",
+        "--jobs",
+        "10000",
+        "--schedulers",
+        "1",
+        "--with-limit",
+        "--db",
+        "cronyard_bench_dispatch",
+    ),
     ("execute.py", "--runs", "2000", "--executors", "1", "--kinds", "task"),
 )
 
