@@ -103,7 +103,8 @@ def test_the_tenant_list_counts_jobs_and_tokens_per_tenant(admin_client, console
 def test_the_job_page_its_edit_and_its_confirmations(admin_client, console):
     alpha = console["alpha"]
     page = ok(admin_client.get(f"/admin/jobs/job/{alpha.pk}/change/"))
-    assert console["dead"].run_key in page or "dead" in page  # the recent runs panel
+    # Both panels: the recent runs (the dead run among them) and the ledger's occurrences.
+    assert f'data-run="{console["dead"].pk}"' in page and "field-recent_occurrences" in page
     data = job_form_data(console["tenant"], name="alpha renamed", cron_expr="", interval_seconds="600")
     redirected(admin_client.post(f"/admin/jobs/job/{alpha.pk}/change/", data))
     assert Job.objects.get(pk=alpha.pk).name == "alpha renamed"
