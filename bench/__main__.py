@@ -40,8 +40,9 @@ class Bench:
         self.data.mkdir(parents=True, exist_ok=True)
         self.overall = tqdm(total=steps, desc="make bench", unit="step", file=sys.stderr, position=0)
 
-    def run(self, script: str, *args: str, probe=None) -> str:
-        """Run bench/<script>; the bar's postfix shows the elapsed time and what `probe` says."""
+    def run(self, script: str, *args: str, probe=None, env: dict | None = None) -> str:
+        """Run bench/<script> (with `env`, default ours); the bar's postfix shows the
+        elapsed time and what `probe` says."""
         self.overall.set_description(f"bench: {script} {' '.join(args)}"[:100])
         self.overall.set_postfix_str("")
         stop = threading.Event()
@@ -61,6 +62,7 @@ class Bench:
             result = subprocess.run(
                 [sys.executable, str(ROOT / "bench" / script), *args],
                 cwd=ROOT,
+                env=env,
                 stdout=subprocess.PIPE,
                 text=True,
             )
@@ -371,6 +373,7 @@ def write_report(
     dispatch: list[dict],
     execute: list[dict],
     fair_share: dict,
+    citus_text: str,
     lag_text: str,
     ledger_text: str | None,
     growth_text: str,
@@ -433,6 +436,18 @@ The raw loop's client CPU per request: {
 
 ![executor scaling]({relative(plots["executor"], report)})
 
+## Citus: the same rounds on a local coordinator + 2 workers
+
+`bench/citus.py`: a Citus coordinator and two workers on this same machine
+(`scripts/citus_cluster.py`, 32 shards), each round right beside the same round on
+the plain PostgreSQL above; modest sizes. Three PostgreSQL nodes share the cores with
+the benchmark: this is Citus's overhead per run, not scale-out (docs/SCALING.md). The
+raw dispatch loop runs on Citus as it is (one partition per statement); the raw
+claim+complete loop (`bench/raw_limit.py`) locks runs of many partitions in one
+statement, which Citus refuses, so execution has no limit there.
+
+{citus_text}
+
 ## End-to-end lag: scheduled_at → the target receives the request
 
 `bench/lag.py`: interval jobs spread evenly over their period (a steady rate), the
@@ -466,6 +481,9 @@ def main() -> None:
     parser.add_argument("--report", type=Path, default=ROOT / "docs" / "BENCHMARKS.md")
     parser.add_argument("--plots", type=Path, default=ROOT / "docs" / "bench", help="PNG directory")
     parser.add_argument("--data", type=Path, default=ROOT / "var" / "bench", help="raw JSON directory")
+    parser.add_argument(
+        "--no-citus", action="store_true", help="skip the Citus rows even if Citus is installed"
+    )
     args = parser.parse_args()
     if not os.environ.get("DATABASE_URL"):
         sys.exit("bench: DATABASE_URL is not set (make bench starts the embedded cluster)")
@@ -508,6 +526,12 @@ def main() -> None:
         lag = []
         prefix = "cronyard_bench_"
     workloads = dispatch_workloads()
+    from bench import citus
+
+    # make test's smoke form stays on plain PostgreSQL: a Citus cluster is make test-citus's.
+    skip_citus = "--smoke" if args.smoke else "--no-citus" if args.no_citus else None
+    if skip_citus is None and not citus.available():
+        skip_citus = "not installed"
     steps = (
         2 * len(jobs) * len(workloads)
         + 2 * len(task_executors)
@@ -516,6 +540,7 @@ def main() -> None:
         + 1
         + (0 if args.smoke else 1)
         + (1 if args.full else 0)
+        + (0 if skip_citus else 4)
     )
     bench = Bench(data=args.data, steps=steps)
     dispatch = dispatch_part(
@@ -535,6 +560,12 @@ def main() -> None:
     problems += growth.problems(growth_rows)
     execute = execute_part(bench, runs=runs, task_executors=task_executors, http_executors=http_executors)
     fair_share = fair_share_part(bench, runs=fair_runs, pairs=fair_pairs)
+    citus_rows = (
+        None
+        if skip_citus
+        else citus.citus_part(bench, jobs=citus.CITUS_JOBS, runs=citus.CITUS_RUNS, db=prefix + "dispatch")
+    )
+    problems += citus.verify(citus_rows)
     lag_text = bench.run("lag.py", *lag, "--db", prefix + "lag", "--json", str(bench.data / "lag.json"))
     ledger_text = None if args.smoke else bench.run("ledger.py", "--db", prefix + "ledger")
     bench.overall.close()
@@ -556,6 +587,12 @@ def main() -> None:
         dispatch=dispatch,
         execute=execute,
         fair_share=fair_share,
+        citus_text=citus.section(
+            citus_rows,
+            skipped=citus.NOT_INSTALLED
+            if skip_citus == "not installed"
+            else f"Citus rows skipped: {skip_citus}",
+        ),
         lag_text=lag_text,
         ledger_text=ledger_text,
         growth_text=growth.section(growth_rows, plot=relative(drawn["growth"], args.report))

@@ -19,6 +19,7 @@ from jobs.admin_base import actor_of
 from jobs.display import in_zone, relative
 from jobs.forms import POLICY_FORM_FIELDS, SCHEDULE_FORM_FIELDS, JobAdminForm
 from jobs.health import overdue_seconds
+from jobs.job_admin_delete import JobDeleteSummary
 from jobs.job_admin_page import JobPagePanels
 from jobs.job_admin_views import JobConsoleViews
 from jobs.models import Job
@@ -47,7 +48,7 @@ class TriggerTypeFilter(admin.SimpleListFilter):
 
 
 @admin.register(Job)
-class JobAdmin(JobConsoleViews, JobPagePanels, admin.ModelAdmin):
+class JobAdmin(JobConsoleViews, JobPagePanels, JobDeleteSummary, admin.ModelAdmin):
     form = JobAdminForm
     change_form_template = "admin/jobs/job/change_form.html"
     list_display = (

@@ -134,8 +134,8 @@ def test(args: list[str]) -> int:
 
 
 # What `make test-citus` runs on the local Citus cluster: the database-facing files (keys
-# and distribution, dispatch, the ledger, the API's jobs and runs, retention, the
-# executor's claim and fencing) and the exactly-once process test (schedulers and
+# and distribution, dispatch, the ledger, the API's jobs and runs, retention, every
+# console page, the executor's claim and fencing) and the exactly-once process test (schedulers and
 # executors SIGKILLed and SIGSTOPped).
 CITUS_TESTS = (
     "tests/test_partition_keys.py",
@@ -152,14 +152,30 @@ CITUS_TESTS = (
     "tests/test_clock_and_pause.py",
     "tests/test_services_races.py",
     "tests/test_runs_admin.py",
+    "tests/test_console_pages.py",
+    "tests/test_admin_jobs.py",
+    "tests/test_admin_lists.py",
+    "tests/test_job_page.py",
+    "tests/test_audit.py",
+    "tests/test_dashboard_charts.py",
     "tests/test_executor_claims.py",
     "tests/test_executor_fencing.py",
     "tests/test_exactly_once.py",
     "tests/test_job_health.py",
 )
 # A short dispatch and execute run: enough to see Citus's overhead, not a benchmark.
+# The raw dispatch loop too (--with-limit): `make bench`'s Citus rows run it there.
 CITUS_BENCH = (
-    ("dispatch.py", "--jobs", "10000", "--schedulers", "1", "--db", "cronyard_bench_dispatch"),
+    (
+        "dispatch.py",
+        "--jobs",
+        "10000",
+        "--schedulers",
+        "1",
+        "--with-limit",
+        "--db",
+        "cronyard_bench_dispatch",
+    ),
     ("execute.py", "--runs", "2000", "--executors", "1", "--kinds", "task"),
 )
 

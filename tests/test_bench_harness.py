@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import citus
 from bench.__main__ import parse_table
 from jobs.models import Tenant
 from tests.conftest import database_url
@@ -19,6 +20,7 @@ HEADINGS = [
     "# Benchmarks",
     "## Dispatch: N jobs all due, time until every run row exists",
     "## Execution: no-op runs, one per job (the top-of-the-hour shape)",
+    "## Citus: the same rounds on a local coordinator + 2 workers",
     "## End-to-end lag: scheduled_at → the target receives the request",
     "## Occurrence ledger: a year of a minutely job, page by page",
 ]
@@ -70,7 +72,25 @@ def test_smoke_run_writes_the_report_with_every_table_and_plot(transactional_db,
     fair_table = parse_table(text[text.index("| tenants | runs/s per round") :].split("\n\n")[0])
     assert [row["tenants"] for row in fair_table] == ["1", "20"]
     assert not Tenant.objects.filter(slug__startswith="bench-exec").exists()
+    # The smoke form stays on plain PostgreSQL and says so where the Citus rows would be.
+    assert "\nCitus rows skipped: --smoke\n" in text
     for name in PLOTS:
         data = (plots / name).read_bytes()
         assert data.startswith(b"\x89PNG\r\n\x1a\n"), name
         assert f"](plots/{name})" in text
+
+
+def test_the_citus_rows_give_both_sides_and_their_ratios_or_say_why_not():
+    assert citus.section(None) == "Citus rows skipped: citus.so not installed"
+    rows = [
+        {"what": "dispatch", "citus": 500, "plain": 2000, "citus_limit": 800, "checks": {"citus": (0, 0)}},
+        {"what": "execution", "citus": 150, "plain": 3000, "citus_limit": None},
+    ]
+    table = parse_table(citus.section(rows))
+    assert [(r["Citus / plain"], r["Cronyard / limit on Citus"]) for r in table] == [
+        ("0.25", "0.62"),
+        ("0.05", "n/a"),
+    ]
+    assert citus.verify(rows) == []
+    rows[0]["checks"]["plain"] = (1, 2)
+    assert citus.verify(rows) == ["dispatch on plain: 1 duplicates, 2 missing"]

@@ -1,0 +1,117 @@
+"""`make bench`'s Citus rows (issue 14): dispatch and execution on a local Citus
+coordinator + 2 workers (scripts/citus_cluster.py, under var/citus/), each round right
+beside the same round on the plain PostgreSQL of the rest of the run.
+
+Modest sizes (CITUS_JOBS realistic jobs, CITUS_RUNS no-op runs): three PostgreSQL
+nodes share the machine with the benchmark, so the rows measure Citus's overhead per
+run, not scale-out. Without Citus installed the report says so in one line.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER = [sys.executable, str(ROOT / "scripts" / "citus_cluster.py")]
+CITUS_JOBS = 20_000
+CITUS_RUNS = 5_000
+NOT_INSTALLED = "Citus rows skipped: citus.so not installed"
+
+
+def available() -> bool:
+    """citus_cluster.py's own check (citus.so beside the server's libraries)."""
+    return subprocess.run([*CLUSTER, "available"], capture_output=True).returncode == 0
+
+
+@contextmanager
+def cluster(*, db: str, scratch: str) -> Iterator[dict[str, str]]:
+    """Start the cluster with `db` migrated and `scratch` created on every node (a
+    Citus database for bench/dispatch.py to migrate); yield the environment that points
+    at it; stop it, whatever happens."""
+    started = subprocess.run([*CLUSTER, "start", "--db", db], stdout=subprocess.PIPE, text=True, check=True)
+    try:
+        env = dict(os.environ, **dict(line.split("=", 1) for line in started.stdout.split()))
+        manage = [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput", "-v0"]
+        subprocess.run(manage, cwd=ROOT, env=env, check=True)
+        subprocess.run([*CLUSTER, "createdb", scratch], check=True, stdout=subprocess.DEVNULL)
+        yield env
+    finally:
+        subprocess.run([*CLUSTER, "stop"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
+    """Dispatch (with the raw loop on Citus, interleaved by bench/dispatch.py
+    --with-limit), then plain PostgreSQL; execution on Citus, then plain PostgreSQL.
+    `bench` is bench.__main__.Bench; `db` names the dispatch scratch database on both."""
+    dispatch = ["--jobs", str(jobs), "--schedulers", "1", "--workload", "realistic", "--db", db]
+    execute = ["--kinds", "task", "--executors", "1", "--runs", str(runs)]
+    with cluster(db="cronyard_bench_citus", scratch=db) as citus_env:
+        out = bench.data / "citus_dispatch.json"
+        bench.run("dispatch.py", *dispatch, "--with-limit", "--json", str(out), env=citus_env)
+        on_citus = bench.json(out.name)[0]
+        bench.run("dispatch.py", *dispatch, "--json", str(out))
+        on_plain = bench.json(out.name)[0]
+        rows = [
+            {
+                "what": f"dispatch, {jobs:,} realistic jobs all due, 1 scheduler",
+                "citus": on_citus["runs_per_second"],
+                "plain": on_plain["runs_per_second"],
+                "citus_limit": on_citus["limit_runs_per_second"],
+                "checks": {
+                    side: (r["duplicates"], r["missing"])
+                    for side, r in (("citus", on_citus), ("plain", on_plain))
+                },
+            }
+        ]
+        out = bench.data / "citus_execute.json"
+        bench.run("execute.py", *execute, "--json", str(out), env=citus_env)
+        on_citus = bench.json(out.name)[0]
+        bench.run("execute.py", *execute, "--json", str(out))
+        on_plain = bench.json(out.name)[0]
+        rows.append(
+            {
+                "what": f"execution, {runs:,} no-op task runs, 1 executor",
+                "citus": on_citus["runs_per_s"],
+                "plain": on_plain["runs_per_s"],
+                "citus_limit": None,
+            }
+        )
+    return rows
+
+
+def verify(rows: list[dict] | None) -> list[str]:
+    """Dispatch on either side: no duplicate, no missing run."""
+    problems = []
+    for row in rows or []:
+        for side, (duplicates, missing) in row.get("checks", {}).items():
+            if duplicates or missing:
+                problems.append(f"{row['what']} on {side}: {duplicates} duplicates, {missing} missing")
+    return problems
+
+
+def section(rows: list[dict] | None, *, skipped: str = NOT_INSTALLED) -> str:
+    """The report's Citus paragraph: the table, or the one line saying why not."""
+    if rows is None:
+        return skipped
+    lines = [
+        "| what | Cronyard on Citus runs/s | Cronyard on plain PostgreSQL runs/s | Citus / plain "
+        "| raw limit on Citus runs/s | Cronyard / limit on Citus |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        limit = r["citus_limit"]
+        cells = [
+            r["what"],
+            r["citus"],
+            r["plain"],
+            f"{r['citus'] / r['plain']:.2f}" if r["plain"] else "n/a",
+            limit or "n/a",
+            f"{r['citus'] / limit:.2f}" if limit else "n/a",
+        ]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)

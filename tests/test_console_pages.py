@@ -1,0 +1,182 @@
+"""Every console page an operator opens, each with rows to show, through Django's test
+client: lists, searches and sorts, the job page with its runs and ledger, saves,
+confirmations, the dead-letter queue's replay, the dashboard and the audit log.
+
+The point is the SQL behind each page, which `make test-citus` runs against a Citus
+cluster too (scripts/dev.py, CITUS_TESTS): Citus refuses joins of distributed tables
+on anything but `partition_id`, correlated subqueries beside the `tenants` reference
+table, and row locks across shards. What each page shows is tested elsewhere
+(test_admin_jobs, test_job_page, test_runs_admin, test_audit); here every page must
+answer, and a save must do what it says."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+
+from jobs import services
+from jobs.models import AuditEntry, Job, Misfire, Tenant
+from runs.models import JobRun
+from tests.support.admin_form import job_form_data
+from tests.support.runsapi import make_dead_run, make_job, make_run, minute_slots
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def console(tenant):
+    """Two tenants' jobs with runs of every kind, a misfire and audit entries."""
+    from jobs.tenant_services import create_tenant
+
+    other, _ = create_tenant(slug="globex", max_concurrency=3)
+    alpha, beta = make_job(tenant, "alpha-report"), make_job(other, "beta-sync")
+    slots = minute_slots(4)
+    dead = make_dead_run(alpha, slots[0], attempts=2)
+    make_run(alpha, slots[1], status="succeeded", attempt=1)
+    make_run(beta, slots[2], status="running", attempt=1, owner="exec-1", started_at=slots[2])
+    make_run(beta, slots[3])
+    Misfire.objects.create(
+        job=alpha, partition_id=alpha.partition_id, policy="run_once", missed_count=2,
+        first_missed_at=slots[3], last_missed_at=slots[2], runs_created=1,
+    )  # fmt: skip
+    services.pause_job(job=beta, actor="admin:setup")
+    return {"tenant": tenant, "other": other, "alpha": alpha, "beta": beta, "dead": dead}
+
+
+def ok(response) -> str:
+    assert response.status_code == 200, (response.status_code, response.content[:500])
+    return response.content.decode()
+
+
+def redirected(response) -> str:
+    assert response.status_code == 302, (response.status_code, response.content[:2000])
+    return response["Location"]
+
+
+LISTS = [
+    "/admin/",
+    "/admin/jobs/job/",
+    "/admin/jobs/job/?q=alpha",
+    "/admin/jobs/job/?paused__exact=1",
+    "/admin/jobs/job/?trigger=interval&o=6",
+    "/admin/jobs/tenant/",
+    "/admin/jobs/tenant/?q=glob",
+    "/admin/jobs/tenant/?o=-6",
+    "/admin/jobs/misfire/",
+    "/admin/jobs/misfire/?q=alpha",
+    "/admin/jobs/misfire/?o=1",
+    "/admin/jobs/schedulernode/",
+    "/admin/jobs/auditentry/",
+    "/admin/runs/jobrun/",
+    "/admin/runs/jobrun/?status__exact=dead",
+    "/admin/runs/deadrun/",
+    "/admin/runs/jobrun/dashboard/",
+    "/admin/runs/executornode/",
+]
+
+
+@pytest.mark.parametrize("url", LISTS)
+def test_every_list_page_answers(admin_client, console, url):
+    ok(admin_client.get(url))
+
+
+def test_the_misfire_list_names_the_job_and_finds_it_by_name(admin_client, console):
+    assert "alpha-report" in ok(admin_client.get("/admin/jobs/misfire/"))
+    assert "alpha-report" in ok(admin_client.get("/admin/jobs/misfire/?q=alpha"))
+    assert "alpha-report" not in ok(admin_client.get("/admin/jobs/misfire/?q=beta"))
+    assert "alpha-report" in ok(admin_client.get(f"/admin/jobs/misfire/?q={console['alpha'].pk}"))
+
+
+def test_the_tenant_list_counts_jobs_and_tokens_per_tenant(admin_client, console):
+    make_job(console["other"], "beta-two")
+    response = admin_client.get("/admin/jobs/tenant/")
+    ok(response)
+    counts = {t.slug: (t._jobs, t._tokens) for t in response.context["cl"].result_list}
+    assert counts == {console["tenant"].slug: (1, 1), "globex": (2, 1)}
+
+
+def test_the_job_page_its_edit_and_its_confirmations(admin_client, console):
+    alpha = console["alpha"]
+    page = ok(admin_client.get(f"/admin/jobs/job/{alpha.pk}/change/"))
+    # Both panels: the recent runs (the dead run among them) and the ledger's occurrences.
+    assert f'data-run="{console["dead"].pk}"' in page and "field-recent_occurrences" in page
+    data = job_form_data(console["tenant"], name="alpha renamed", cron_expr="", interval_seconds="600")
+    redirected(admin_client.post(f"/admin/jobs/job/{alpha.pk}/change/", data))
+    assert Job.objects.get(pk=alpha.pk).name == "alpha renamed"
+    for operation in ("pause", "resume", "trigger"):
+        url = f"/admin/jobs/job/{alpha.pk}/operate/{operation}/"
+        ok(admin_client.get(url))
+        redirected(admin_client.post(url, {"catch_up": "none"}))
+    assert JobRun.objects.filter(job_id=alpha.pk, trigger="manual").count() == 1
+    ok(admin_client.get(f"/admin/jobs/job/{alpha.pk}/history/"))
+
+
+def test_the_job_list_bulk_actions(admin_client, console):
+    ids = [console["alpha"].pk, console["beta"].pk]
+    for action in ("pause_jobs", "resume_jobs", "trigger_now"):
+        redirected(admin_client.post("/admin/jobs/job/", {"action": action, ACTION_CHECKBOX_NAME: ids}))
+    assert JobRun.objects.filter(job_id__in=ids, trigger="manual").count() == 2
+
+
+def test_a_job_is_added_and_deleted_from_the_console(admin_client, console):
+    redirected(admin_client.post("/admin/jobs/job/add/", job_form_data(console["tenant"], name="added")))
+    added = Job.objects.get(name="added")
+    alpha = console["alpha"]
+    page = ok(admin_client.get(f"/admin/jobs/job/{alpha.pk}/delete/"))
+    assert "alpha-report" in page and "Misfire" in page
+    redirected(admin_client.post(f"/admin/jobs/job/{alpha.pk}/delete/", {"post": "yes"}))
+    assert not Job.objects.filter(pk=alpha.pk).exists()
+    assert not Misfire.objects.filter(job_id=alpha.pk).exists()
+    assert not JobRun.objects.filter(job_id=alpha.pk).exists()
+    assert Job.objects.filter(pk=added.pk).exists()
+
+
+def test_the_tenant_page_and_its_save(admin_client, console):
+    other = console["other"]
+    url = f"/admin/jobs/tenant/{other.pk}/change/"
+    ok(admin_client.get(url))
+    data = {
+        "slug": other.slug, "name": "Globex Corp", "max_concurrency": "7", "weight": "2",
+        "max_runs_per_minute": "", "tokens-TOTAL_FORMS": "1", "tokens-INITIAL_FORMS": "1",
+        "tokens-MIN_NUM_FORMS": "0", "tokens-MAX_NUM_FORMS": "1000",
+        "tokens-0-id": str(other.tokens.get().pk), "tokens-0-tenant": str(other.pk),
+    }  # fmt: skip
+    redirected(admin_client.post(url, data))
+    other.refresh_from_db()
+    assert (other.name, other.max_concurrency, other.weight) == ("Globex Corp", 7, 2)
+    new = {
+        **data,
+        "slug": "initech",
+        "name": "Initech",
+        "tokens-TOTAL_FORMS": "0",
+        "tokens-INITIAL_FORMS": "0",
+    }
+    redirected(admin_client.post("/admin/jobs/tenant/add/", new))
+    assert Tenant.objects.filter(slug="initech").exists()
+
+
+def test_the_run_page_and_the_dead_letter_replay(admin_client, console):
+    dead = console["dead"]
+    ok(admin_client.get(f"/admin/runs/jobrun/{dead.pk}/change/"))
+    ok(admin_client.get(f"/admin/runs/deadrun/{dead.pk}/change/"))
+    redirected(admin_client.post(f"/admin/runs/deadrun/{dead.pk}/replay/"))
+    assert JobRun.objects.get(pk=dead.pk).status == "queued"
+    queued = JobRun.objects.filter(job_id=console["beta"].pk, status="queued").get()
+    redirected(admin_client.post(f"/admin/runs/jobrun/{queued.pk}/cancel/"))
+    assert JobRun.objects.get(pk=queued.pk).status == "cancelled"
+    response = admin_client.post(
+        "/admin/runs/jobrun/", {"action": "replay_selected", ACTION_CHECKBOX_NAME: [queued.pk]}, follow=True
+    )
+    ok(response)
+    assert JobRun.objects.get(pk=queued.pk).status == "queued"
+
+
+def test_the_audit_log_and_an_entry(admin_client, console):
+    entry = AuditEntry.objects.order_by("-id").first()
+    ok(admin_client.get(f"/admin/jobs/auditentry/{entry.pk}/change/"))
+    ok(admin_client.get(f"/admin/jobs/auditentry/?q={console['beta'].pk}"))
