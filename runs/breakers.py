@@ -316,6 +316,19 @@ async def admit(conn, candidates: Sequence[Candidate], *, policy: Policy) -> Adm
     return admission
 
 
+async def put_back(conn, runs: Sequence[tuple[int, Deferral]], *, now: datetime) -> int:
+    """Put claimed runs back untouched by a call, as a deferral does (the attempt the claim
+    took is not counted as used); `runs` are (partition_id, deferral). Returns how many
+    were still this attempt's to put back (fenced like every write of an attempt)."""
+    rows = await per_partition.run(
+        conn,
+        _DEFER_SQL,
+        per_partition.group(runs),
+        lambda deferrals: {"now": now, "rows": _encode_deferrals(deferrals)},
+    )
+    return len(rows)
+
+
 def _encode_deferrals(deferrals: Sequence[Deferral]) -> str:
     return json.dumps(
         [

@@ -222,8 +222,14 @@ class Executor(ExecutorSteps):
     # --- shutdown ------------------------------------------------------------------
 
     async def _drain(self, *, grace: float | None) -> None:
-        """Let in-flight runs finish (within `grace` seconds), then hand back the rest."""
+        """Put back runs claimed ahead and never sent, let in-flight runs finish (within
+        `grace` seconds), then hand back the rest. With no grace (`once`) all are run."""
         deadline = None if grace is None else time.monotonic() + grace
+        if deadline is not None:
+            try:
+                await self.put_back_unsent()
+            except psycopg.Error as exc:
+                log.error("could not put back unsent runs (%s); their leases will expire", exc)
         while self._inflight:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
