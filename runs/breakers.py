@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 from runs import per_partition
@@ -316,14 +316,17 @@ async def admit(conn, candidates: Sequence[Candidate], *, policy: Policy) -> Adm
     return admission
 
 
-async def put_back(conn, runs: Sequence[tuple[int, Deferral]], *, now: datetime) -> int:
-    """Put claimed runs back untouched by a call, as a deferral does (the attempt the claim
-    took is not counted as used); `runs` are (partition_id, deferral). Returns how many
-    were still this attempt's to put back (fenced like every write of an attempt)."""
+async def put_back(conn, runs: Sequence[tuple[int, tuple]], *, reason: str) -> int:
+    """Put claimed runs, (partition_id, (job_id, scheduled_at, attempt)), back untouched by
+    a call, as a deferral does: due now, the attempt the claim took not counted as used.
+    Returns how many were still this attempt's to put back (fenced like every write)."""
+    if not runs:
+        return 0
+    now = datetime.now(UTC)
     rows = await per_partition.run(
         conn,
         _DEFER_SQL,
-        per_partition.group(runs),
+        per_partition.group((partition_id, Deferral(key, now, reason)) for partition_id, key in runs),
         lambda deferrals: {"now": now, "rows": _encode_deferrals(deferrals)},
     )
     return len(rows)

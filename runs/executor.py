@@ -32,7 +32,8 @@ from typing import TypeVar
 import psycopg
 
 from runs import breakers, connections, inflight, nodes, outcomes, tasks
-from runs.executor_steps import RECONNECT_DELAY_SECONDS, ExecutorSteps, close_quietly
+from runs.connections import RECONNECT_DELAY_SECONDS, close_quietly
+from runs.executor_steps import ExecutorSteps
 from runs.inflight import InFlight
 from scheduler_project.loop import STOP_SIGNALS, on_stop_signal
 

@@ -25,7 +25,6 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -48,25 +47,16 @@ from runs import (
 from runs.alerts import Alerter, DeadRunAlert
 from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
 from runs.keys import run_key
+from runs.slots import Slots
 from scheduler_project import liveness
 from scheduler_project.outage import OutageLog
 
 log = logging.getLogger("runs.executor")
 
 WRITE_BATCH = 500
-RECONNECT_DELAY_SECONDS = 1.0
 # Generic plans are kept per connection (see connections.connect_async); re-plan this often
 # so a plan made when the queue was small does not outlive the backlog's arrival.
 REPLAN_SECONDS = 5.0
-# Claiming ahead: while every slot is busy, runs may be claimed into a queue that feeds
-# the slots the moment a call returns, so short calls do not wait for a claim's round
-# trips (four, on a loaded machine tens of milliseconds) and claims come in bigger,
-# fewer batches. The queue holds what the slots finish in this long at the recent call
-# duration (at most claim_batch runs): slow calls, for which a claim costs nothing, claim
-# no more than their free slots, and no run waits here while another executor is idle.
-CLAIM_AHEAD_SECONDS = 0.05
-# Weight of the newest call in the running mean of call durations that sizes the queue.
-CALL_SECONDS_WEIGHT = 0.05
 
 
 @dataclass
@@ -90,10 +80,8 @@ class ExecutorSteps:
 
     def __post_init__(self) -> None:
         self._inflight: dict[RunKey, InFlight] = {}
-        self._calls = 0  # runs of _inflight whose call has not returned yet
-        # Runs of _inflight claimed ahead, not called yet (heartbeated like the others).
-        self._ready: deque[InFlight] = deque()
-        self._call_seconds: float | None = None  # running mean; None until a call returns
+        # Calls running, and runs of _inflight claimed ahead of them (runs/slots.py).
+        self._slots = Slots(concurrency=self.concurrency, claim_batch=self.claim_batch)
         self._results: list[tuple[InFlight, rows.Completion]] = []
         self._alerter = Alerter(webhook_url=self.webhook_url)
         # All connections report here: one "away" and one "back" line per outage.
@@ -132,7 +120,7 @@ class ExecutorSteps:
         except psycopg.Error:
             pass  # the row expires; the closed session already marks it dead
         for conn in (self._claim_conn, self._write_conn, self._beat_conn, self._node_conn):
-            await close_quietly(conn)
+            await connections.close_quietly(conn)
 
     def in_flight(self) -> list[InFlight]:
         return list(self._inflight.values())
@@ -159,7 +147,7 @@ class ExecutorSteps:
 
     async def claim_once(self) -> Claimed:
         """Claim what the free slots allow, admit it past the breakers, start its calls."""
-        limit = min(self._free_slots(), self.claim_batch)
+        limit = min(self._slots.claimable(in_flight=len(self._inflight)), self.claim_batch)
         if limit <= 0:
             return Claimed(limit, [], [])
         if time.monotonic() >= self._next_replan["claim"]:
@@ -244,43 +232,14 @@ class ExecutorSteps:
         """Shutting down: put the runs claimed ahead, never called, back as they were
         claimed. Unlike a hand-back they have not used their attempt (a last attempt must
         not die unsent). Returns how many were put back."""
-        unsent = [e for e in self._ready if not e.lost and e.key in self._inflight]
-        self._ready.clear()
-        for entry in unsent:
-            del self._inflight[entry.key]
-        if not unsent:
-            return 0
-        now = datetime.now(UTC)
-        reason = "put back unsent: the executor shut down"
-        count = await breakers.put_back(
-            self._write_conn,
-            [(e.run.partition_id, breakers.Deferral(e.key, now, reason)) for e in unsent],
-            now=now,
-        )
-        log.info("put back %d claimed run(s) that were never sent", count)
+        unsent = self._slots.take_unsent(self._inflight)
+        runs = [(e.run.partition_id, e.key) for e in unsent]
+        count = await breakers.put_back(self._write_conn, runs, reason="unsent: the executor shut down")
+        if count:
+            log.info("put back %d claimed run(s) that were never sent", count)
         return count
 
     # --- claiming and calling ----------------------------------------------------------
-
-    def _free_slots(self) -> int:
-        """Runs we may claim now: the free slots, plus room in the claimed-ahead queue.
-
-        `concurrency` bounds calls, not rows awaiting their outcome write: a slot frees
-        when the call returns, so the next claim overlaps the previous outcomes' write
-        instead of waiting for it. Outcomes not yet written and runs claimed ahead are
-        bounded together so a stuck writer stops the claiming too.
-        """
-        ahead = max(0, self._claim_ahead() - len(self._ready))
-        return min(
-            self.concurrency - self._calls + ahead, self.concurrency + self.claim_batch - len(self._inflight)
-        )
-
-    def _claim_ahead(self) -> int:
-        """How many runs the claimed-ahead queue may hold (CLAIM_AHEAD_SECONDS)."""
-        if self._call_seconds is None:
-            return 0
-        finished = self.concurrency * CLAIM_AHEAD_SECONDS / max(self._call_seconds, 1e-4)
-        return min(int(finished), self.claim_batch)
 
     async def _admit(self, claimed: list[rows.ClaimedRun]) -> list[rows.ClaimedRun]:
         """The claimed runs that may be sent now; runs/breakers.py defers the others
@@ -305,30 +264,24 @@ class ExecutorSteps:
         entry = InFlight.start(run)
         self._inflight[entry.key] = entry
         self._next_beat = min(self._next_beat, time.monotonic() + run.lease_seconds / 3)
-        if self._calls < self.concurrency:
+        if self._slots.free():
             self._call(entry)
         else:
-            self._ready.append(entry)
+            self._slots.ready.append(entry)
 
     def _call(self, entry: InFlight) -> None:
         # The attempt starts with its call (its history entry's started_at and duration).
         entry.started_monotonic, entry.started_wall = time.monotonic(), datetime.now(UTC)
-        self._calls += 1
+        self._slots.calls += 1
         entry.task = asyncio.create_task(self._execute(entry))
         entry.task.add_done_callback(lambda _task: self._call_done(entry))
 
     def _call_done(self, entry: InFlight) -> None:
-        self._calls -= 1
-        took = time.monotonic() - entry.started_monotonic
-        mean = self._call_seconds
-        self._call_seconds = took if mean is None else mean + CALL_SECONDS_WEIGHT * (took - mean)
-        while self._ready and self._calls < self.concurrency:
-            waiting = self._ready.popleft()
-            if not waiting.lost and waiting.key in self._inflight:  # else fenced while it waited
-                self._call(waiting)
-        # A slot (or queue room) is free: claim again without waiting for the write. With
-        # a queue, only once it is half empty, so that claims come in batches.
-        if 2 * len(self._ready) <= self._claim_ahead():
+        self._slots.returned(time.monotonic() - entry.started_monotonic)
+        for waiting in self._slots.next_calls(self._inflight):
+            self._call(waiting)
+        # A slot (or queue room) is free: claim again without waiting for the write.
+        if self._slots.wants_claim():
             self._wake.set()
 
 
@@ -437,25 +390,8 @@ class ExecutorSteps:
 
     async def reconnect(self, conn):
         """A new connection in place of a failed one (after RECONNECT_DELAY_SECONDS)."""
-        await close_quietly(conn)
+        await connections.close_quietly(conn)
         return await self._connect(wait_first=True)
 
     async def _connect(self, *, wait_first: bool):
-        while True:
-            if wait_first:
-                await asyncio.sleep(RECONNECT_DELAY_SECONDS)
-            wait_first = True
-            try:
-                conn = await connections.connect_async(self.conninfo)
-            except psycopg.Error as exc:
-                self._outage.failed(exc)
-                continue
-            self._outage.ok()
-            return conn
-
-
-async def close_quietly(conn) -> None:
-    try:
-        await conn.close()
-    except psycopg.Error:
-        pass
+        return await connections.connect_until_up(self.conninfo, outage=self._outage, wait_first=wait_first)

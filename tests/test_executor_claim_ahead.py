@@ -32,7 +32,7 @@ def test_short_calls_claim_ahead_of_the_slots_and_the_queue_feeds_them(steps, ht
     queue_runs(tenant, http_spec(http_target.url("/short")), count=12)
     s = steps(concurrency=2, claim_batch=12)
     # As measured once calls have returned: 1 ms each, far below CLAIM_AHEAD_SECONDS.
-    s.executor._call_seconds = 0.001
+    s.executor._slots.call_seconds = 0.001
 
     claimed = s.run(s.executor.claim_once()).claimed
 
@@ -56,7 +56,7 @@ def test_shutdown_puts_back_queued_runs_without_using_their_attempt(steps, http_
     http_target.script("/slow", then=Reply(200, delay=1))
     keys = queue_runs(tenant, http_spec(http_target.url("/slow")), count=6, max_attempts=1)
     s = steps(concurrency=2, claim_batch=6)
-    s.executor._call_seconds = 0.001
+    s.executor._slots.call_seconds = 0.001
     claimed = s.run(s.executor.claim_once()).claimed
     assert len(claimed) > 2
     called = {e.run.job_id for e in s.executor.in_flight() if e.task is not None}
