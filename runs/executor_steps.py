@@ -284,7 +284,6 @@ class ExecutorSteps:
         if self._slots.wants_claim():
             self._wake.set()
 
-
     async def _execute(self, entry: InFlight) -> None:
         run = entry.run
         try:
