@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit
 
 from runs import per_partition
@@ -316,6 +316,22 @@ async def admit(conn, candidates: Sequence[Candidate], *, policy: Policy) -> Adm
     return admission
 
 
+async def put_back(conn, runs: Sequence[tuple[int, tuple]], *, reason: str) -> int:
+    """Put claimed runs, (partition_id, (job_id, scheduled_at, attempt)), back untouched by
+    a call, as a deferral does: due now, the attempt the claim took not counted as used.
+    Returns how many were still this attempt's to put back (fenced like every write)."""
+    if not runs:
+        return 0
+    now = datetime.now(UTC)
+    rows = await per_partition.run(
+        conn,
+        _DEFER_SQL,
+        per_partition.group((partition_id, Deferral(key, now, reason)) for partition_id, key in runs),
+        lambda deferrals: {"now": now, "rows": _encode_deferrals(deferrals)},
+    )
+    return len(rows)
+
+
 def _encode_deferrals(deferrals: Sequence[Deferral]) -> str:
     return json.dumps(
         [
@@ -331,9 +347,45 @@ def _encode_deferrals(deferrals: Sequence[Deferral]) -> str:
     )
 
 
+# What apply_outcomes makes of answers only (no DOWN), whatever the state: the budget
+# window restarts if it is over, `requests` grows by the answers, and the breaker is
+# closed with no failures. One statement, no transaction around it: the row lock lasts
+# the statement, not four round trips, so executors writing outcomes to one host do not
+# queue behind each other. The database clock comes in through the rows (`excluded`),
+# not as now() beside a column in SET (Citus refuses that, see _DEFER_SQL).
+_ANSWERED_SQL = """
+INSERT INTO target_hosts AS t
+    (host, state, failures, cooldown_seconds, window_start, requests, retries, updated_at)
+SELECT h, 'closed', 0, 0, now(), n, 0, now()
+FROM unnest(%(hosts)s::text[], %(answers)s::integer[]) AS u(h, n) ORDER BY h
+ON CONFLICT (host) DO UPDATE SET
+    state = 'closed', failures = 0, failure_window_start = NULL, opened_at = NULL, open_until = NULL,
+    window_start = CASE WHEN t.window_start IS NULL OR excluded.window_start - t.window_start >= %(window)s
+                        THEN excluded.window_start ELSE t.window_start END,
+    requests = CASE WHEN t.window_start IS NULL OR excluded.window_start - t.window_start >= %(window)s
+                    THEN excluded.requests ELSE t.requests + excluded.requests END,
+    retries = CASE WHEN t.window_start IS NULL OR excluded.window_start - t.window_start >= %(window)s
+                   THEN 0 ELSE t.retries END,
+    updated_at = excluded.updated_at
+"""
+
+
 async def record(conn, outcomes: Sequence[tuple[str, str]], *, policy: Policy) -> None:
-    """Fold (host, UP|DOWN) outcomes into the hosts' breakers (one transaction)."""
+    """Fold (host, UP|DOWN) outcomes into the hosts' breakers (one transaction).
+
+    Answers only (the steady state: every write batch of a healthy host) take one
+    statement, _ANSWERED_SQL; a failure among them takes the locked read-decide-write
+    of apply_outcomes, whose order of events matters.
+    """
     if not outcomes:
+        return
+    if all(outcome == UP for _, outcome in outcomes):
+        answers: dict[str, int] = {}
+        for host, _ in outcomes:
+            answers[host] = answers.get(host, 0) + 1
+        hosts = sorted(answers)
+        params = {"hosts": hosts, "answers": [answers[h] for h in hosts], "window": BUDGET_WINDOW}
+        await conn.execute(_ANSWERED_SQL, params)
         return
     hosts = sorted({host for host, _ in outcomes})
     async with conn.transaction():

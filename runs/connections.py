@@ -4,6 +4,7 @@ autocommit async connections tuned for the claim/complete statements (runs/claim
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 
 from scheduler_project.citus import INSTALLED_SQL
@@ -102,3 +103,33 @@ async def listen_connection(conninfo: str | None = None):
     conn = await connect_async(conninfo)
     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
     return conn
+
+
+RECONNECT_DELAY_SECONDS = 1.0
+
+
+async def connect_until_up(conninfo: str | None, *, outage, wait_first: bool):
+    """connect_async, retried every RECONNECT_DELAY_SECONDS while the database is away
+    (first waiting that long if `wait_first`); `outage` (an OutageLog) hears each try."""
+    import psycopg
+
+    while True:
+        if wait_first:
+            await asyncio.sleep(RECONNECT_DELAY_SECONDS)
+        wait_first = True
+        try:
+            conn = await connect_async(conninfo)
+        except psycopg.Error as exc:
+            outage.failed(exc)
+            continue
+        outage.ok()
+        return conn
+
+
+async def close_quietly(conn) -> None:
+    import psycopg
+
+    try:
+        await conn.close()
+    except psycopg.Error:
+        pass

@@ -32,7 +32,8 @@ from typing import TypeVar
 import psycopg
 
 from runs import breakers, connections, inflight, nodes, outcomes, tasks
-from runs.executor_steps import RECONNECT_DELAY_SECONDS, ExecutorSteps, close_quietly
+from runs.connections import RECONNECT_DELAY_SECONDS, close_quietly
+from runs.executor_steps import ExecutorSteps
 from runs.inflight import InFlight
 from scheduler_project.loop import STOP_SIGNALS, on_stop_signal
 
@@ -222,8 +223,14 @@ class Executor(ExecutorSteps):
     # --- shutdown ------------------------------------------------------------------
 
     async def _drain(self, *, grace: float | None) -> None:
-        """Let in-flight runs finish (within `grace` seconds), then hand back the rest."""
+        """Put back runs claimed ahead and never sent, let in-flight runs finish (within
+        `grace` seconds), then hand back the rest. With no grace (`once`) all are run."""
         deadline = None if grace is None else time.monotonic() + grace
+        if deadline is not None:
+            try:
+                await self.put_back_unsent()
+            except psycopg.Error as exc:
+                log.error("could not put back unsent runs (%s); their leases will expire", exc)
         while self._inflight:
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:

@@ -27,7 +27,7 @@ import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 import psycopg
 
@@ -47,13 +47,13 @@ from runs import (
 from runs.alerts import Alerter, DeadRunAlert
 from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
 from runs.keys import run_key
+from runs.slots import Slots
 from scheduler_project import liveness
 from scheduler_project.outage import OutageLog
 
 log = logging.getLogger("runs.executor")
 
 WRITE_BATCH = 500
-RECONNECT_DELAY_SECONDS = 1.0
 # Generic plans are kept per connection (see connections.connect_async); re-plan this often
 # so a plan made when the queue was small does not outlive the backlog's arrival.
 REPLAN_SECONDS = 5.0
@@ -80,7 +80,8 @@ class ExecutorSteps:
 
     def __post_init__(self) -> None:
         self._inflight: dict[RunKey, InFlight] = {}
-        self._calls = 0  # runs of _inflight whose call has not returned yet
+        # Calls running, and runs of _inflight claimed ahead of them (runs/slots.py).
+        self._slots = Slots(concurrency=self.concurrency, claim_batch=self.claim_batch)
         self._results: list[tuple[InFlight, rows.Completion]] = []
         self._alerter = Alerter(webhook_url=self.webhook_url)
         # All connections report here: one "away" and one "back" line per outage.
@@ -119,7 +120,7 @@ class ExecutorSteps:
         except psycopg.Error:
             pass  # the row expires; the closed session already marks it dead
         for conn in (self._claim_conn, self._write_conn, self._beat_conn, self._node_conn):
-            await close_quietly(conn)
+            await connections.close_quietly(conn)
 
     def in_flight(self) -> list[InFlight]:
         return list(self._inflight.values())
@@ -146,7 +147,7 @@ class ExecutorSteps:
 
     async def claim_once(self) -> Claimed:
         """Claim what the free slots allow, admit it past the breakers, start its calls."""
-        limit = min(self._free_slots(), self.claim_batch)
+        limit = min(self._slots.claimable(in_flight=len(self._inflight)), self.claim_batch)
         if limit <= 0:
             return Claimed(limit, [], [])
         if time.monotonic() >= self._next_replan["claim"]:
@@ -227,17 +228,18 @@ class ExecutorSteps:
         )
         return len(self._inflight)
 
+    async def put_back_unsent(self) -> int:
+        """Shutting down: put the runs claimed ahead, never called, back as they were
+        claimed. Unlike a hand-back they have not used their attempt (a last attempt must
+        not die unsent). Returns how many were put back."""
+        unsent = self._slots.take_unsent(self._inflight)
+        runs = [(e.run.partition_id, e.key) for e in unsent]
+        count = await breakers.put_back(self._write_conn, runs, reason="unsent: the executor shut down")
+        if count:
+            log.info("put back %d claimed run(s) that were never sent", count)
+        return count
+
     # --- claiming and calling ----------------------------------------------------------
-
-    def _free_slots(self) -> int:
-        """Runs we may claim now.
-
-        `concurrency` bounds calls, not rows awaiting their outcome write: a slot frees
-        when the call returns, so the next claim overlaps the previous outcomes' write
-        instead of waiting for it. Outcomes not yet written are bounded separately so
-        a stuck writer stops the claiming too.
-        """
-        return min(self.concurrency - self._calls, self.concurrency + self.claim_batch - len(self._inflight))
 
     async def _admit(self, claimed: list[rows.ClaimedRun]) -> list[rows.ClaimedRun]:
         """The claimed runs that may be sent now; runs/breakers.py defers the others
@@ -257,17 +259,30 @@ class ExecutorSteps:
         return [run for run in claimed if (run.job_id, run.scheduled_at, run.attempt) not in deferred]
 
     def _start(self, run: rows.ClaimedRun) -> None:
+        """Call an admitted run now, or queue it for the next free slot (claimed ahead)."""
         self.counters.claimed += 1
         entry = InFlight.start(run)
         self._inflight[entry.key] = entry
         self._next_beat = min(self._next_beat, time.monotonic() + run.lease_seconds / 3)
-        self._calls += 1
-        entry.task = asyncio.create_task(self._execute(entry))
-        entry.task.add_done_callback(self._call_done)
+        if self._slots.free():
+            self._call(entry)
+        else:
+            self._slots.ready.append(entry)
 
-    def _call_done(self, _task: asyncio.Task) -> None:
-        self._calls -= 1
-        self._wake.set()  # a slot is free: claim again without waiting for the write
+    def _call(self, entry: InFlight) -> None:
+        # The attempt starts with its call (its history entry's started_at and duration).
+        entry.started_monotonic, entry.started_wall = time.monotonic(), datetime.now(UTC)
+        self._slots.calls += 1
+        entry.task = asyncio.create_task(self._execute(entry))
+        entry.task.add_done_callback(lambda _task: self._call_done(entry))
+
+    def _call_done(self, entry: InFlight) -> None:
+        self._slots.returned(time.monotonic() - entry.started_monotonic)
+        for waiting in self._slots.next_calls(self._inflight):
+            self._call(waiting)
+        # A slot (or queue room) is free: claim again without waiting for the write.
+        if self._slots.wants_claim():
+            self._wake.set()
 
     async def _execute(self, entry: InFlight) -> None:
         run = entry.run
@@ -374,25 +389,8 @@ class ExecutorSteps:
 
     async def reconnect(self, conn):
         """A new connection in place of a failed one (after RECONNECT_DELAY_SECONDS)."""
-        await close_quietly(conn)
+        await connections.close_quietly(conn)
         return await self._connect(wait_first=True)
 
     async def _connect(self, *, wait_first: bool):
-        while True:
-            if wait_first:
-                await asyncio.sleep(RECONNECT_DELAY_SECONDS)
-            wait_first = True
-            try:
-                conn = await connections.connect_async(self.conninfo)
-            except psycopg.Error as exc:
-                self._outage.failed(exc)
-                continue
-            self._outage.ok()
-            return conn
-
-
-async def close_quietly(conn) -> None:
-    try:
-        await conn.close()
-    except psycopg.Error:
-        pass
+        return await connections.connect_until_up(self.conninfo, outage=self._outage, wait_first=wait_first)

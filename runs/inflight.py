@@ -47,7 +47,8 @@ class InFlight:
 
 @dataclass(frozen=True)
 class Claimed:
-    """What one claim did: runs claimed, those started now, those the breakers deferred."""
+    """What one claim did: runs claimed, and those admitted past the breakers (called now,
+    or queued for the next free slot when claimed ahead: runs/slots.py)."""
 
     limit: int
     claimed: list[rows.ClaimedRun]

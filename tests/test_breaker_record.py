@@ -1,0 +1,97 @@
+"""breakers.record against the real database: whatever path it takes (one statement for
+answers only, the locked read-decide-write otherwise), the row it leaves is what the pure
+rule, apply_outcomes, makes of the row before, at the database time of the write."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from runs import breakers, connections
+from runs.breakers import DOWN, UP, HostState, Policy, apply_outcomes
+from tests.conftest import database_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+A = "http://a.example:80"
+B = "https://b.example:443"
+COLUMNS = (
+    "host, state, failures, failure_window_start, opened_at, open_until, cooldown_seconds,"
+    " window_start, requests, retries"
+)
+
+
+async def _scenario(before: dict[str, dict], outcomes: list[tuple[str, str]]):
+    """Insert the `before` rows (times as offsets in seconds from now), record, and return
+    (states before, states after, the write's database time)."""
+    conn = await connections.connect_async(database_url())
+    try:
+        for host, given in before.items():
+            fields = {"state": breakers.CLOSED, "failures": 0, "cooldown_seconds": 0.0, "requests": 0,
+                      "retries": 0, **given}  # fmt: skip
+            names = ", ".join(fields)
+            values = ", ".join(
+                "now() + make_interval(secs => %s)" if name.endswith(("_start", "_at", "_until")) else "%s"
+                for name in fields
+            )
+            await conn.execute(
+                f"INSERT INTO target_hosts (host, updated_at, {names}) VALUES (%s, now(), {values})",
+                [host, *fields.values()],
+            )
+        read = f"SELECT {COLUMNS}, updated_at FROM target_hosts ORDER BY host"
+        states = {row[0]: HostState(*row[:10]) for row in await (await conn.execute(read)).fetchall()}
+        await breakers.record(conn, outcomes, policy=Policy())
+        rows = await (await conn.execute(read)).fetchall()
+        return states, {row[0]: HostState(*row[:10]) for row in rows}, max(row[10] for row in rows)
+    finally:
+        await conn.close()
+
+
+def _check(before: dict[str, dict], outcomes: list[tuple[str, str]]) -> dict[str, HostState]:
+    states, after, now = asyncio.run(_scenario(before, outcomes))
+    for host, _ in outcomes:
+        states.setdefault(host, HostState(host))  # a host without a row starts closed and empty
+    assert after == apply_outcomes(states, outcomes, now=now, policy=Policy())
+    return after
+
+
+def test_answers_for_a_host_without_a_row_start_its_budget_window():
+    after = _check({}, [(A, UP), (B, UP), (A, UP)])
+    assert (after[A].requests, after[B].requests) == (2, 1)
+    assert after[A].state == breakers.CLOSED and after[A].window_start is not None
+
+
+def test_answers_inside_the_window_add_to_its_counts():
+    before = {A: {"window_start": -20, "requests": 7, "retries": 2, "cooldown_seconds": 10.0}}
+    after = _check(before, [(A, UP)] * 3)
+    assert (after[A].requests, after[A].retries) == (10, 2)
+
+
+def test_answers_after_the_window_start_a_new_one():
+    before = {A: {"window_start": -61, "requests": 7, "retries": 2}}
+    after = _check(before, [(A, UP)] * 3)
+    assert (after[A].requests, after[A].retries) == (3, 0)
+
+
+def test_an_answer_closes_an_open_or_half_open_breaker():
+    open_ = {
+        "state": breakers.OPEN, "failures": 5, "failure_window_start": -30, "opened_at": -10,
+        "open_until": -1, "cooldown_seconds": 20.0, "window_start": -30, "requests": 9, "retries": 4,
+    }  # fmt: skip
+    before = {A: open_, B: {**open_, "state": breakers.HALF_OPEN}}
+    after = _check(before, [(A, UP), (B, UP)])
+    assert after[A].state == after[B].state == breakers.CLOSED
+    assert after[A].cooldown_seconds == 20.0  # kept: the next opening starts from the policy's
+
+
+def test_failures_among_answers_keep_their_order():
+    before = {A: {"failures": 4, "failure_window_start": -5, "window_start": -5, "requests": 4}}
+    after = _check(before, [(A, UP), (A, DOWN), (B, DOWN)])
+    assert after[A].failures == 1 and after[A].state == breakers.CLOSED
+    assert after[B].failures == 1
+
+
+def test_an_answer_after_failures_clears_them():
+    after = _check({}, [(A, DOWN)] * 4 + [(A, UP)])
+    assert after[A].failures == 0
