@@ -7,11 +7,11 @@ nW (cronsim 2.8 lacks it), over random zones and starts.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import calendar
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from croniter import croniter
-from cronsim import CronSim
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -64,36 +64,147 @@ def cronsim_exprs(draw: st.DrawFn) -> str:
     return f"{minute} {hour} {dom} {month} {dow}"
 
 
-def _cronsim_form(expr: str) -> str:
-    # cronsim reads only a number before L; the weekday names are ours to translate.
-    return expr.upper().replace("FRIL", "5L").replace("FRI#", "5#").replace("SAT#", "6#")
+# The oracle: the expression's wall times from a brute-force calendar written here from
+# the forms' definitions (not cronsim, which jobs/cron_calendar.py is built on), mapped
+# to instants by Debian cron's DST rule, also written here. cronsim's own aware iteration
+# was the oracle before; it departs from that rule at a gap at midnight (America/Santiago,
+# "0 * ... 7#1": it drops 01:00, the first hour after the gap) and at a 30-minute overlap
+# (Australia/Lord_Howe: it fires the repeated 01:30 of an elapsed-time job once).
+_DAY_NAMES = {name: n for n, name in enumerate(["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"])}
 
 
-def _exists(moment: datetime) -> bool:
-    """Whether an aware local wall time happens at all (is not in a spring-forward gap)."""
-    wall = moment.replace(tzinfo=None)
-    return moment.astimezone(UTC).astimezone(moment.tzinfo).replace(tzinfo=None) == wall
+def _values(text: str, low: int, high: int) -> list[int]:
+    """Minutes, hours or months: *, */n, a-b, n, and lists of them."""
+    out: set[int] = set()
+    for part in text.split(","):
+        if part == "*":
+            out |= set(range(low, high + 1))
+        elif part.startswith("*/"):
+            out |= set(range(low, high + 1, int(part[2:])))
+        elif "-" in part:
+            first, last = map(int, part.split("-"))
+            out |= set(range(first, last + 1))
+        else:
+            out.add(int(part))
+    return sorted(out)
+
+
+def _weekday(text: str) -> int:
+    """0-7 or a name; Sunday is 0 (and 7)."""
+    return _DAY_NAMES[text] if text in _DAY_NAMES else int(text) % 7
+
+
+def _dom_matches(day: date, text: str) -> bool:
+    last = calendar.monthrange(day.year, day.month)[1]
+    last_weekday = last - max(0, date(day.year, day.month, last).weekday() - 4)  # Sat -1, Sun -2
+    wanted = {"L": last, "LW": last_weekday}
+    return any(
+        day.day == wanted.get(part, None) or day.day == (int(part) if part.isdigit() else 0)
+        for part in text.upper().split(",")
+    )
+
+
+def _dow_matches(day: date, text: str) -> bool:
+    weekday = (day.weekday() + 1) % 7  # Sunday 0
+    last = calendar.monthrange(day.year, day.month)[1]
+    for part in text.upper().split(","):
+        if part.endswith("L"):  # the last such weekday of the month
+            if weekday == _weekday(part[:-1]) and day.day + 7 > last:
+                return True
+        elif "#" in part:  # the k-th such weekday of the month
+            name, k = part.split("#")
+            if weekday == _weekday(name) and (day.day - 1) // 7 + 1 == int(k):
+                return True
+        elif weekday == _weekday(part):
+            return True
+    return False
+
+
+def _debian_instants(wall: datetime, zone, *, fixed_time: bool) -> list[datetime]:
+    """The instants a matching local wall time fires at under Debian cron's rule: a
+    fixed-time job at the first instance of a repeated time and just after a gap; an
+    elapsed-time job at every real instance, none in a gap."""
+    readings = sorted({wall.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1)})
+    real = [t for t in readings if t.astimezone(zone).replace(tzinfo=None) == wall]
+    if real:
+        return real[:1] if fixed_time else real
+    if not fixed_time:
+        return []
+    moment = readings[0]  # before the gap: walk to the first instant past it
+    while moment.astimezone(zone).replace(tzinfo=None) <= wall:
+        moment += timedelta(minutes=1)
+    return [moment]
+
+
+def debian_reference(expr: str, tz: str, after: datetime, count: int = COUNT) -> list[datetime]:
+    """The first `count` instants after `after` (within WITHIN) from the brute-force oracle."""
+    minute, hour, dom, month, dow = expr.split()
+    zone = load_zone(tz)
+    minutes, hours, months = _values(minute, 0, 59), _values(hour, 0, 23), _values(month, 1, 12)
+    fixed_time = not (minute.startswith("*") or hour.startswith("*"))
+
+    def day_matches(day: date) -> bool:
+        if day.month not in months:
+            return False
+        if dom == "*" or dow == "*":  # Vixie: one restricted field decides, both restricted: either
+            return (dom == "*" or _dom_matches(day, dom)) and (dow == "*" or _dow_matches(day, dow))
+        return _dom_matches(day, dom) or _dow_matches(day, dow)
+
+    found: set[datetime] = set()
+    day, stop = (
+        (after.astimezone(zone) - timedelta(days=1)).date(),
+        (after + WITHIN).date() + timedelta(days=2),
+    )
+    while day <= stop:
+        if day_matches(day):
+            for h in hours:
+                for m in minutes:
+                    wall = datetime(day.year, day.month, day.day, h, m)
+                    found.update(t for t in _debian_instants(wall, zone, fixed_time=fixed_time) if t > after)
+            if len(found) >= count:
+                # Shifted and repeated times can land past the next day's first ones: a
+                # day more settles the order.
+                stop = min(stop, day + timedelta(days=1))
+        day += timedelta(days=1)
+    return [t for t in sorted(found)[:count] if t <= after + WITHIN]
 
 
 @example(expr="*/30 0 * 3,4,9,10,11 7#1", tz="America/Santiago", after=datetime(2026, 9, 1, tzinfo=UTC))
+# cronsim's aware iteration got these two wrong (see above); ours must not.
+@example(expr="0 * * 3,4,9,10,11 7#1", tz="America/Santiago", after=datetime(2020, 8, 1, tzinfo=UTC))
+@example(expr="30 * * * 7#1", tz="Australia/Lord_Howe", after=datetime(2020, 3, 15, tzinfo=UTC))
 @SETTINGS
 @given(expr=cronsim_exprs(), tz=st.sampled_from(ZONES), after=starts())
-def test_l_and_hash_forms_match_cronsim_across_zones(expr: str, tz: str, after: datetime) -> None:
-    zone = load_zone(tz)
-    reference = CronSim(_cronsim_form(expr), after.astimezone(zone))
-    expected = []
-    for moment in reference:
-        if not _exists(moment):
-            # cronsim's aware iteration (elapsed-time jobs: the minute or hour starts with
-            # `*`) yields wall times inside a spring-forward gap; Debian cron, and we, skip
-            # them (hypothesis found '*/30 0 * 3,4,9,10,11 7#1' in America/Santiago).
-            continue
-        moment = moment.astimezone(UTC)
-        if moment > after + WITHIN or len(expected) == COUNT:
-            break
-        expected.append(moment)
+def test_l_and_hash_forms_match_a_brute_force_calendar_across_zones(
+    expr: str, tz: str, after: datetime
+) -> None:
     got = [t for t in ours(expr, tz, after) if t <= after + WITHIN]
-    assert got == expected
+    assert got == debian_reference(expr, tz, after)
+
+
+def test_the_brute_force_oracle_knows_the_forms() -> None:
+    # Worked by hand (2026): the oracle itself, on dates from a calendar.
+    utc = "UTC"
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    assert debian_reference("0 9 L * *", utc, start, 2) == [z9("2026-01-31"), z9("2026-02-28")]
+    assert debian_reference("0 9 LW 5 *", utc, start, 1) == [z9("2026-05-29")]  # 31st is a Sunday
+    assert debian_reference("0 9 * * 5L", utc, start, 2) == [z9("2026-01-30"), z9("2026-02-27")]
+    assert debian_reference("0 9 * * 1#2", utc, start, 2) == [z9("2026-01-12"), z9("2026-02-09")]
+    assert debian_reference("0 9 * * SAT#3", utc, start, 1) == [z9("2026-01-17")]
+    # Both restricted: either matches (Vixie).
+    assert debian_reference("0 9 15 1 1#1", utc, start, 2) == [z9("2026-01-05"), z9("2026-01-15")]
+    # New York 2026-03-08: 02:30 does not exist; 2026-11-01: 01:30 happens twice.
+    ny = "America/New_York"
+    assert debian_reference("30 2 * 3 0", ny, start, 2)[1] == parse_utc("2026-03-08T07:00:00Z")
+    assert debian_reference("30 * * 11 0#1", ny, datetime(2026, 11, 1, 4, tzinfo=UTC), 3) == [
+        parse_utc("2026-11-01T04:30:00Z"),
+        parse_utc("2026-11-01T05:30:00Z"),
+        parse_utc("2026-11-01T06:30:00Z"),
+    ]
+
+
+def z9(day: str) -> datetime:
+    return parse_utc(f"{day}T09:00:00Z")
 
 
 @st.composite
