@@ -28,7 +28,7 @@ MISSING_CHOICES = [_DEFAULT, *[(v, _LABELS[v]) for v in DST_MISSING]]
 PROMPTS = ("A wall time that happens twice (fall back) runs", "One that does not exist (spring forward) runs")
 
 
-class DstPolicyWidget(forms.MultiWidget):
+class DstPolicyMenusWidget(forms.MultiWidget):
     template_name = "jobs/widgets/dst_policy.html"
 
     def __init__(self, attrs=None):
@@ -50,10 +50,10 @@ class DstPolicyWidget(forms.MultiWidget):
         return context
 
 
-class DstPolicyField(forms.MultiValueField):
+class DstPolicyMenusField(forms.MultiValueField):
     """{"repeated": ..., "missing": ...} with the unset menus left out ({} for neither)."""
 
-    widget = DstPolicyWidget
+    widget = DstPolicyMenusWidget
 
     def __init__(self, **kwargs):
         # The model field's JSON encoder/decoder do not apply to two menus.

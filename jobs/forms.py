@@ -9,7 +9,7 @@ from typing import Any
 from django import forms
 
 from jobs import edits
-from jobs.dst_form import DstPolicyField
+from jobs.dst_form import DstPolicyMenusField
 from jobs.models import Job
 from jobs.validation import SCHEDULE_KEY, TRIGGER_FIELDS, JobInvalid
 from runs.selectors import redact_target
@@ -47,7 +47,7 @@ _TARGET_EXAMPLE = json.dumps({"type": "http", "url": "https://example.com/hook",
 
 class JobAdminForm(forms.ModelForm):
     # Two menus, not the model's JSON textarea (jobs/dst_form.py).
-    dst_policy = DstPolicyField(
+    dst_policy = DstPolicyMenusField(
         label="DST",
         help_text="Cron's rule (Debian's): a fixed time such as 30 1 * * * runs once, the first "
         "time, and just after a gap; a schedule whose minute or hour is * runs at every real "
