@@ -71,11 +71,3 @@ class DstPolicyMenusField(forms.MultiValueField):
 
     def compress(self, data_list):
         return {key: value for key, value in zip(KEYS, data_list or ("", ""), strict=False) if value}
-
-    def has_changed(self, initial, data) -> bool:
-        # A stored {"repeated": null} and an unset menu mean the same.
-        initial = {k: v for k, v in (initial or {}).items() if v} if isinstance(initial, Mapping) else {}
-        try:
-            return self.clean(data) != initial
-        except forms.ValidationError:
-            return True

@@ -19,6 +19,7 @@ The decisions are pure functions of (state, runs, now, policy), tested directly.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -380,9 +381,7 @@ async def record(conn, outcomes: Sequence[tuple[str, str]], *, policy: Policy) -
     if not outcomes:
         return
     if all(outcome == UP for _, outcome in outcomes):
-        answers: dict[str, int] = {}
-        for host, _ in outcomes:
-            answers[host] = answers.get(host, 0) + 1
+        answers = Counter(host for host, _ in outcomes)
         hosts = sorted(answers)
         params = {"hosts": hosts, "answers": [answers[h] for h in hosts], "window": BUDGET_WINDOW}
         await conn.execute(_ANSWERED_SQL, params)

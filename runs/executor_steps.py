@@ -272,7 +272,7 @@ class ExecutorSteps:
     def _call(self, entry: InFlight) -> None:
         # The attempt starts with its call (its history entry's started_at and duration).
         entry.started_monotonic, entry.started_wall = time.monotonic(), datetime.now(UTC)
-        self._slots.calls += 1
+        self._slots.called()
         entry.task = asyncio.create_task(self._execute(entry))
         entry.task.add_done_callback(lambda _task: self._call_done(entry))
 

@@ -50,6 +50,10 @@ class Slots:
     def free(self) -> bool:
         return self.calls < self.concurrency
 
+    def called(self) -> None:
+        """A call started: it holds a slot until returned()."""
+        self.calls += 1
+
     def returned(self, took: float) -> None:
         """A call returned after `took` seconds: its slot is free."""
         self.calls -= 1
