@@ -5,7 +5,8 @@
         [--json out.json]
 
 The top-of-the-hour shape: N jobs, each with one queued run (not N runs of one job),
-so every completion also updates its own job's health row, as in production.
+each job last succeeded an hour ago (make_jobs), so a success leaves its health row
+alone, as in production (runs/outcomes.py).
 Executors are started first and the clock starts when the runs commit (one INSERT
 plus NOTIFY) after every executor has registered, so process start-up is not
 measured. `task` runs the builtin `noop` task (database cost only); `http` POSTs to
@@ -79,11 +80,16 @@ def make_jobs(
     *, tenant: int | list[int], n: int, target: dict, interval_seconds: int, next_run_at: datetime
 ) -> list:
     """N unsaved interval jobs (bulk_create them), each in its own partition slot; several
-    tenants take them in turn."""
+    tenants take them in turn.
+
+    Each has a history, as recurring jobs at the top of the hour do: its last run
+    succeeded an hour ago. (A job's first outcome ever, or one after a failure, also
+    writes its health row; a success after a success does not: runs/outcomes.py.)"""
     from jobs.models import Job
     from jobs.services import partition_for
 
     tenants = tenant if isinstance(tenant, list) else [tenant]
+    last_success = datetime.now(UTC) - timedelta(hours=1)
     jobs = []
     for i in range(n):
         job_id = uuid.uuid4()
@@ -96,6 +102,8 @@ def make_jobs(
                 target=target,
                 partition_id=partition_for(job_id),
                 next_run_at=next_run_at,
+                last_outcome="succeeded",
+                last_success_at=last_success,
             )
         )
     return jobs

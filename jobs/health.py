@@ -1,7 +1,9 @@
-"""Job health: the "overdue" rule and the alert sweep.
+"""Job health: the "overdue" rule, the time of the last success, and the alert sweep.
 
-Health counters (last outcome, last success/failure, consecutive failures) are written
-by the executors' outcome statement (runs.claims); this module reads them. Alerts:
+Health counters (last outcome, last failure, consecutive failures) are written by the
+executors' outcome statement (runs/outcomes.py) when they change; this module reads
+them. A success of a healthy job changes nothing but the time of its last success, so
+that time is read from the job's runs (`last_success_at()`). Alerts:
 
 * overdue: a job whose next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS
   (the scheduler is behind or down) is alerted once per late slot;
@@ -25,10 +27,12 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, F, OuterRef, Subquery
+from django.db.models.functions import Greatest
 
 from jobs.leases import NAMESPACE
 from jobs.models import Job
+from runs.models import JobRun
 
 log = logging.getLogger(__name__)
 
@@ -160,3 +164,17 @@ def _post_all(url: str, alerts: list[dict]) -> None:
             log.warning("alert webhook attempt %d/%d failed: %s", attempt, WEBHOOK_ATTEMPTS, problem)
         else:
             log.error("alert webhook gave up on %s for job %s", alert["event"], alert["job_id"])
+
+
+def last_success_at() -> Greatest:
+    """An annotation: when a job last succeeded. The finish of its newest succeeded run
+    (its index on (partition_id, job_id, scheduled_at), read backwards: a probe per job),
+    or what the job row kept, whichever is later. The row keeps the time of a success
+    that changed the job's health (its first, the end of a failure streak) and is
+    refreshed by a success at most once a day (runs/outcomes.py), so once retention has
+    dropped a job's runs the answer is at most a day early. (PostgreSQL's GREATEST skips
+    NULLs.) The partition_id
+    equality keeps the probe in the job's shard on Citus."""
+    mine = JobRun.objects.filter(partition_id=OuterRef("partition_id"), job_id=OuterRef("pk"))
+    newest = mine.filter(status="succeeded").order_by("-scheduled_at").values("finished_at")[:1]
+    return Greatest(F("last_success_at"), Subquery(newest))

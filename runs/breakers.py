@@ -253,9 +253,10 @@ UPDATE job_runs r SET
     not_before = x.until,
     lease_until = NULL,
     last_error = x.reason
-FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(job_id uuid, scheduled_at timestamptz, attempt integer,
-                                               until timestamptz, reason text)
-WHERE r.partition_id {partition_filter} AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(partition_id smallint, job_id uuid, scheduled_at timestamptz,
+                                               attempt integer, until timestamptz, reason text)
+WHERE r.partition_id {partition_filter} AND r.partition_id = x.partition_id
+  AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
   AND r.attempt = x.attempt AND r.status = 'running'
 RETURNING r.job_id
 """
@@ -311,7 +312,7 @@ async def admit(conn, candidates: Sequence[Candidate], *, policy: Policy) -> Adm
         await per_partition.run(
             conn,
             _DEFER_SQL,
-            per_partition.group((partition_of[d.key], d) for d in admission.defer),
+            per_partition.group((partition_of[d.key], (partition_of[d.key], d)) for d in admission.defer),
             lambda deferrals: {"now": now, "rows": _encode_deferrals(deferrals)},
         )
     return admission
@@ -327,23 +328,25 @@ async def put_back(conn, runs: Sequence[tuple[int, tuple]], *, reason: str) -> i
     rows = await per_partition.run(
         conn,
         _DEFER_SQL,
-        per_partition.group((partition_id, Deferral(key, now, reason)) for partition_id, key in runs),
+        per_partition.group((p, (p, Deferral(key, now, reason))) for p, key in runs),
         lambda deferrals: {"now": now, "rows": _encode_deferrals(deferrals)},
     )
     return len(rows)
 
 
-def _encode_deferrals(deferrals: Sequence[Deferral]) -> str:
+def _encode_deferrals(deferrals: Sequence[tuple[int, Deferral]]) -> str:
+    """(partition_id, deferral) pairs as the rows of _DEFER_SQL."""
     return json.dumps(
         [
             {
+                "partition_id": partition_id,
                 "job_id": str(d.key[0]),
                 "scheduled_at": d.key[1].isoformat(),
                 "attempt": d.key[2],
                 "until": d.until.isoformat(),
                 "reason": d.reason,
             }
-            for d in deferrals
+            for partition_id, d in deferrals
         ]
     )
 

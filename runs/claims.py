@@ -96,7 +96,8 @@ slots AS (
 ),
 by_priority AS (
     SELECT c.* FROM slots s CROSS JOIN LATERAL (
-        SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy, r.not_before
+        SELECT r.partition_id, r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy,
+               r.not_before
         FROM job_runs r
         WHERE r.partition_id {partition_filter} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
@@ -110,7 +111,8 @@ by_priority AS (
 ),
 by_age AS (
     SELECT c.* FROM slots s CROSS JOIN LATERAL (
-        SELECT r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy, r.not_before
+        SELECT r.partition_id, r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy,
+               r.not_before
         FROM job_runs r
         WHERE r.partition_id {partition_filter} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying')
@@ -135,10 +137,10 @@ superseded AS (
     -- would run beside it, or redo stale work after it): it is cancelled instead.
     -- Claims of one job are serialised by the tenant lock, so every order ends with
     -- at most one running occurrence (see docs/DECISIONS.md).
-    SELECT p.id, p.scheduled_at FROM picked p
+    SELECT p.partition_id, p.id, p.job_id, p.scheduled_at FROM picked p
     WHERE p.overlap_policy = 'cancel_previous'
       AND EXISTS (SELECT 1 FROM job_runs n
-                  WHERE n.partition_id {partition_filter}
+                  WHERE n.partition_id {partition_filter} AND n.partition_id = p.partition_id
                     AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at
                     AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
 ),
@@ -152,7 +154,8 @@ dropped AS (
         status = 'cancelled', finished_at = now(), lease_until = NULL,
         last_error = 'cancelled: a newer occurrence of this job supersedes it (cancel_previous)'
     FROM superseded x
-    WHERE d.partition_id {partition_filter} AND d.id = x.id AND d.scheduled_at = x.scheduled_at
+    WHERE d.partition_id {partition_filter} AND d.partition_id = x.partition_id
+      AND d.job_id = x.job_id AND d.scheduled_at = x.scheduled_at
     RETURNING d.job_id
 ),
 eligible AS (
@@ -181,7 +184,8 @@ claimed AS (
         lease_until = to_timestamp(%(epoch)s + r.lease_seconds),
         owner = %(owner)s, started_at = statement_timestamp(), finished_at = NULL
     FROM chosen c
-    WHERE r.partition_id {partition_filter} AND r.id = c.id AND r.scheduled_at = c.scheduled_at
+    WHERE r.partition_id {partition_filter} AND r.partition_id = c.partition_id
+      AND r.job_id = c.job_id AND r.scheduled_at = c.scheduled_at
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
               r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
               r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, r.deferrals, r.deferred_since
@@ -191,8 +195,9 @@ older AS (
     -- its next heartbeat (the row is no longer 'running') and stops its call. Its
     -- history entry is built here, so the UPDATE below only copies it; the UPDATE
     -- re-checks the attempt it was built for.
-    SELECT o.id, o.scheduled_at, o.attempt, jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY}) AS entry
-    FROM job_runs o JOIN chosen c ON o.job_id = c.job_id
+    SELECT o.partition_id, o.job_id, o.scheduled_at, o.attempt,
+           jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY}) AS entry
+    FROM job_runs o JOIN chosen c ON o.partition_id = c.partition_id AND o.job_id = c.job_id
     WHERE o.partition_id {partition_filter} AND c.overlap_policy = 'cancel_previous'
       AND o.status = 'running' AND o.scheduled_at < c.scheduled_at
 ),
@@ -202,7 +207,8 @@ cancelled AS (
         last_error = 'cancelled by a newer run',
         attempts = o.attempts || x.entry
     FROM older x
-    WHERE o.partition_id {partition_filter} AND o.id = x.id AND o.scheduled_at = x.scheduled_at
+    WHERE o.partition_id {partition_filter} AND o.partition_id = x.partition_id
+      AND o.job_id = x.job_id AND o.scheduled_at = x.scheduled_at
       AND o.attempt = x.attempt AND o.status = 'running'
     RETURNING o.job_id
 )
@@ -233,9 +239,11 @@ _CLAIM_SQL = per_partition.Forms(
 _HEARTBEAT_SQL = per_partition.Forms.of(
     """
 UPDATE job_runs r SET lease_until = to_timestamp(%(epoch)s + r.lease_seconds)
-FROM unnest(%(job_ids)s::uuid[], %(scheduled)s::timestamptz[], %(attempts)s::integer[])
-    AS h(job_id, scheduled_at, attempt)
-WHERE r.partition_id {partition_filter} AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
+FROM unnest(%(run_partitions)s::smallint[], %(job_ids)s::uuid[], %(scheduled)s::timestamptz[],
+            %(attempts)s::integer[])
+    AS h(partition_id, job_id, scheduled_at, attempt)
+WHERE r.partition_id {partition_filter} AND r.partition_id = h.partition_id
+  AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
   AND r.attempt = h.attempt AND r.status = 'running'
 RETURNING r.job_id, r.scheduled_at, r.attempt
 """
@@ -356,13 +364,15 @@ async def heartbeat_runs(conn, runs: Iterable[tuple[int, RunKey]]) -> set[RunKey
     """
     epoch = datetime.now(UTC).timestamp()
 
-    def params(keys: list[RunKey]) -> dict:
+    def params(keyed: list[tuple[int, RunKey]]) -> dict:
         return {
             "epoch": epoch,
-            "job_ids": [k[0] for k in keys],
-            "scheduled": [k[1] for k in keys],
-            "attempts": [k[2] for k in keys],
+            "run_partitions": [p for p, _ in keyed],
+            "job_ids": [k[0] for _, k in keyed],
+            "scheduled": [k[1] for _, k in keyed],
+            "attempts": [k[2] for _, k in keyed],
         }
 
-    held = await per_partition.run(conn, _HEARTBEAT_SQL, per_partition.group(runs), params)
+    grouped = per_partition.group((p, (p, key)) for p, key in runs)
+    held = await per_partition.run(conn, _HEARTBEAT_SQL, grouped, params)
     return {(row[0], row[1], row[2]) for row in held}

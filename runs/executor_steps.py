@@ -57,6 +57,9 @@ WRITE_BATCH = 500
 # Generic plans are kept per connection (see connections.connect_async); re-plan this often
 # so a plan made when the queue was small does not outlive the backlog's arrival.
 REPLAN_SECONDS = 5.0
+# After an empty claim, re-plan this long after the last plan, not at once: executors
+# sharing a queue often come back empty, and a plan costs ~8 ms of database CPU.
+REPLAN_AFTER_EMPTY_SECONDS = 1.0
 
 
 @dataclass
@@ -96,7 +99,7 @@ class ExecutorSteps:
         self._wake = asyncio.Event()
         self._results_ready = asyncio.Event()
         later = time.monotonic() + REPLAN_SECONDS
-        self._next_replan = {"claim": later, "write": later}
+        self._next_replan, self._planned_claim_at = {"claim": later, "write": later}, time.monotonic()
         tasks.load_modules(self.task_modules)
         # A process (re)started while the database is down waits for it, like one
         # that was already running, instead of exiting.
@@ -152,14 +155,15 @@ class ExecutorSteps:
             return Claimed(limit, [], [])
         if time.monotonic() >= self._next_replan["claim"]:
             await connections.replan(self._claim_conn)
-            self._next_replan["claim"] = time.monotonic() + REPLAN_SECONDS
+            self._planned_claim_at = time.monotonic()
+            self._next_replan["claim"] = self._planned_claim_at + REPLAN_SECONDS
         claimed = await claims.claim_runs(
             self._claim_conn, owner=self.owner, limit=limit, aging_seconds=self.aging_seconds
         )
         started = await self._admit(claimed)
         if not claimed:
-            # Plans made now see an empty queue; make them again when work comes.
-            self._next_replan["claim"] = 0.0
+            soon = self._planned_claim_at + REPLAN_AFTER_EMPTY_SECONDS  # the plan saw an empty queue
+            self._next_replan["claim"] = min(self._next_replan["claim"], soon)
         for run in started:
             self._start(run)
         if claimed:

@@ -1,5 +1,5 @@
 """The write that ends attempts: outcomes, fenced by attempt, with each job's health in
-the same statement. One statement for the batch, or one per partition on Citus
+the same statement (only where it changes). One statement for the batch, or one per partition on Citus
 (runs/per_partition.py): a job's runs and its jobs row share the partition, so each
 job's health is judged from all its outcomes of the batch at once. Times are computed
 here and passed in (runs/claims.py says why).
@@ -14,6 +14,10 @@ from datetime import UTC, datetime, timedelta
 from runs import per_partition
 from runs.rows import Completion, RunKey
 
+# How stale a healthy job's stored last_success_at may grow before a success rewrites
+# it (readers prefer its newest succeeded run; the copy serves once retention dropped it).
+LAST_SUCCESS_REFRESH = timedelta(days=1)
+
 _COMPLETE_SQL = per_partition.Forms.of(
     """
 WITH done AS (
@@ -26,16 +30,18 @@ WITH done AS (
         last_error = x.error,
         attempts = r.attempts || x.entry
     FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(
-        job_id uuid, scheduled_at timestamptz, attempt integer, status text, not_before timestamptz,
-        result_code integer, error text, entry jsonb)
-    WHERE r.partition_id {partition_filter} AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+        partition_id smallint, job_id uuid, scheduled_at timestamptz, attempt integer, status text,
+        not_before timestamptz, result_code integer, error text, entry jsonb)
+    WHERE r.partition_id {partition_filter} AND r.partition_id = x.partition_id
+      AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
       AND r.attempt = x.attempt AND r.status = 'running'
-    RETURNING r.job_id, r.scheduled_at, r.attempt, r.status, x.entry -> 0 ->> 'outcome' AS outcome
+    RETURNING r.partition_id, r.job_id, r.scheduled_at, r.attempt, r.status,
+              x.entry -> 0 ->> 'outcome' AS outcome
 ),
 -- Job health, in the same statement (no extra round trip per batch). An attempt the
 -- executor handed back on shutdown says nothing about the target: it does not count.
 judged AS (
-    SELECT job_id, status,
+    SELECT partition_id, job_id, status,
            row_number() OVER (PARTITION BY job_id ORDER BY scheduled_at DESC, attempt DESC) AS rn
     FROM done WHERE outcome IS DISTINCT FROM 'handed back'
 ),
@@ -43,20 +49,29 @@ newest_ok AS (
     SELECT job_id, min(rn) AS rn FROM judged WHERE status = 'succeeded' GROUP BY job_id
 ),
 per_job AS (
-    SELECT j.job_id,
+    SELECT j.partition_id, j.job_id,
            (array_agg(j.status ORDER BY j.rn))[1] AS last_status,
            o.rn IS NOT NULL AS any_ok,
            count(*) FILTER (WHERE j.status <> 'succeeded') AS fails,
            count(*) FILTER (WHERE j.status <> 'succeeded' AND j.rn < o.rn) AS fails_since_ok
     FROM judged j LEFT JOIN newest_ok o USING (job_id)
-    GROUP BY j.job_id, o.rn
+    GROUP BY j.partition_id, j.job_id, o.rn
 ),
--- Lock the job rows in id order: two executors completing runs of the same jobs in
--- different orders must not deadlock (a deadlock would lose a batch of outcomes).
+-- The job rows whose health changes, locked in id order: two executors completing runs
+-- of the same jobs in different orders must not deadlock (a deadlock would lose a batch
+-- of outcomes). A success of a job that is healthy already (last outcome succeeded, no
+-- streak) changes nothing but the time of its last success, which readers take from the
+-- job's runs (jobs/health.py, last_success_at); the row's copy is refreshed at most once
+-- a day, for when retention has dropped those runs. So the common case writes no job
+-- row: writing it cost a third of the executor's database time per run
+-- (docs/DECISIONS.md). Under READ COMMITTED the condition is checked again on the row
+-- as locked.
 locked AS MATERIALIZED (
-    SELECT jb.id FROM jobs jb
-    WHERE jb.partition_id {partition_filter} AND jb.id IN (SELECT job_id FROM per_job)
-    ORDER BY jb.id FOR NO KEY UPDATE
+    SELECT jb.id FROM jobs jb JOIN per_job p ON p.partition_id = jb.partition_id AND p.job_id = jb.id
+    WHERE jb.partition_id {partition_filter}
+      AND (p.fails > 0 OR jb.last_outcome <> 'succeeded' OR jb.consecutive_failures > 0 OR jb.failure_alerted
+           OR jb.last_success_at IS NULL OR jb.last_success_at < %(stale_before)s)
+    ORDER BY jb.id FOR NO KEY UPDATE OF jb
 ),
 health AS (
     UPDATE jobs jb SET
@@ -70,7 +85,8 @@ health AS (
         -- A success ends the streak; the next streak alerts again.
         failure_alerted = jb.failure_alerted AND NOT p.any_ok
     FROM per_job p, locked l
-    WHERE jb.partition_id {partition_filter} AND jb.id = p.job_id AND l.id = jb.id
+    WHERE jb.partition_id {partition_filter} AND jb.partition_id = p.partition_id
+      AND jb.id = p.job_id AND l.id = jb.id
     RETURNING jb.id
 )
 -- (A data-modifying WITH runs to completion whether or not the result reads it.)
@@ -91,7 +107,11 @@ async def complete_runs(conn, completions: Sequence[Completion]) -> set[RunKey]:
         conn,
         _COMPLETE_SQL,
         per_partition.group((c.partition_id, c) for c in completions),
-        lambda batch: {"now": now, "rows": _encode_completions(batch, now=now)},
+        lambda batch: {
+            "now": now,
+            "stale_before": now - LAST_SUCCESS_REFRESH,
+            "rows": _encode_completions(batch, now=now),
+        },
     )
     return {(row[0], row[1], row[2]) for row in written}
 
@@ -100,6 +120,7 @@ def _encode_completions(completions: Sequence[Completion], *, now: datetime) -> 
     return json.dumps(
         [
             {
+                "partition_id": c.partition_id,
                 "job_id": str(c.job_id),
                 "scheduled_at": c.scheduled_at.isoformat(),
                 "attempt": c.attempt,

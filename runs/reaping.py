@@ -33,7 +33,7 @@ SELECT DISTINCT partition_id, now() FROM job_runs WHERE status = 'running' AND l
 # runs/claims.py module docstring: Citus refuses functions of columns in UPDATE ... SET).
 _REAP_SQL = per_partition.Forms.of(f"""
 WITH expired AS (
-    SELECT r.id, r.scheduled_at, r.attempt - r.deferrals >= r.max_attempts AS dead,
+    SELECT r.partition_id, r.job_id, r.scheduled_at, r.attempt - r.deferrals >= r.max_attempts AS dead,
            jsonb_build_array({_REAPED_ENTRY}) AS entry,
            'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating' AS error
     FROM job_runs r
@@ -50,7 +50,8 @@ UPDATE job_runs r SET
     last_error = e.error,
     attempts = r.attempts || e.entry
 FROM expired e
-WHERE r.partition_id {{partition_filter}} AND r.id = e.id AND r.scheduled_at = e.scheduled_at
+WHERE r.partition_id {{partition_filter}} AND r.partition_id = e.partition_id
+  AND r.job_id = e.job_id AND r.scheduled_at = e.scheduled_at
   AND r.status = 'running' AND r.lease_until < %(now)s
 RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.job_name, r.attempt, r.owner, r.status, r.last_error
 """)

@@ -38,9 +38,10 @@ def db_now() -> datetime:
         return cursor.fetchone()[0]
 
 
-def finish(job: Job, outcomes: list[str], *, handed_back: bool = False) -> None:
-    """One run per outcome, claimed and completed through the executors' statements."""
-    base = db_now().replace(microsecond=0) - timedelta(hours=1)
+def finish(job: Job, outcomes: list[str], *, handed_back: bool = False, first_slot: int = 0) -> None:
+    """One run per outcome (slots from `first_slot` minutes after an hour ago), claimed and
+    completed through the executors' statements."""
+    base = db_now().replace(microsecond=0) - timedelta(hours=1) + first_slot * MINUTE
     slots = [base + k * MINUTE for k in range(len(outcomes))]
     queue.enqueue_runs([run_for(job, scheduled_at=t, trigger="schedule", overlap_check=False) for t in slots])
     JobRun.objects.filter(job_id=job.id, scheduled_at__in=slots).update(status="running", attempt=1)
@@ -98,6 +99,35 @@ def test_health_after_success_failure_and_recovery(api, tenant):
     finish(job, ["retrying", "succeeded"])
     recovered = health(api, job)
     assert (recovered["last_outcome"], recovered["consecutive_failures"]) == ("succeeded", 0)
+
+
+def row_version(job: Job) -> tuple[int, datetime | None]:
+    """The job row's xmin (changes with every write of the row) and its stored last success."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT xmin::text::bigint, last_success_at FROM jobs WHERE id = %s", [job.id])
+        return cursor.fetchone()
+
+
+def test_a_success_of_a_healthy_job_writes_no_job_row(api, tenant):
+    job = make_job(tenant, next_run_at=db_now() + MINUTE)
+    finish(job, ["succeeded"])  # the first outcome ever: written
+    first = health(api, job)
+    written = row_version(job)
+    assert written[1] is not None
+
+    finish(job, ["succeeded"], first_slot=1)
+    assert row_version(job) == written, "a success of a healthy job rewrote its row"
+    second = health(api, job)
+    # ... yet the API shows the newer success, read from the run.
+    assert second["last_success_at"] > first["last_success_at"]
+    assert (second["last_outcome"], second["consecutive_failures"]) == ("succeeded", 0)
+
+    # The row's copy (what remains once retention drops the runs) is refreshed daily.
+    Job.objects.filter(id=job.id).update(last_success_at=db_now() - timedelta(days=2))
+    finish(job, ["succeeded"], first_slot=2)
+    refreshed = row_version(job)
+    assert refreshed[0] != written[0] and refreshed[1] > db_now() - MINUTE
+    assert health(api, job)["last_success_at"] > second["last_success_at"]
 
 
 def test_a_hand_back_on_shutdown_is_not_a_failure(api, tenant):

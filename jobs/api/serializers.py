@@ -113,7 +113,8 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     last_outcome = serializers.CharField(
         read_only=True, help_text="succeeded, failed, dead, or empty before any"
     )
-    last_success_at = UtcDateTimeField(read_only=True)
+    # Annotated by the views (jobs.health.last_success_at): the row alone can be stale.
+    last_success_at = UtcDateTimeField(source="last_success", read_only=True)
     last_failure_at = UtcDateTimeField(read_only=True)
     consecutive_failures = serializers.IntegerField(read_only=True)
     overdue_seconds = serializers.SerializerMethodField(

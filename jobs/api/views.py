@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from jobs import jitter, ledger, services
+from jobs import health, jitter, ledger, services
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
 from jobs.models import Job, Misfire
 from jobs.schedule import ScheduleError
@@ -100,7 +100,9 @@ class JobViewSet(
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
     def get_queryset(self):
-        qs = Job.objects.filter(tenant=self.request.auth).annotate(misfire_count=_misfire_count())
+        qs = Job.objects.filter(tenant=self.request.auth).annotate(
+            misfire_count=_misfire_count(), last_success=health.last_success_at()
+        )
         if self.action != "list":
             return qs
         params = self.request.query_params
