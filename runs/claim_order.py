@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from runs import connections
@@ -42,6 +42,15 @@ open_tenants AS (
 # only due runs are blocked would take a place for nothing).
 _NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
                OR r.job_id NOT IN (SELECT job_id FROM busy))"""
+
+# The probes skip runs scheduled over a day ahead: none is created ahead of its slot
+# (dispatch, triggers, backfills and replays all use past or present slots; jitter only
+# delays not_before), and a bound on the partition key lets even a generic plan leave
+# out the future day partitions. A probe is a Merge Append over every day partition it
+# cannot rule out, two buffers for each empty one; on a fresh cluster 6 of its 9 are
+# future days. (The days before today are still probed: retries, replays and backfills
+# put due runs there.)
+NOT_AHEAD = "r.scheduled_at < now() + interval '1 day'"
 
 _PLAIN_SQL = f"""
 WITH busy AS MATERIALIZED (
@@ -62,7 +71,7 @@ picks AS (
                     ELSE u.priority END AS effective_priority
         FROM ((SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
                WHERE r.tenant_id = o.id
-                 AND r.status IN ('queued', 'retrying') AND r.not_before <= now()
+                 AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD}
                  AND {_NOT_BLOCKED}
                ORDER BY r.priority DESC, r.scheduled_at
                LIMIT least(o.free, %(limit)s, %(probe)s))
@@ -70,7 +79,7 @@ picks AS (
               (SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
                WHERE r.tenant_id = o.id
                  AND r.status IN ('queued', 'retrying')
-                 AND r.not_before <= now() - %(aging)s * interval '1 second'
+                 AND r.not_before <= now() - %(aging)s * interval '1 second' AND {NOT_AHEAD}
                  AND {_NOT_BLOCKED}
                ORDER BY r.not_before
                LIMIT least(o.free, %(limit)s, %(probe)s))) u
@@ -127,6 +136,8 @@ FROM picks WHERE k <= %(limit)s
 # the plan's rank bound counts a tenant's whole cap, so a batch is not cut to what the
 # probes saw. (On Citus the groups are whole partitions, all read anyway: up to `limit`.)
 PROBE = 8
+# The effective priority of an aged run (and the highest a job can have).
+AGED_PRIORITY = 9
 
 
 @dataclass(frozen=True)
@@ -154,6 +165,10 @@ class ClaimPlan:
 
     partitions: list[tuple[int, list[int]]]
     max_rank: float
+    # Tenants with a pick of effective priority 9: the only ones whose claim probes for
+    # aged runs (a run aged past EXECUTOR_PRIORITY_AGING_SECONDS counts as 9; a tenant with
+    # an aged run is seen with one, since the plan probes for them too).
+    aged: list[int] = field(default_factory=list)
 
 
 def rank(picks: list[Pick], *, limit: int) -> ClaimPlan:
@@ -170,7 +185,8 @@ def rank(picks: list[Pick], *, limit: int) -> ClaimPlan:
     for p in sorted(picks, key=lambda p: (p.rank, -p.effective_priority, p.scheduled_at)):
         if p.rank <= max_rank:
             order.setdefault(p.partition_id, set()).add(p.tenant_id)
-    return ClaimPlan([(partition, sorted(ts)) for partition, ts in order.items()], max_rank)
+    aged = sorted({p.tenant_id for p in picks if p.effective_priority >= AGED_PRIORITY})
+    return ClaimPlan([(partition, sorted(ts)) for partition, ts in order.items()], max_rank, aged)
 
 
 def _places(tenant: Pick, *, limit: int) -> Iterator[float]:
