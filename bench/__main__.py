@@ -547,6 +547,20 @@ def main() -> None:
         bench, workloads=workloads, jobs=jobs, processes=processes, db=prefix + "dispatch"
     )
     problems = verify_dispatch(dispatch)
+    execute = execute_part(bench, runs=runs, task_executors=task_executors, http_executors=http_executors)
+    fair_share = fair_share_part(bench, runs=fair_runs, pairs=fair_pairs)
+    citus_rows = (
+        None
+        if skip_citus
+        else citus.citus_part(bench, jobs=citus.CITUS_JOBS, runs=citus.CITUS_RUNS, db=prefix + "dispatch")
+    )
+    problems += citus.verify(citus_rows)
+    lag_text = bench.run("lag.py", *lag, "--db", prefix + "lag", "--json", str(bench.data / "lag.json"))
+    ledger_text = None if args.smoke else bench.run("ledger.py", "--db", prefix + "ledger")
+    # The 1M round goes last: the autovacuum of its millions of rows, a minute after it,
+    # took the CPU from the executor rounds that followed it (the 4-executor HTTP round and
+    # the fair-share rounds ran at a quarter of their speed, with 6-10x the PostgreSQL CPU
+    # per run, in the first run of stop 20; neither reproduced alone).
     growth_rows = (
         growth.growth_part(
             bench,
@@ -558,16 +572,6 @@ def main() -> None:
         else []
     )
     problems += growth.problems(growth_rows)
-    execute = execute_part(bench, runs=runs, task_executors=task_executors, http_executors=http_executors)
-    fair_share = fair_share_part(bench, runs=fair_runs, pairs=fair_pairs)
-    citus_rows = (
-        None
-        if skip_citus
-        else citus.citus_part(bench, jobs=citus.CITUS_JOBS, runs=citus.CITUS_RUNS, db=prefix + "dispatch")
-    )
-    problems += citus.verify(citus_rows)
-    lag_text = bench.run("lag.py", *lag, "--db", prefix + "lag", "--json", str(bench.data / "lag.json"))
-    ledger_text = None if args.smoke else bench.run("ledger.py", "--db", prefix + "ledger")
     bench.overall.close()
 
     from bench import plots

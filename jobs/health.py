@@ -169,11 +169,13 @@ def _post_all(url: str, alerts: list[dict]) -> None:
 def last_success_at() -> Greatest:
     """An annotation: when a job last succeeded. The finish of its newest succeeded run
     (its index on (partition_id, job_id, scheduled_at), read backwards: a probe per job),
-    or what the job row kept, whichever is later. The row keeps the time of a success
-    that changed the job's health (its first, the end of a failure streak) and is
-    refreshed by a success at most once a day (runs/outcomes.py), so once retention has
-    dropped a job's runs the answer is at most a day early. (PostgreSQL's GREATEST skips
-    NULLs.) The partition_id
+    or what the job row kept, whichever is later. The row keeps the time of every success
+    this read would miss (runs/outcomes.py): one that changed the job's health (its first,
+    the end of a failure streak) and one of an older slot than a success already recorded
+    (a replay, a backfill, a late retry). A success refreshes it at most once a day, so
+    once retention has dropped a job's runs the answer is at most a day early. For a job
+    in a failure streak the probe walks back over the streak's runs. (PostgreSQL's
+    GREATEST skips NULLs.) The partition_id
     equality keeps the probe in the job's shard on Citus."""
     mine = JobRun.objects.filter(partition_id=OuterRef("partition_id"), job_id=OuterRef("pk"))
     newest = mine.filter(status="succeeded").order_by("-scheduled_at").values("finished_at")[:1]

@@ -100,7 +100,7 @@ WINDOW w AS (PARTITION BY tenant_id)
 # a second multi-shard read for the running runs cost as much again. Runs of busy jobs
 # are not passed over here (that would ship the running set to every shard); the claim
 # passes over them, at the cost of a claim that may find nothing.
-_RUNNABLE = "r.status IN ('queued', 'retrying') AND r.not_before <= now()"
+_RUNNABLE = f"r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD}"
 _CITUS_SQL = f"""
 WITH groups AS MATERIALIZED (
     SELECT r.partition_id, r.tenant_id,

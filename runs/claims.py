@@ -4,10 +4,12 @@ runs/reaping.py; the outcomes of attempts: runs/outcomes.py). Async (psycopg Asy
 Django ORM, so the hot path costs a few round trips per batch. Each function runs in
 its own transaction unless it says otherwise.
 
-Every statement that writes or locks a run names the partitions it touches: on Citus
-one `partition_id` per statement (DESIGN section 10: `FOR UPDATE` and cheap writes
-exist only inside one shard), on plain PostgreSQL all of a batch's partitions at once
-(runs/per_partition.py: one template, two forms). Reads that only
+Every statement that writes or locks a run on Citus names its one `partition_id`
+(DESIGN section 10: `FOR UPDATE` and cheap writes exist only inside one shard); on
+plain PostgreSQL the heartbeat names all of a batch's partitions at once
+(runs/per_partition.py: one template, two forms), and the batch claim, one statement
+over every partition, names none (_CLAIM_SQL says why). Keyed joins also name each
+row's own partition. Reads that only
 count or choose (tenants' running runs, which partitions to claim from, expired leases)
 may span partitions. Times derived from a column (lease ends, retry times) are computed
 from a timestamp passed in, not from now() inside the UPDATE, and attempt entries are
@@ -290,8 +292,7 @@ async def claim_runs(
         "aged": plan.aged,
     }
     if not await connections.one_partition_per_statement(conn):
-        partitions = [p for p, _ in plan.partitions]
-        return await _claim_batch(conn, {**params, "partitions": partitions}, tenant_ids)
+        return await _claim_batch(conn, params, tenant_ids)
     # Citus: the locks and the tenants' running counts (a read of every shard) once for
     # the batch, then a claim statement per partition in the same transaction, each
     # counting the claims of the partitions before it. A transaction per partition read
@@ -315,9 +316,10 @@ async def claim_runs(
 
 async def _claim_batch(conn, params: dict, tenant_ids: Sequence[int]) -> list[ClaimedRun]:
     """Plain PostgreSQL: one statement ranks the whole batch across tenants, as one
-    partition's claim does within its partition (the plan's partitions and tenants only
-    narrow it), and counts the tenants' running runs itself. BEGIN, the locks, the claim
-    and COMMIT go in one pipeline sync: one round trip, the lock held for that one.
+    partition's claim does within its partition (the plan's tenants and rank bound
+    narrow it; its partitions are not needed), and counts the tenants' running runs
+    itself. BEGIN, the locks, the claim and COMMIT go in one pipeline sync: one round
+    trip, the lock held for that one.
 
     The executor waits on round trips, not CPU (docs/DECISIONS.md, "Executor claims:
     profile and changes"): psycopg's transaction() syncs at BEGIN, and fetching

@@ -41,7 +41,7 @@ WITH done AS (
 -- Job health, in the same statement (no extra round trip per batch). An attempt the
 -- executor handed back on shutdown says nothing about the target: it does not count.
 judged AS (
-    SELECT partition_id, job_id, status,
+    SELECT partition_id, job_id, scheduled_at, status,
            row_number() OVER (PARTITION BY job_id ORDER BY scheduled_at DESC, attempt DESC) AS rn
     FROM done WHERE outcome IS DISTINCT FROM 'handed back'
 ),
@@ -53,7 +53,8 @@ per_job AS (
            (array_agg(j.status ORDER BY j.rn))[1] AS last_status,
            o.rn IS NOT NULL AS any_ok,
            count(*) FILTER (WHERE j.status <> 'succeeded') AS fails,
-           count(*) FILTER (WHERE j.status <> 'succeeded' AND j.rn < o.rn) AS fails_since_ok
+           count(*) FILTER (WHERE j.status <> 'succeeded' AND j.rn < o.rn) AS fails_since_ok,
+           max(j.scheduled_at) FILTER (WHERE j.status = 'succeeded') AS ok_slot
     FROM judged j LEFT JOIN newest_ok o USING (job_id)
     GROUP BY j.partition_id, j.job_id, o.rn
 ),
@@ -61,8 +62,10 @@ per_job AS (
 -- of the same jobs in different orders must not deadlock (a deadlock would lose a batch
 -- of outcomes). A success of a job that is healthy already (last outcome succeeded, no
 -- streak) changes nothing but the time of its last success, which readers take from the
--- job's runs (jobs/health.py, last_success_at); the row's copy is refreshed at most once
--- a day, for when retention has dropped those runs. So the common case writes no job
+-- job's newest succeeded slot (jobs/health.py, last_success_at). The row's copy is
+-- written when that read would miss a success: one of an older slot than a success
+-- already recorded (a replay, a backfill, a late retry); and refreshed at most once a
+-- day, for when retention has dropped the runs. So the common case writes no job
 -- row: writing it cost a third of the executor's database time per run
 -- (docs/DECISIONS.md). Under READ COMMITTED the condition is checked again on the row
 -- as locked.
@@ -70,7 +73,10 @@ locked AS MATERIALIZED (
     SELECT jb.id FROM jobs jb JOIN per_job p ON p.partition_id = jb.partition_id AND p.job_id = jb.id
     WHERE jb.partition_id {partition_filter}
       AND (p.fails > 0 OR jb.last_outcome <> 'succeeded' OR jb.consecutive_failures > 0 OR jb.failure_alerted
-           OR jb.last_success_at IS NULL OR jb.last_success_at < %(stale_before)s)
+           OR jb.last_success_at IS NULL OR jb.last_success_at < %(stale_before)s
+           OR EXISTS (SELECT 1 FROM job_runs n
+                      WHERE n.partition_id {partition_filter} AND n.partition_id = p.partition_id
+                        AND n.job_id = p.job_id AND n.scheduled_at > p.ok_slot AND n.status = 'succeeded'))
     ORDER BY jb.id FOR NO KEY UPDATE OF jb
 ),
 health AS (

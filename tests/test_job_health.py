@@ -122,6 +122,13 @@ def test_a_success_of_a_healthy_job_writes_no_job_row(api, tenant):
     assert second["last_success_at"] > first["last_success_at"]
     assert (second["last_outcome"], second["consecutive_failures"]) == ("succeeded", 0)
 
+    # A success of an older slot than one recorded (a replay, a backfill, a late retry)
+    # is not the newest slot's: it is written to the row, and shown.
+    finish(job, ["succeeded"], first_slot=0)
+    late = row_version(job)
+    assert late[0] != written[0]
+    assert health(api, job)["last_success_at"] > second["last_success_at"]
+
     # The row's copy (what remains once retention drops the runs) is refreshed daily.
     Job.objects.filter(id=job.id).update(last_success_at=db_now() - timedelta(days=2))
     finish(job, ["succeeded"], first_slot=2)
