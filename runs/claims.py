@@ -246,9 +246,7 @@ _GIVEN_RUNNING = "unnest(%(tenants)s::bigint[], %(running)s::bigint[]) AS run(te
 # tenants and the rank bound.
 _CLAIM_SQL = per_partition.Forms(
     one=per_partition.Forms.of(_CLAIM_TEMPLATE.replace("{running}", _GIVEN_RUNNING)).one,
-    many=_CLAIM_TEMPLATE.replace("{running}", _COUNTED_RUNNING).replace(
-        per_partition.PLACEHOLDER, "IS NOT NULL"
-    ),
+    many=per_partition.every(_CLAIM_TEMPLATE.replace("{running}", _COUNTED_RUNNING)),
 )
 
 _HEARTBEAT_SQL = per_partition.Forms.of(

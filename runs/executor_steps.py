@@ -98,8 +98,8 @@ class ExecutorSteps:
         """Connect (waiting for the database if it is down), register the node, load tasks."""
         self._wake = asyncio.Event()
         self._results_ready = asyncio.Event()
-        later = time.monotonic() + REPLAN_SECONDS
-        self._next_replan, self._planned_claim_at = {"claim": later, "write": later}, time.monotonic()
+        # When each connection's statements were last planned; whether a claim since then came back empty.
+        self._planned, self._empty_since_plan = dict.fromkeys(("claim", "write"), time.monotonic()), False
         tasks.load_modules(self.task_modules)
         # A process (re)started while the database is down waits for it, like one
         # that was already running, instead of exiting.
@@ -153,17 +153,16 @@ class ExecutorSteps:
         limit = min(self._slots.claimable(in_flight=len(self._inflight)), self.claim_batch)
         if limit <= 0:
             return Claimed(limit, [], [])
-        if time.monotonic() >= self._next_replan["claim"]:
+        wait = REPLAN_AFTER_EMPTY_SECONDS if self._empty_since_plan else REPLAN_SECONDS
+        if time.monotonic() >= self._planned["claim"] + wait:
             await connections.replan(self._claim_conn)
-            self._planned_claim_at = time.monotonic()
-            self._next_replan["claim"] = self._planned_claim_at + REPLAN_SECONDS
+            self._planned["claim"], self._empty_since_plan = time.monotonic(), False
         claimed = await claims.claim_runs(
             self._claim_conn, owner=self.owner, limit=limit, aging_seconds=self.aging_seconds
         )
         started = await self._admit(claimed)
-        if not claimed:
-            soon = self._planned_claim_at + REPLAN_AFTER_EMPTY_SECONDS  # the plan saw an empty queue
-            self._next_replan["claim"] = min(self._next_replan["claim"], soon)
+        # A plan that may have seen an empty queue is made again soon (once work comes).
+        self._empty_since_plan = self._empty_since_plan or not claimed
         for run in started:
             self._start(run)
         if claimed:
@@ -174,12 +173,12 @@ class ExecutorSteps:
         """Write one batch of finished attempts' outcomes, each fenced by its attempt."""
         if not self._results:
             return Written()
-        if time.monotonic() >= self._next_replan["write"]:
+        if time.monotonic() >= self._planned["write"] + REPLAN_SECONDS:
             try:
                 await connections.replan(self._write_conn)
             except psycopg.Error:
                 pass  # the write below finds out
-            self._next_replan["write"] = time.monotonic() + REPLAN_SECONDS
+            self._planned["write"] = time.monotonic()
         batch = self._results[:WRITE_BATCH]
         del self._results[:WRITE_BATCH]
         for entry, _ in batch:

@@ -1,6 +1,6 @@
 """The write that ends attempts: outcomes, fenced by attempt, with each job's health in
-the same statement (only where it changes). One statement for the batch, or one per partition on Citus
-(runs/per_partition.py): a job's runs and its jobs row share the partition, so each
+the same statement (only where it changes). One statement for the batch, or one per
+partition on Citus (runs/per_partition.py): a job's runs and its jobs row share the partition, so each
 job's health is judged from all its outcomes of the batch at once. Times are computed
 here and passed in (runs/claims.py says why).
 """

@@ -26,6 +26,9 @@ PLACEHOLDER = "{partition_filter}"
 # The right-hand side of `<alias>.partition_id ...` in each form.
 ONE = "= %(partition)s"
 MANY = "= ANY(%(partitions)s::smallint[])"
+# ... in a plain-PostgreSQL statement that may touch every partition (the batch claim,
+# runs/claims.py): no filter at all. Keyed joins still name each row's own partition.
+EVERY = "IS NOT NULL"
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,18 @@ class Forms:
 
     @classmethod
     def of(cls, template: str) -> Forms:
-        if PLACEHOLDER not in template:
-            raise ValueError("the template names no {partition_filter}")
-        return cls(template.replace(PLACEHOLDER, ONE), template.replace(PLACEHOLDER, MANY))
+        return cls(_fill(template, ONE), _fill(template, MANY))
+
+
+def every(template: str) -> str:
+    """The template as a plain-PostgreSQL statement over every partition (EVERY)."""
+    return _fill(template, EVERY)
+
+
+def _fill(template: str, form: str) -> str:
+    if PLACEHOLDER not in template:
+        raise ValueError("the template names no {partition_filter}")
+    return template.replace(PLACEHOLDER, form)
 
 
 def group(items: Iterable[tuple[int, T]]) -> dict[int, list[T]]:
