@@ -67,6 +67,11 @@ def plan_cache_mode(*, citus: bool) -> str:
     return "force_custom_plan" if citus else "force_generic_plan"
 
 
+# How long an executor session may sit idle inside a transaction before the server ends
+# it (see connect_async). Its transactions' gaps between statements are microseconds.
+IDLE_IN_TRANSACTION_SECONDS = 5.0
+
+
 async def connect_async(conninfo: str | None = None):
     """An autocommit AsyncConnection: each statement commits on its own unless wrapped.
 
@@ -84,11 +89,15 @@ async def connect_async(conninfo: str | None = None):
     # so seq and bitmap scans are ruled out; `replan` lets plans follow table growth.
     # No JIT: these are millisecond statements, and a generic plan's cost estimate
     # easily passes jit_above_cost: compiling ~300 functions took 250 ms per claim.
+    # An executor transaction never waits on anything but the database, so one idle for
+    # seconds belongs to a stalled process (SIGSTOP, a frozen VM). On Citus a claim holds
+    # its tenant locks across round trips; the server ends such a session, freeing the
+    # tenant's other claimers (the scheduler arms the same for its dispatch transaction).
     await conn.execute(
         "SELECT set_config('plan_cache_mode', %s, false),"
         " set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false),"
-        " set_config('jit', 'off', false)",
-        [plan_cache_mode(citus=await is_citus(conn))],
+        " set_config('jit', 'off', false), set_config('idle_in_transaction_session_timeout', %s, false)",
+        [plan_cache_mode(citus=await is_citus(conn)), str(int(IDLE_IN_TRANSACTION_SECONDS * 1000))],
     )
     return conn
 

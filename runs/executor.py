@@ -6,15 +6,18 @@ sync tasks run on threads of their own (an overrunning one is abandoned). The st
 in-process; this module only decides when each runs, recovers from connection
 failures, and shuts down:
 
-- the claim loop reaps (every REAP_EVERY_SECONDS) and claims; it repeats at once after
-  a full batch and otherwise waits for a NOTIFY, a freed slot or `poll_seconds`;
+- the claim loop claims; it repeats at once after a full batch and otherwise waits for
+  a NOTIFY, a freed slot or `poll_seconds`;
 - the writer writes outcomes as calls finish;
 - the heartbeat extends leases every lease/3;
+- the reaper hands back other executors' expired leases every REAP_EVERY_SECONDS;
 - the node heartbeat refreshes this process's executor_nodes row every node_lease/3.
 
 They are separate tasks, not one sequential loop, because each has its own connection
 and none may wait behind another: a heartbeat stuck behind a slow write would let a
-lease lapse and the run be executed twice (docs/DECISIONS.md, "The executor's steps").
+lease lapse and the run be executed twice (docs/DECISIONS.md, "The executor's steps"),
+and a reaper behind a claim that waits for a stalled executor's tenant lock would leave
+that executor's runs unreaped for as long as it stalls.
 
 SIGTERM/SIGINT (scheduler_project.loop.on_stop_signal, the scheduler's rule): stop
 claiming, let in-flight runs finish within `grace_seconds`, hand back the rest under
@@ -112,8 +115,9 @@ class Executor(ExecutorSteps):
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
             asyncio.create_task(self._node_heartbeat(), name="node-heartbeat"),
         ]
-        if not once:
+        if not once:  # `once` reaps inline, before its one claim
             background.append(asyncio.create_task(self._listen(), name="listen"))
+            background.append(asyncio.create_task(self._reaper(), name="reaper"))
         log.info(
             "executor %s started: concurrency %d, tasks %s%s",
             self.owner,
@@ -146,14 +150,10 @@ class Executor(ExecutorSteps):
     # --- the drivers ---------------------------------------------------------------
 
     async def _claim_loop(self, *, once: bool) -> None:
-        next_reap = 0.0
+        if once:
+            await self._guarded(self.reap_once, "_reap_conn")
         while not self._stopping.is_set():
             self._wake.clear()
-            # Reaping does not wait for a free slot (see reap_once).
-            if time.monotonic() >= next_reap:
-                if await self._guarded(self.reap_once, "_claim_conn") is None:
-                    continue
-                next_reap = time.monotonic() + REAP_EVERY_SECONDS
             claimed = await self._guarded(self.claim_once, "_claim_conn")
             if claimed is None:
                 continue
@@ -189,6 +189,12 @@ class Executor(ExecutorSteps):
             self._next_beat = now + max(min(leases) / 3, HEARTBEAT_TICK_SECONDS)
             if await self._guarded(self.heartbeat_once, "_beat_conn") is None:
                 self._next_beat = time.monotonic()  # beat again as soon as reconnected
+
+    async def _reaper(self) -> None:
+        while True:
+            if await self._guarded(self.reap_once, "_reap_conn"):
+                self._wake.set()  # the reaped runs are claimable now
+            await asyncio.sleep(REAP_EVERY_SECONDS)
 
     async def _node_heartbeat(self) -> None:
         while True:

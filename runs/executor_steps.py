@@ -106,6 +106,7 @@ class ExecutorSteps:
         self._claim_conn = await self._connect(wait_first=False)
         self._write_conn = await self._connect(wait_first=False)
         self._beat_conn = await self._connect(wait_first=False)
+        self._reap_conn = await self._connect(wait_first=False)
         self._node_conn = await nodes.connect(self._conninfo(), node_id=self.owner)
         await self.node_beat_once()  # registered before the first claim
         self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
@@ -122,7 +123,7 @@ class ExecutorSteps:
             await nodes.leave(self._node_conn, node_id=self.owner)
         except psycopg.Error:
             pass  # the row expires; the closed session already marks it dead
-        for conn in (self._claim_conn, self._write_conn, self._beat_conn, self._node_conn):
+        for conn in (self._claim_conn, self._write_conn, self._beat_conn, self._reap_conn, self._node_conn):
             await connections.close_quietly(conn)
 
     def in_flight(self) -> list[InFlight]:
@@ -133,7 +134,7 @@ class ExecutorSteps:
     async def reap_once(self) -> list[rows.ReapedRun]:
         """Hand back runs whose owner (any executor) stopped heartbeating. Does not wait
         for a free slot: an orphan counts against its tenant's cap until it is reaped."""
-        reaped = await reaping.reap_expired_leases(self._claim_conn)
+        reaped = await reaping.reap_expired_leases(self._reap_conn)
         for run in reaped:
             self.counters.lease_expiries += 1
             log.warning(

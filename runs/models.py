@@ -41,9 +41,7 @@ class JobRun(PartitionKeyed):
     """
 
     id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey(
-        "jobs.Job", on_delete=models.DO_NOTHING, db_constraint=False, related_name="runs"
-    )
+    job = models.ForeignKey("jobs.Job", on_delete=models.DO_NOTHING, db_constraint=False, related_name="runs")
     scheduled_at = models.DateTimeField()
     tenant = models.ForeignKey(
         "jobs.Tenant", on_delete=models.DO_NOTHING, db_constraint=False, related_name="runs"

@@ -160,6 +160,7 @@ CITUS_TESTS = (
     "tests/test_dashboard_charts.py",
     "tests/test_executor_claims.py",
     "tests/test_executor_fencing.py",
+    "tests/test_executor_reaping.py",
     "tests/test_exactly_once.py",
     "tests/test_job_health.py",
 )

@@ -62,6 +62,7 @@ def processes(child_env, tmp_path):
     procs = Processes(child_env, tmp_path)
     yield procs
     procs.stop_all()
+    print(procs.summary())
 
 
 @pytest.fixture

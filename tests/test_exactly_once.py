@@ -75,6 +75,14 @@ def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tena
     executors = [processes.start("run_executor", "--concurrency", "16", env=ENV) for _ in range(2)]
     stalled_executors = []
 
+    def calls_of(proc) -> int:
+        return JobRun.objects.filter(status="running", owner__contains=f":{proc.pid}:").count()
+
+    def caught_mid_call(proc) -> None:
+        # The chaos must catch an executor with calls in flight, or nothing is fenced
+        # off; wait for that instead of trusting the clock (a slow machine, Citus).
+        wait_until(lambda: calls_of(proc) > 0, timeout=30, what=f"executor {proc.pid} to hold a call")
+
     def stall(proc, seconds: float) -> None:
         os.kill(proc.pid, signal.SIGSTOP)
         time.sleep(seconds)
@@ -87,8 +95,10 @@ def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tena
         schedulers[0] = processes.start("run_scheduler", env=ENV)
         time.sleep(2)
         stalled_executors.append(executors[0])
+        caught_mid_call(executors[0])
         stall(executors[0], LEASE * 2 + 1)
         time.sleep(1)
+        caught_mid_call(executors[1])
         executors[1].kill()
         executors[1].wait()
         executors[1] = processes.start("run_executor", "--concurrency", "16", env=ENV)

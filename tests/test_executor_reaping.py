@@ -3,17 +3,21 @@ with no attempts left is dead, not queued again."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from runs import claims, connections
 from runs.keys import run_key
+from tests.conftest import database_url
 from tests.support.executor import (
     queue_runs,
     reap_now,
     row,
     set_running,
     task_target,
+    wait_for,
     wait_log,
     wait_status,
 )
@@ -53,3 +57,72 @@ def test_reaper_respects_max_attempts(transactional_db, tenant):
     for key in (at_max, beyond):
         run = row(key)
         assert run.status == "dead" and run.finished_at is not None and run.lease_until is None
+
+
+@pytest.mark.processes
+def test_expired_leases_are_reaped_while_a_stalled_claimer_holds_the_tenant_lock(processes, tenant):
+    """A claimer stopped inside its claim transaction (SIGSTOP, a frozen VM) holds its
+    tenant's claim lock, and every other claim of that tenant waits for it. Reaping
+    must not wait with them: the stalled process's runs are the ones to hand back."""
+    import psycopg
+
+    waiting = queue_runs(tenant, task_target("noop"), count=3)
+    orphan, *_ = queue_runs(tenant, task_target("noop"), not_before=LATER)
+    # The stalled claimer: a session with no idle-in-transaction limit, holding the lock.
+    with psycopg.connect(database_url(), autocommit=True) as stalled:
+        stalled.execute("BEGIN")
+        stalled.execute("SELECT pg_advisory_xact_lock(%s, %s)", [claims.TENANT_CLAIM_LOCK, tenant.id])
+        proc = processes.start("run_executor", "--concurrency", "4")
+        wait_for(
+            lambda: lock_waiters(stalled, tenant.id), what="the executor's claim to wait for the tenant lock"
+        )
+        # Its owner stops heartbeating only now, while the claim waits.
+        set_running(orphan, attempt=1, lease=EXPIRED)
+        reclaimed = wait_status(orphan, "retrying", timeout=20)
+        assert reclaimed.attempts[-1]["outcome"] == "lease expired"
+        # The executor's claim was waiting on the lock all along.
+        assert {row(key).status for key in waiting} == {"queued"}
+        stalled.execute("ROLLBACK")
+    for key in waiting:
+        wait_status(key, "succeeded")
+    assert "lease expired: attempt 1" in processes.log_of(proc)
+
+
+def lock_waiters(conn, tenant_id: int) -> int:
+    """Sessions of this database waiting for the tenant's claim lock."""
+    sql = """
+        SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+        WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()
+          AND l.classid = %s::oid AND l.objid = %s::oid AND l.objsubid = 2
+    """
+    return conn.execute(sql, [claims.TENANT_CLAIM_LOCK, tenant_id]).fetchone()[0]
+
+
+def test_a_claim_transaction_left_idle_is_ended_by_the_server(transactional_db, tenant, monkeypatch):
+    """An executor session idle inside a transaction belongs to a stalled process: the
+    server ends it (connections.IDLE_IN_TRANSACTION_SECONDS), freeing its tenant locks
+    for the tenant's other claimers."""
+    import psycopg
+
+    monkeypatch.setattr(connections, "IDLE_IN_TRANSACTION_SECONDS", 0.5)
+    queue_runs(tenant, task_target("noop"), count=2)
+
+    async def scenario() -> int:
+        stalled = await connections.connect_async(database_url())
+        claimer = await connections.connect_async(database_url())
+        try:
+            await stalled.execute("BEGIN")
+            await stalled.execute(
+                "SELECT pg_advisory_xact_lock(%s, %s)", [claims.TENANT_CLAIM_LOCK, tenant.id]
+            )
+            # Without the limit this claim waits for the lock until the statement timeout.
+            await claimer.execute("SET statement_timeout = 10000")
+            claimed = await claims.claim_runs(claimer, owner="me:1", limit=10)
+            with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+                await stalled.execute("SELECT 1")
+            return len(claimed)
+        finally:
+            await claimer.close()
+            await stalled.close()
+
+    assert asyncio.run(scenario()) == 2

@@ -38,6 +38,26 @@ class Processes:
     def log_of(self, proc: subprocess.Popen) -> str:
         return proc.log_path.read_text(errors="replace")
 
+    def summary(self, *, tail: int = 12) -> str:
+        """Each child's first line, its errors and its last lines: printed after every
+        process test, shown by pytest when the test failed (CI keeps no log files)."""
+        parts = []
+        for proc in self.children:
+            lines = self.log_of(proc).splitlines()
+            errors = [line for line in lines[1:-tail] if " ERROR " in line or "Traceback" in line]
+            parts.append(
+                "\n".join(
+                    [
+                        f"== {proc.log_path.name} (pid {proc.pid}, {len(lines)} lines)",
+                        *lines[:1],
+                        *errors[-tail:],
+                        "...",
+                        *lines[-tail:],
+                    ]
+                )
+            )
+        return "\n".join(parts)
+
     def stop_all(self, timeout: float = 20) -> None:
         for proc in self.children:
             if proc.poll() is None:
