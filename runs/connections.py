@@ -5,7 +5,9 @@ autocommit async connections tuned for the claim/complete statements (runs/claim
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
+from dataclasses import dataclass, field
 
 from scheduler_project.citus import INSTALLED_SQL
 
@@ -100,6 +102,34 @@ async def connect_async(conninfo: str | None = None):
         [plan_cache_mode(citus=await is_citus(conn)), str(int(IDLE_IN_TRANSACTION_SECONDS * 1000))],
     )
     return conn
+
+
+# Generic plans are kept per connection (see connect_async); re-plan this often so a
+# plan made when the queue was small does not outlive the backlog's arrival.
+REPLAN_SECONDS = 5.0
+# After an empty claim, re-plan this long after the last plan, not at once: executors
+# sharing a queue often come back empty, and a plan costs ~8 ms of database CPU.
+REPLAN_AFTER_EMPTY_SECONDS = 1.0
+
+
+@dataclass
+class Replanning:
+    """When one connection's generic plans are remade: every REPLAN_SECONDS, or
+    REPLAN_AFTER_EMPTY_SECONDS after the last time once a statement since came back
+    empty (its plan may have been made for an empty queue)."""
+
+    planned_at: float = field(default_factory=time.monotonic)
+    empty_since: bool = False
+
+    async def before(self, conn) -> None:
+        """Before a statement: drop the connection's plans if they are due."""
+        wait = REPLAN_AFTER_EMPTY_SECONDS if self.empty_since else REPLAN_SECONDS
+        if time.monotonic() >= self.planned_at + wait:
+            await replan(conn)
+            self.planned_at, self.empty_since = time.monotonic(), False
+
+    def after(self, *, empty: bool) -> None:
+        self.empty_since = self.empty_since or empty
 
 
 async def replan(conn) -> None:

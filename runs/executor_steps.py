@@ -8,10 +8,11 @@ reconnects (`reconnect`), so a test sees the real error.
 
 The database is reached through psycopg AsyncConnections with the raw SQL of
 runs/claims.py, never the ORM, each with its own job:
-- claim connection: reaping, short claim transactions (never open during a call) and
+- claim connection: short claim transactions (never open during a call) and
   circuit-breaker admission;
 - write connection: outcomes of finished attempts, batched into one UPDATE;
 - heartbeat connection: one UPDATE extending every in-flight lease;
+- reap connection: handing back other executors' expired leases;
 - node connection: the executor_nodes row, named after the owner so a dead process
   drops out at once (runs/nodes.py).
 
@@ -54,12 +55,6 @@ from scheduler_project.outage import OutageLog
 log = logging.getLogger("runs.executor")
 
 WRITE_BATCH = 500
-# Generic plans are kept per connection (see connections.connect_async); re-plan this often
-# so a plan made when the queue was small does not outlive the backlog's arrival.
-REPLAN_SECONDS = 5.0
-# After an empty claim, re-plan this long after the last plan, not at once: executors
-# sharing a queue often come back empty, and a plan costs ~8 ms of database CPU.
-REPLAN_AFTER_EMPTY_SECONDS = 1.0
 
 
 @dataclass
@@ -98,8 +93,8 @@ class ExecutorSteps:
         """Connect (waiting for the database if it is down), register the node, load tasks."""
         self._wake = asyncio.Event()
         self._results_ready = asyncio.Event()
-        # When each connection's statements were last planned; whether a claim since then came back empty.
-        self._planned, self._empty_since_plan = dict.fromkeys(("claim", "write"), time.monotonic()), False
+        # When the claim and write connections' statements are planned afresh.
+        self._replanning = {"claim": connections.Replanning(), "write": connections.Replanning()}
         tasks.load_modules(self.task_modules)
         # A process (re)started while the database is down waits for it, like one
         # that was already running, instead of exiting.
@@ -154,16 +149,12 @@ class ExecutorSteps:
         limit = min(self._slots.claimable(in_flight=len(self._inflight)), self.claim_batch)
         if limit <= 0:
             return Claimed(limit, [], [])
-        wait = REPLAN_AFTER_EMPTY_SECONDS if self._empty_since_plan else REPLAN_SECONDS
-        if time.monotonic() >= self._planned["claim"] + wait:
-            await connections.replan(self._claim_conn)
-            self._planned["claim"], self._empty_since_plan = time.monotonic(), False
+        await self._replanning["claim"].before(self._claim_conn)
         claimed = await claims.claim_runs(
             self._claim_conn, owner=self.owner, limit=limit, aging_seconds=self.aging_seconds
         )
+        self._replanning["claim"].after(empty=not claimed)
         started = await self._admit(claimed)
-        # A plan that may have seen an empty queue is made again soon (once work comes).
-        self._empty_since_plan = self._empty_since_plan or not claimed
         for run in started:
             self._start(run)
         if claimed:
@@ -174,12 +165,10 @@ class ExecutorSteps:
         """Write one batch of finished attempts' outcomes, each fenced by its attempt."""
         if not self._results:
             return Written()
-        if time.monotonic() >= self._planned["write"] + REPLAN_SECONDS:
-            try:
-                await connections.replan(self._write_conn)
-            except psycopg.Error:
-                pass  # the write below finds out
-            self._planned["write"] = time.monotonic()
+        try:
+            await self._replanning["write"].before(self._write_conn)
+        except psycopg.Error:
+            pass  # the write below finds out
         batch = self._results[:WRITE_BATCH]
         del self._results[:WRITE_BATCH]
         for entry, _ in batch:
