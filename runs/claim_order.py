@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from runs import connections
+from runs import connections, partitions
 
 _OPEN_TENANTS = """
 open_tenants AS (
@@ -52,9 +53,16 @@ _NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
 # put due runs there.)
 NOT_AHEAD = "r.scheduled_at < now() + interval '1 day'"
 
+# ... and runs scheduled before the oldest day that holds an open run (OpenFrom): the
+# days before it hold only finished runs, and with the default 30 days of retention a
+# probe that could not rule them out visited 30 empty index ranges per tenant
+# (docs/DECISIONS.md, "Day partitions", stop 21). A parameter, so that even a generic
+# plan leaves those partitions out when it starts. '-infinity' where there is no bound.
+OPEN_FROM = "r.scheduled_at >= %(open_from)s::timestamptz"
+
 _PLAIN_SQL = f"""
 WITH busy AS MATERIALIZED (
-    SELECT tenant_id, job_id FROM job_runs WHERE status = 'running'
+    SELECT tenant_id, job_id FROM job_runs r WHERE r.status = 'running' AND {OPEN_FROM}
 ),
 running AS (
     SELECT tenant_id, count(*) AS n FROM busy GROUP BY tenant_id
@@ -72,7 +80,7 @@ picks AS (
         FROM ((SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
                WHERE r.tenant_id = o.id
                  AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD}
-                 AND {_NOT_BLOCKED}
+                 AND {OPEN_FROM} AND {_NOT_BLOCKED}
                ORDER BY r.priority DESC, r.scheduled_at
                LIMIT least(o.free, %(limit)s, %(probe)s))
               UNION
@@ -80,7 +88,7 @@ picks AS (
                WHERE r.tenant_id = o.id
                  AND r.status IN ('queued', 'retrying')
                  AND r.not_before <= now() - %(aging)s * interval '1 second' AND {NOT_AHEAD}
-                 AND {_NOT_BLOCKED}
+                 AND {OPEN_FROM} AND {_NOT_BLOCKED}
                ORDER BY r.not_before
                LIMIT least(o.free, %(limit)s, %(probe)s))) u
     ) p
@@ -194,9 +202,66 @@ def _places(tenant: Pick, *, limit: int) -> Iterator[float]:
     return ((tenant.running + k) / tenant.weight for k in range(1, min(tenant.available, limit) + 1))
 
 
-async def plan(conn, *, limit: int, aging_seconds: float) -> ClaimPlan:
+async def plan(conn, *, limit: int, aging_seconds: float, open_from: datetime | None = None) -> ClaimPlan:
     # The Citus form wherever the claims go per partition (runs/connections), so that
     # plain PostgreSQL runs it too when told to (the tests of the per-partition forms).
     sql = _CITUS_SQL if await connections.one_partition_per_statement(conn) else _PLAIN_SQL
-    cursor = await conn.execute(sql, {"limit": limit, "aging": aging_seconds, "probe": PROBE})
+    params = {"limit": limit, "aging": aging_seconds, "probe": PROBE, "open_from": bound(open_from)}
+    cursor = await conn.execute(sql, params)
     return rank([Pick(*row) for row in await cursor.fetchall()], limit=limit)
+
+
+def bound(open_from: datetime | None) -> datetime | str:
+    """The OPEN_FROM parameter: the bound, or none."""
+    return "-infinity" if open_from is None else open_from
+
+
+# The oldest day partition holding an open (queued, retrying or running) run, one day
+# earlier at the latest (a run of yesterday's last second dispatched after midnight),
+# or no bound when the default partition holds one (its rows may be of any day). Each
+# day is one EXISTS per partial index, pruned to its partition: two index descents per
+# day, about 80 buffers with 38 day partitions.
+_OPEN_FROM_SQL = f"""
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM {partitions.DEFAULT} WHERE status IN ('queued', 'retrying'))
+      OR EXISTS (SELECT 1 FROM {partitions.DEFAULT} WHERE status = 'running') THEN NULL
+    ELSE least(
+        (SELECT d.day_start FROM ({partitions.DAY_STARTS_SQL}) d
+         WHERE EXISTS (SELECT 1 FROM job_runs r WHERE r.status IN ('queued', 'retrying')
+                         AND r.scheduled_at >= d.day_start
+                         AND r.scheduled_at < d.day_start + interval '1 day')
+            OR EXISTS (SELECT 1 FROM job_runs r WHERE r.status = 'running'
+                         AND r.scheduled_at >= d.day_start
+                         AND r.scheduled_at < d.day_start + interval '1 day')
+         ORDER BY d.day_start LIMIT 1),
+        date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '1 day')
+    END
+"""
+
+# How long a read of OpenFrom serves; it is also read again after a NOTIFY (new runs;
+# a replay or a backfill may queue one in an older day) and after an empty claim.
+OPEN_FROM_SECONDS = 1.0
+
+
+@dataclass
+class OpenFrom:
+    """One claimer's lower bound for the probes (OPEN_FROM), re-read every
+    OPEN_FROM_SECONDS or when forgotten. None on Citus: its plan reads the open runs
+    of every shard whole, not per tenant and day (not bounded yet)."""
+
+    value: datetime | None = None
+    _read_at: float | None = None
+
+    async def get(self, conn) -> datetime | None:
+        now = time.monotonic()
+        if self._read_at is None or now - self._read_at >= OPEN_FROM_SECONDS:
+            if await connections.one_partition_per_statement(conn):
+                self.value = None
+            else:
+                cursor = await conn.execute(_OPEN_FROM_SQL)
+                (self.value,) = await cursor.fetchone()
+            self._read_at = now
+        return self.value
+
+    def forget(self) -> None:
+        self._read_at = None

@@ -20,14 +20,14 @@ partition per statement".
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import psycopg
 from psycopg import pq
 
 from runs import attempts, claim_order, connections, per_partition
-from runs.rows import ClaimedRun, RunKey
+from runs.rows import ClaimedRun
 
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
 TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
@@ -84,7 +84,8 @@ GROUP BY tenant_id
 # (running + k-th pick) / weight decides, as in claim_order.
 _CLAIM_TEMPLATE = """
 WITH busy AS MATERIALIZED (
-    SELECT tenant_id, job_id FROM job_runs WHERE partition_id {partition_filter} AND status = 'running'
+    SELECT tenant_id, job_id FROM job_runs r
+    WHERE r.partition_id {partition_filter} AND r.status = 'running' AND {open_from}
 ),
 slots AS (
     -- probe: how many runs of the tenant `chosen` could take, its free slots and its
@@ -102,7 +103,7 @@ by_priority AS (
                r.not_before
         FROM job_runs r
         WHERE r.partition_id {partition_filter} AND r.tenant_id = s.tenant_id
-          AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {not_ahead}
+          AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {not_ahead} AND {open_from}
           AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
                OR r.job_id NOT IN (SELECT job_id FROM busy))
         ORDER BY r.priority DESC, r.scheduled_at
@@ -118,7 +119,7 @@ by_age AS (
         FROM job_runs r
         WHERE r.partition_id {partition_filter} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying')
-          AND r.not_before <= now() - %(aging)s * interval '1 second' AND {not_ahead}
+          AND r.not_before <= now() - %(aging)s * interval '1 second' AND {not_ahead} AND {open_from}
           AND (r.overlap_policy NOT IN ('skip', 'buffer_one')
                OR r.job_id NOT IN (SELECT job_id FROM busy))
         ORDER BY r.not_before
@@ -221,6 +222,7 @@ SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
 """
 _CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{_CANCELLED_BY_NEWER_ENTRY}", _CANCELLED_BY_NEWER_ENTRY)
 _CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{not_ahead}", claim_order.NOT_AHEAD)
+_CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{open_from}", claim_order.OPEN_FROM)
 
 # The tenants' running runs in the claim's `slots`, as (tenant_id, n) rows named `run`:
 # - plain PostgreSQL, counted by the claim itself: its snapshot is taken when it starts,
@@ -239,32 +241,21 @@ _COUNTED_RUNNING = """(
 ) AS run"""
 _GIVEN_RUNNING = "unnest(%(tenants)s::bigint[], %(running)s::bigint[]) AS run(tenant_id, n)"
 # The batch form counts (plain PostgreSQL), the one-partition form is given the counts.
-# The batch form names no partitions: one statement may touch any, and a filter on the
-# plan's partitions made each tenant's probe fetch and skip the heap rows of its runs
-# elsewhere (partition_id is not in the tenant's index): 5,324 buffers to pick 102 runs
-# of 20 tenants. Without it a probe reads the runs it returns. The plan still chooses the
-# tenants and the rank bound.
+# The batch form names no partitions (runs/per_partition.py): with the plan's, each
+# tenant's probe fetched and skipped its runs elsewhere, 5,324 buffers for 102 runs.
 _CLAIM_SQL = per_partition.Forms(
     one=per_partition.Forms.of(_CLAIM_TEMPLATE.replace("{running}", _GIVEN_RUNNING)).one,
     many=per_partition.every(_CLAIM_TEMPLATE.replace("{running}", _COUNTED_RUNNING)),
 )
 
-_HEARTBEAT_SQL = per_partition.Forms.of(
-    """
-UPDATE job_runs r SET lease_until = to_timestamp(%(epoch)s + r.lease_seconds)
-FROM unnest(%(run_partitions)s::smallint[], %(job_ids)s::uuid[], %(scheduled)s::timestamptz[],
-            %(attempts)s::integer[])
-    AS h(partition_id, job_id, scheduled_at, attempt)
-WHERE r.partition_id {partition_filter} AND r.partition_id = h.partition_id
-  AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
-  AND r.attempt = h.attempt AND r.status = 'running'
-RETURNING r.job_id, r.scheduled_at, r.attempt
-"""
-)
-
 
 async def claim_runs(
-    conn, *, owner: str, limit: int, aging_seconds: float = DEFAULT_AGING_SECONDS
+    conn,
+    *,
+    owner: str,
+    limit: int,
+    aging_seconds: float = DEFAULT_AGING_SECONDS,
+    open_from: datetime | None = None,
 ) -> list[ClaimedRun]:
     """Claim up to `limit` runnable runs for `owner`: one read chooses the partitions and
     tenants in fair-share order (runs/claim_order.py), then one short claim transaction
@@ -274,11 +265,12 @@ async def claim_runs(
     Never more running runs per tenant than tenants.max_concurrency, across all
     partitions: claimers of the same tenant are serialised by a transaction-scoped
     advisory lock, and the running counts are read (by a statement that starts) after
-    the locks are held.
+    the locks are held. Runs scheduled before `open_from` are not looked for
+    (claim_order.OpenFrom: no open run is older).
     """
     if limit <= 0:
         return []
-    plan = await claim_order.plan(conn, limit=limit, aging_seconds=aging_seconds)
+    plan = await claim_order.plan(conn, limit=limit, aging_seconds=aging_seconds, open_from=open_from)
     if not plan.partitions:
         return []
     tenant_ids = sorted({t for _, ts in plan.partitions for t in ts})
@@ -288,6 +280,7 @@ async def claim_runs(
         "aging": aging_seconds,
         "max_rank": plan.max_rank,
         "aged": plan.aged,
+        "open_from": claim_order.bound(open_from),
     }
     if not await connections.one_partition_per_statement(conn):
         return await _claim_batch(conn, params, tenant_ids)
@@ -359,7 +352,7 @@ async def _claim(
     """One claim statement (a form of _CLAIM_SQL; `params` carries its partition
     parameter, the batch limit, owner, aging and rank bound) for `tenant_ids`, whose
     running counts are `running`. The lease ends count from this process's clock (see
-    heartbeat_runs), a parameter: Citus refuses now() + a column in UPDATE ... SET."""
+    runs/heartbeats.py), a parameter: Citus refuses now() + a column in UPDATE ... SET."""
     cursor = await conn.execute(
         sql,
         {
@@ -370,28 +363,3 @@ async def _claim(
         },
     )
     return [ClaimedRun(*row) for row in await cursor.fetchall()]
-
-
-async def heartbeat_runs(conn, runs: Iterable[tuple[int, RunKey]]) -> set[RunKey]:
-    """Extend the lease of every (partition_id, (job_id, scheduled_at, attempt)) still
-    held; return the keys held.
-
-    A key missing from the answer was fenced off (lease expired and reclaimed) or
-    cancelled: its worker must stop and write nothing. Lease ends are counted from this
-    process's clock (executors and database hosts keep NTP time; a skew of s seconds
-    moves every lease end by s).
-    """
-    epoch = datetime.now(UTC).timestamp()
-
-    def params(keyed: list[tuple[int, RunKey]]) -> dict:
-        return {
-            "epoch": epoch,
-            "run_partitions": [p for p, _ in keyed],
-            "job_ids": [k[0] for _, k in keyed],
-            "scheduled": [k[1] for _, k in keyed],
-            "attempts": [k[2] for _, k in keyed],
-        }
-
-    grouped = per_partition.group((p, (p, key)) for p, key in runs)
-    held = await per_partition.run(conn, _HEARTBEAT_SQL, grouped, params)
-    return {(row[0], row[1], row[2]) for row in held}

@@ -217,6 +217,7 @@ class Executor(ExecutorSteps):
                 self._outage.ok()
                 self._wake.set()  # anything queued while we were not listening
                 async for _ in conn.notifies():
+                    self.open_from.forget()  # new runs, maybe in an older day (a replay)
                     self._wake.set()
             except psycopg.Error as exc:
                 # Claims poll every poll_seconds meanwhile, so nothing is missed.

@@ -34,8 +34,10 @@ import psycopg
 
 from runs import (
     breakers,
+    claim_order,
     claims,
     connections,
+    heartbeats,
     inflight,
     nodes,
     outcomes,
@@ -80,6 +82,7 @@ class ExecutorSteps:
         self._inflight: dict[RunKey, InFlight] = {}
         # Calls running, and runs of _inflight claimed ahead of them (runs/slots.py).
         self._slots = Slots(concurrency=self.concurrency, claim_batch=self.claim_batch)
+        self.open_from = claim_order.OpenFrom()  # the claim's lower bound on scheduled_at
         self._results: list[tuple[InFlight, rows.Completion]] = []
         self._alerter = Alerter(webhook_url=self.webhook_url)
         # All connections report here: one "away" and one "back" line per outage.
@@ -151,9 +154,15 @@ class ExecutorSteps:
             return Claimed(limit, [], [])
         await self._replanning["claim"].before(self._claim_conn)
         claimed = await claims.claim_runs(
-            self._claim_conn, owner=self.owner, limit=limit, aging_seconds=self.aging_seconds
+            self._claim_conn,
+            owner=self.owner,
+            limit=limit,
+            aging_seconds=self.aging_seconds,
+            open_from=await self.open_from.get(self._claim_conn),
         )
         self._replanning["claim"].after(empty=not claimed)
+        if not claimed:
+            self.open_from.forget()  # the bound may have left out a run queued since
         started = await self._admit(claimed)
         for run in started:
             self._start(run)
@@ -192,7 +201,7 @@ class ExecutorSteps:
         # write (a failover, a reconnect) must not let the run be reclaimed and
         # executed again after the call already happened. The write decides them.
         keys = list(self._inflight)
-        held = await claims.heartbeat_runs(
+        held = await heartbeats.heartbeat_runs(
             self._beat_conn, [(self._inflight[key].run.partition_id, key) for key in keys]
         )
         lost = []

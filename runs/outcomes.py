@@ -76,7 +76,8 @@ locked AS MATERIALIZED (
            OR jb.last_success_at IS NULL OR jb.last_success_at < %(stale_before)s
            OR EXISTS (SELECT 1 FROM job_runs n
                       WHERE n.partition_id {partition_filter} AND n.partition_id = p.partition_id
-                        AND n.job_id = p.job_id AND n.scheduled_at > p.ok_slot AND n.status = 'succeeded'))
+                        AND n.job_id = p.job_id AND n.scheduled_at > p.ok_slot AND n.scheduled_at <= %(now)s
+                        AND n.status = 'succeeded'))
     ORDER BY jb.id FOR NO KEY UPDATE OF jb
 ),
 health AS (

@@ -6,9 +6,19 @@ Citus a statement must address ONE partition (`FOR UPDATE` and cheap writes exis
 inside one shard), so a batch that spans partitions becomes one statement per
 partition, pipelined. Plain PostgreSQL has no such limit, and a statement per
 partition costs it a plan and an execution each: there the batch is one statement
-over `partition_id = ANY(...)`. Both forms come from one SQL template, whose
+that names no partitions (EVERY). Both forms come from one SQL template, whose
 `{partition_filter}` is filled once at import (`Forms.of`), so there is one SQL source.
 Which form a connection uses: runs/connections.one_partition_per_statement.
+
+Why no partition list on plain PostgreSQL: every statement finds its rows by their
+key, each with its own partition (`r.partition_id = x.partition_id AND r.job_id = ...`).
+A filter `partition_id = ANY(the batch's partitions)` beside it gave the generic plan a
+cheaper-looking path: scan those partitions' rows of the day (the unique key's first
+column) and hash-join them, instead of one keyed lookup per row. Its cost grows with
+the rows of the day and with the number of day partitions (each one costed, though
+run-time pruning probes one per row): with 38 day partitions an outcome write read
+~2,900 buffers for 64 runs, and 320 without the filter (docs/DECISIONS.md, "Day
+partitions", stop 21).
 """
 
 from __future__ import annotations
@@ -25,22 +35,21 @@ T = TypeVar("T")
 PLACEHOLDER = "{partition_filter}"
 # The right-hand side of `<alias>.partition_id ...` in each form.
 ONE = "= %(partition)s"
-MANY = "= ANY(%(partitions)s::smallint[])"
-# ... in a plain-PostgreSQL statement that may touch every partition (the batch claim,
-# runs/claims.py): no filter at all. Keyed joins still name each row's own partition.
+# ... on plain PostgreSQL: no filter at all (see above). Keyed joins name each row's own
+# partition.
 EVERY = "IS NOT NULL"
 
 
 @dataclass(frozen=True)
 class Forms:
-    """One statement in its two forms: `one` names %(partition)s, `many` %(partitions)s."""
+    """One statement in its two forms: `one` names %(partition)s (Citus), `many` none."""
 
     one: str
     many: str
 
     @classmethod
     def of(cls, template: str) -> Forms:
-        return cls(_fill(template, ONE), _fill(template, MANY))
+        return cls(_fill(template, ONE), _fill(template, EVERY))
 
 
 def every(template: str) -> str:
@@ -75,7 +84,7 @@ async def run(
         return []
     if not await connections.one_partition_per_statement(conn):
         items = [item for batch in groups.values() for item in batch]
-        cursor = await conn.execute(forms.many, {**params(items), "partitions": list(groups)})
+        cursor = await conn.execute(forms.many, params(items))
         return await cursor.fetchall()
     return await _each(conn, forms.one, [{**params(batch), "partition": p} for p, batch in groups.items()])
 

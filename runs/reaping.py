@@ -72,9 +72,7 @@ async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
         return []
     now = expired[0][1]
     if not await connections.one_partition_per_statement(conn):
-        cursor = await conn.execute(
-            _REAP_SQL.many, {"partitions": [p for p, _ in expired], "now": now, "limit": limit}
-        )
+        cursor = await conn.execute(_REAP_SQL.many, {"now": now, "limit": limit})
         return [ReapedRun(*row) for row in await cursor.fetchall()]
     reaped: list[ReapedRun] = []
     for partition_id, _ in expired:

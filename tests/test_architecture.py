@@ -28,6 +28,7 @@ EXECUTOR_SIDE = {
     for name in (
         "queue",
         "claims",
+        "heartbeats",
         "connections",
         "rows",
         "executor",
@@ -63,6 +64,7 @@ SQL_MODULES = {
     "jobs.health",
     "runs.queue",
     "runs.claims",
+    "runs.heartbeats",
     "runs.claim_order",
     "runs.outcomes",
     "runs.per_partition",

@@ -24,7 +24,7 @@ import pytest
 from jobs.models import Job
 from jobs.services import create_job, partition_for
 from jobs.tenant_services import create_tenant
-from runs import breakers, claims, connections, outcomes, reaping, rows
+from runs import breakers, claims, connections, heartbeats, outcomes, reaping, rows
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, set_running, task_target
@@ -165,7 +165,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
             )
             assert len(admission.defer) == 1
             rest = [r for r in claimed if r not in http]
-            held = await claims.heartbeat_runs(
+            held = await heartbeats.heartbeat_runs(
                 conn, [(r.partition_id, (r.job_id, r.scheduled_at, r.attempt)) for r in rest]
             )
             assert len(held) == len(rest)
@@ -209,7 +209,7 @@ def test_plain_postgresql_claims_and_writes_a_batch_in_one_statement_each():
             assert not await connections.one_partition_per_statement(conn)
             claimed = await claims.claim_runs(conn, owner="me:1", limit=32)
             keys = [(r.partition_id, (r.job_id, r.scheduled_at, r.attempt)) for r in claimed]
-            held = await claims.heartbeat_runs(conn, keys)
+            held = await heartbeats.heartbeat_runs(conn, keys)
             written = await outcomes.complete_runs(conn, [completion(r, "succeeded") for r in claimed])
             return claimed, held, written
         finally:
@@ -219,12 +219,13 @@ def test_plain_postgresql_claims_and_writes_a_batch_in_one_statement_each():
     assert len(claimed) == len(jobs) and len({r.partition_id for r in claimed}) >= 3
     assert len(held) == len(written) == len(claimed)
     writes = [(sql, params) for sql, params in sent if _WRITES_OR_LOCKS.search(sql)]
-    # The claim, the heartbeat, the outcomes: one statement each. The heartbeat and the
-    # outcomes name every partition of the batch; the claim, over every partition, none.
+    # The claim, the heartbeat, the outcomes: one statement each. None names a list of
+    # partitions (runs/per_partition.py); the heartbeat and the outcomes name each
+    # row's own.
     assert len(writes) == 3, [" ".join(sql.split())[:60] for sql, _ in writes]
+    assert not any("partitions" in params or "%(partitions)s" in sql for sql, params in writes)
     partitions = sorted({r.partition_id for r in claimed})
-    assert "partitions" not in writes[0][1]
-    assert all(sorted(params["partitions"]) == partitions for _, params in writes[1:])
+    assert sorted(set(writes[1][1]["run_partitions"])) == partitions
     assert all(job.last_outcome == "succeeded" for job in Job.objects.filter(tenant=tenant))
 
 
