@@ -19,7 +19,7 @@ FROM unnest(%(run_partitions)s::smallint[], %(job_ids)s::uuid[], %(scheduled)s::
     AS h(partition_id, job_id, scheduled_at, attempt)
 WHERE r.partition_id {partition_filter} AND r.partition_id = h.partition_id
   AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
-  AND r.attempt = h.attempt AND r.status = 'running'
+  AND r.attempt = h.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])
 RETURNING r.job_id, r.scheduled_at, r.attempt
 """
 )

@@ -34,7 +34,7 @@ WITH done AS (
         not_before timestamptz, result_code integer, error text, entry jsonb)
     WHERE r.partition_id {partition_filter} AND r.partition_id = x.partition_id
       AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
-      AND r.attempt = x.attempt AND r.status = 'running'
+      AND r.attempt = x.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])
     RETURNING r.partition_id, r.job_id, r.scheduled_at, r.attempt, r.status,
               x.entry -> 0 ->> 'outcome' AS outcome
 ),
@@ -71,7 +71,7 @@ per_job AS (
 -- as locked.
 locked AS MATERIALIZED (
     SELECT jb.id FROM jobs jb JOIN per_job p ON p.partition_id = jb.partition_id AND p.job_id = jb.id
-    WHERE jb.partition_id {partition_filter}
+    WHERE jb.partition_id {partition_filter} AND jb.id = ANY(%(job_ids)s::uuid[])
       AND (p.fails > 0 OR jb.last_outcome <> 'succeeded' OR jb.consecutive_failures > 0 OR jb.failure_alerted
            OR jb.last_success_at IS NULL OR jb.last_success_at < %(stale_before)s
            OR EXISTS (SELECT 1 FROM job_runs n
@@ -93,9 +93,13 @@ health AS (
         failure_alerted = jb.failure_alerted AND NOT p.any_ok
     FROM per_job p, locked l
     WHERE jb.partition_id {partition_filter} AND jb.partition_id = p.partition_id
-      AND jb.id = p.job_id AND l.id = jb.id
+      AND jb.id = p.job_id AND l.id = jb.id AND jb.id = ANY(%(job_ids)s::uuid[])
     RETURNING jb.id
 )
+-- Each part also names the batch's job ids (`= ANY(%(job_ids)s)`): an index condition
+-- bounded by the batch, whatever the statistics say. A generic plan made while jobs
+-- looked empty (stale statistics after a bulk load or delete) read every jobs row per
+-- batch instead, 21,000 buffers for 100 runs (docs/DECISIONS.md, stop 21).
 -- (A data-modifying WITH runs to completion whether or not the result reads it.)
 SELECT job_id, scheduled_at, attempt FROM done
 """
@@ -118,6 +122,7 @@ async def complete_runs(conn, completions: Sequence[Completion]) -> set[RunKey]:
             "now": now,
             "stale_before": now - LAST_SUCCESS_REFRESH,
             "rows": _encode_completions(batch, now=now),
+            "job_ids": sorted({c.job_id for c in batch}),
         },
     )
     return {(row[0], row[1], row[2]) for row in written}
