@@ -53,7 +53,8 @@ _NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
 # put due runs there.)
 NOT_AHEAD = "r.scheduled_at < now() + interval '1 day'"
 
-# ... and runs scheduled before the oldest day that holds an open run (OpenFrom): the
+# ... and queued or retrying runs scheduled before the oldest day that holds an open run
+# (OpenFrom; running runs are all counted, see runs/claims.py `busy`): the
 # days before it hold only finished runs, and with the default 30 days of retention a
 # probe that could not rule them out visited 30 empty index ranges per tenant
 # (docs/DECISIONS.md, "Day partitions", stop 21). A parameter, so that even a generic
@@ -62,7 +63,7 @@ OPEN_FROM = "r.scheduled_at >= %(open_from)s::timestamptz"
 
 _PLAIN_SQL = f"""
 WITH busy AS MATERIALIZED (
-    SELECT tenant_id, job_id FROM job_runs r WHERE r.status = 'running' AND {OPEN_FROM}
+    SELECT tenant_id, job_id FROM job_runs WHERE status = 'running'
 ),
 running AS (
     SELECT tenant_id, count(*) AS n FROM busy GROUP BY tenant_id
@@ -220,7 +221,8 @@ def bound(open_from: datetime | None) -> datetime | str:
 # earlier at the latest (a run of yesterday's last second dispatched after midnight),
 # or no bound when the default partition holds one (its rows may be of any day). Each
 # day is one EXISTS per partial index, pruned to its partition: two index descents per
-# day, about 80 buffers with 38 day partitions.
+# day, about 200 buffers with 38 day partitions. Days are UTC days of 24 hours: the
+# session's time zone may be any, and '1 day' in a zone with daylight saving can be 23.
 _OPEN_FROM_SQL = f"""
 SELECT CASE
     WHEN EXISTS (SELECT 1 FROM {partitions.DEFAULT} WHERE status IN ('queued', 'retrying'))
@@ -229,12 +231,12 @@ SELECT CASE
         (SELECT d.day_start FROM ({partitions.DAY_STARTS_SQL}) d
          WHERE EXISTS (SELECT 1 FROM job_runs r WHERE r.status IN ('queued', 'retrying')
                          AND r.scheduled_at >= d.day_start
-                         AND r.scheduled_at < d.day_start + interval '1 day')
+                         AND r.scheduled_at < d.day_start + interval '24 hours')
             OR EXISTS (SELECT 1 FROM job_runs r WHERE r.status = 'running'
                          AND r.scheduled_at >= d.day_start
-                         AND r.scheduled_at < d.day_start + interval '1 day')
+                         AND r.scheduled_at < d.day_start + interval '24 hours')
          ORDER BY d.day_start LIMIT 1),
-        date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '1 day')
+        date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '24 hours')
     END
 """
 
@@ -255,12 +257,18 @@ class OpenFrom:
     async def get(self, conn) -> datetime | None:
         now = time.monotonic()
         if self._read_at is None or now - self._read_at >= OPEN_FROM_SECONDS:
-            if await connections.one_partition_per_statement(conn):
-                self.value = None
-            else:
-                cursor = await conn.execute(_OPEN_FROM_SQL)
-                (self.value,) = await cursor.fetchone()
+            # Marked read before the read: a forget() (a NOTIFY) while it runs makes the
+            # next claim read again.
             self._read_at = now
+            try:
+                if await connections.one_partition_per_statement(conn):
+                    self.value = None
+                else:
+                    cursor = await conn.execute(_OPEN_FROM_SQL)
+                    (self.value,) = await cursor.fetchone()
+            except BaseException:
+                self._read_at = None
+                raise
         return self.value
 
     def forget(self) -> None:

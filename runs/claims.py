@@ -84,8 +84,9 @@ GROUP BY tenant_id
 # (running + k-th pick) / weight decides, as in claim_order.
 _CLAIM_TEMPLATE = """
 WITH busy AS MATERIALIZED (
-    SELECT tenant_id, job_id FROM job_runs r
-    WHERE r.partition_id {partition_filter} AND r.status = 'running' AND {open_from}
+    -- Every running run, older than the claim's bound too: the caps and the skip and
+    -- buffer_one checks count them, and the bound may be a second old.
+    SELECT tenant_id, job_id FROM job_runs r WHERE r.partition_id {partition_filter} AND r.status = 'running'
 ),
 slots AS (
     -- probe: how many runs of the tenant `chosen` could take, its free slots and its

@@ -25,7 +25,7 @@ ACTIVE_SQL = "(" + ", ".join(f"'{status}'" for status in ACTIVE_STATUSES) + ")"
 _NAME = re.compile(r"^job_runs_p(\d{8})$")
 # The same in SQL: the start (UTC midnight) of every day partition, as `day_start` rows.
 DAY_STARTS_SQL = """
-SELECT to_timestamp(substring(c.relname FROM '^job_runs_p(\\d{8})$'), 'YYYYMMDD')::timestamp
+SELECT to_date(substring(c.relname FROM '^job_runs_p(\\d{8})$'), 'YYYYMMDD')::timestamp
        AT TIME ZONE 'UTC' AS day_start
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = 'job_runs'::regclass AND c.relname ~ '^job_runs_p\\d{8}$'

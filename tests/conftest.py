@@ -61,8 +61,10 @@ def child_env(transactional_db):
 def processes(child_env, tmp_path):
     procs = Processes(child_env, tmp_path)
     yield procs
-    procs.stop_all()
-    print(procs.summary())
+    try:
+        procs.stop_all()
+    finally:
+        print(procs.summary())
 
 
 @pytest.fixture

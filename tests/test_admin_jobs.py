@@ -225,7 +225,11 @@ def test_misfire_and_node_admins_are_read_only_lists(admin_client, jobs):
     when = parse_utc("2026-01-01T00:00:00Z")
     jobs["nightly"].misfires.create(
         partition_id=jobs["nightly"].partition_id,
-        policy="run_once", missed_count=4, first_missed_at=when, last_missed_at=when, runs_created=1
+        policy="run_once",
+        missed_count=4,
+        first_missed_at=when,
+        last_missed_at=when,
+        runs_created=1,
     )
     SchedulerNode.objects.create(
         node_id="node-a", hostname="h", pid=1, started_at=when, heartbeat_at=when, partitions=[1, 2, 3]

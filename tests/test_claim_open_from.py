@@ -17,22 +17,25 @@ from tests.support.executor import queue_runs, row, set_running, task_target
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-TODAY = datetime.now(UTC).date()
+
+def today():
+    return datetime.now(UTC).date()
 
 
 def day_start(days_ago: int) -> datetime:
-    return datetime.combine(TODAY - timedelta(days=days_ago), time(), tzinfo=UTC)
+    return datetime.combine(today() - timedelta(days=days_ago), time(), tzinfo=UTC)
 
 
 @pytest.fixture
 def past_days():
     """Day partitions for the five days before today, dropped afterwards."""
+    first = today()
     for back in range(5, 0, -1):
-        maintain(days_ahead=0, retention_days=60, today=TODAY - timedelta(days=back))
+        maintain(days_ahead=0, retention_days=60, today=first - timedelta(days=back))
     yield
     with connection.cursor() as cursor:
         for back in range(1, 6):
-            cursor.execute(f"DROP TABLE IF EXISTS {partition_name(TODAY - timedelta(days=back))}")
+            cursor.execute(f"DROP TABLE IF EXISTS {partition_name(first - timedelta(days=back))}")
 
 
 def on_executor_connection(work):
@@ -85,3 +88,38 @@ def test_a_claim_leaves_out_runs_before_the_bound_and_finds_them_once_it_is_read
     fresh = read_open_from()
     assert fresh == day_start(4)
     assert on_executor_connection(lambda conn: claim(conn, fresh)) == {old}
+
+
+@pytest.mark.usefixtures("past_days")
+def test_running_runs_older_than_a_stale_bound_still_count_against_the_cap():
+    """The bound may be a second old: a run claimed meanwhile in an older day (by
+    another executor, after a replay) still holds its tenant's only slot."""
+    from jobs.tenant_services import create_tenant
+
+    tenant, _ = create_tenant(slug="one-slot", max_concurrency=1)
+    bound = read_open_from()
+    (old,) = queue_runs(tenant, task_target("noop"), start=day_start(4))
+    set_running(old)
+    queue_runs(tenant, task_target("noop"))
+
+    async def claim(conn):
+        return await claims.claim_runs(conn, owner="me:1", limit=10, open_from=bound)
+
+    assert bound == day_start(1)
+    assert on_executor_connection(claim) == []
+
+
+def test_the_bound_is_kept_for_a_second_unless_forgotten(monkeypatch):
+    reads = []
+
+    async def scenario(conn):
+        open_from = claim_order.OpenFrom()
+        reads.append(await open_from.get(conn))
+        # A run of an older day would change nothing until the bound is read again.
+        monkeypatch.setattr(claim_order, "_OPEN_FROM_SQL", "SELECT NULL::timestamptz")
+        reads.append(await open_from.get(conn))  # kept
+        open_from.forget()  # a NOTIFY, or an empty claim
+        reads.append(await open_from.get(conn))  # read again
+
+    on_executor_connection(scenario)
+    assert reads == [day_start(1), day_start(1), None]

@@ -25,23 +25,22 @@ def deallocations(replanning: connections.Replanning, conn: Recorder) -> int:
 
 def test_plans_are_kept_until_replan_seconds_have_passed():
     conn = Recorder()
-    now = time.monotonic()
-    replanning = connections.Replanning(planned_at=now)
+    replanning = connections.Replanning(planned_at=time.monotonic() + 60)  # planned "just now"
     assert deallocations(replanning, conn) == 0
-    replanning.planned_at = now - connections.REPLAN_SECONDS
+    replanning.planned_at = time.monotonic() - connections.REPLAN_SECONDS
     assert deallocations(replanning, conn) == 1
     assert deallocations(replanning, conn) == 1  # planned just now
 
 
 def test_after_an_empty_statement_plans_are_remade_sooner_but_not_at_once():
     conn = Recorder()
-    now = time.monotonic()
-    replanning = connections.Replanning(planned_at=now)
+    replanning = connections.Replanning(planned_at=time.monotonic() + 60)
     replanning.after(empty=True)
+    replanning.after(empty=False)  # a later full one does not undo it
     assert deallocations(replanning, conn) == 0
-    replanning.planned_at = now - connections.REPLAN_AFTER_EMPTY_SECONDS
+    replanning.planned_at = time.monotonic() - connections.REPLAN_AFTER_EMPTY_SECONDS
     assert deallocations(replanning, conn) == 1
-    # A full statement since does not bring the next re-plan forward.
+    # Re-planned: until the next empty statement, REPLAN_SECONDS again.
     replanning.after(empty=False)
     replanning.planned_at = time.monotonic() - connections.REPLAN_AFTER_EMPTY_SECONDS
     assert deallocations(replanning, conn) == 1
