@@ -155,7 +155,7 @@ def test_a_killed_batch_halves_the_next_one_down_to_one(tenant, monkeypatch, cap
                 cursor.execute("SELECT pg_backend_pid()")
                 pid = cursor.fetchone()[0]
             with psycopg.connect(database_url(), autocommit=True) as other:
-                other.execute("SELECT pg_terminate_backend(%s::int)", [pid])
+                other.execute("SELECT pg_terminate_backend(%s::int, 10000)", [pid])
         return real_enqueue(runs)
 
     monkeypatch.setattr(scheduler_module, "enqueue_runs", enqueue_then_maybe_die)

@@ -195,8 +195,10 @@ def test_lost_lease_session_dispatches_nothing_until_a_new_session(tenant, make_
     sched.start()
     old = sched.lease.snapshot
     assert len(old.owned) == 256
-    with connection.cursor() as cursor:  # the server ends the lease session (as idle_session_timeout does)
-        cursor.execute("SELECT pg_terminate_backend(%s::int)", [old.session_pid])
+    # The server ends the lease session (as idle_session_timeout does). The timeout form
+    # waits until it is gone: without it the step below could still see its locks.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s::int, 10000)", [old.session_pid])
     # The node's own bookkeeping has not noticed yet (no heartbeat ran): the fence
     # inside the dispatch transaction must still refuse, since pg_locks is empty.
     assert sched.lease.snapshot.usable(now=old.ok_at, lease_seconds=30)
@@ -282,7 +284,7 @@ def test_dead_session_is_not_a_live_node(make_scheduler):
     b.lease.tick_now()
     # b's session dies (SIGKILL): its row is still fresh but it is not live any more.
     with psycopg.connect(database_url(), autocommit=True) as conn:
-        conn.execute("SELECT pg_terminate_backend(%s::int)", [b.lease.snapshot.session_pid])
+        conn.execute("SELECT pg_terminate_backend(%s::int, 10000)", [b.lease.snapshot.session_pid])
     a.lease.tick_now()
     assert len(a.lease.snapshot.owned) == 256 and a.lease.live_nodes == ("a",)
 
