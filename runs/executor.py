@@ -10,7 +10,8 @@ failures, and shuts down:
   a NOTIFY, a freed slot or `poll_seconds`;
 - the writer writes outcomes as calls finish;
 - the heartbeat extends leases every lease/3;
-- the reaper hands back other executors' expired leases every REAP_EVERY_SECONDS;
+- the reaper hands back other executors' expired leases every REAP_EVERY_SECONDS, and
+  analyzes tables that outgrew their statistics (runs/table_statistics.py);
 - the node heartbeat refreshes this process's executor_nodes row every node_lease/3.
 
 They are separate tasks, not one sequential loop, because each has its own connection
@@ -34,7 +35,7 @@ from typing import TypeVar
 
 import psycopg
 
-from runs import breakers, connections, inflight, nodes, outcomes, tasks
+from runs import breakers, connections, inflight, nodes, outcomes, table_statistics, tasks
 from runs.connections import RECONNECT_DELAY_SECONDS, close_quietly
 from runs.executor_steps import ExecutorSteps
 from runs.inflight import InFlight
@@ -54,6 +55,10 @@ class Executor(ExecutorSteps):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._signals = False
+        self._statistics = table_statistics.TableStatistics()
+        # Set when runs arrive after an empty claim: the plan about to be made for them
+        # must not come from statistics that call today's partition empty.
+        self._statistics_suspect = False
 
     @classmethod
     def from_settings(cls, **overrides) -> Executor:
@@ -154,6 +159,9 @@ class Executor(ExecutorSteps):
             await self._guarded(self.reap_once, "_reap_conn")
         while not self._stopping.is_set():
             self._wake.clear()
+            if self._statistics_suspect:
+                self._statistics_suspect = False
+                await self._guarded(self.correct_empty_statistics_once, "_claim_conn")
             claimed = await self._guarded(self.claim_once, "_claim_conn")
             if claimed is None:
                 continue
@@ -194,7 +202,30 @@ class Executor(ExecutorSteps):
         while True:
             if await self._guarded(self.reap_once, "_reap_conn"):
                 self._wake.set()  # the reaped runs are claimable now
+            await self._guarded(self.keep_statistics_once, "_reap_conn")
             await asyncio.sleep(REAP_EVERY_SECONDS)
+
+    async def correct_empty_statistics_once(self) -> tuple[str, ...]:
+        """Before the first claim of newly arrived runs: ANALYZE a partition whose
+        statistics say it holds no rows while it does (every claim would otherwise
+        read it whole until the reaper's next look; runs/table_statistics.py)."""
+        analyzed = await table_statistics.analyze_if_called_empty(self._claim_conn)
+        if analyzed:
+            log.info("analyzed %s: their statistics said they were empty", ", ".join(analyzed))
+            for replanning in self._replanning.values():
+                replanning.due()
+        return analyzed
+
+    async def keep_statistics_once(self) -> table_statistics.Look:
+        """Analyze tables that outgrew their statistics (runs/table_statistics.py); when
+        any was analyzed since the last look, plan the claim and write statements afresh."""
+        look = await self._statistics.step(self._reap_conn)
+        if look.analyzed:
+            log.info("analyzed %s: they outgrew their statistics", ", ".join(look.analyzed))
+        if look.statistics_changed:
+            for replanning in self._replanning.values():
+                replanning.due()
+        return look
 
     async def _node_heartbeat(self) -> None:
         while True:
@@ -218,6 +249,8 @@ class Executor(ExecutorSteps):
                 self._wake.set()  # anything queued while we were not listening
                 async for _ in conn.notifies():
                     self.open_from.forget()  # new runs, maybe in an older day (a replay)
+                    if self._replanning["claim"].arrived():
+                        self._statistics_suspect = True
                     self._wake.set()
             except psycopg.Error as exc:
                 # Claims poll every poll_seconds meanwhile, so nothing is missed.

@@ -51,6 +51,7 @@ EXECUTOR_SIDE = {
         "outcomes",
         "per_partition",
         "reaping",
+        "table_statistics",
     )
 }
 # What the operator-facing rest of `runs` (admin, API, selectors, services, metrics) may
@@ -69,6 +70,7 @@ SQL_MODULES = {
     "runs.outcomes",
     "runs.per_partition",
     "runs.reaping",
+    "runs.table_statistics",
     "runs.connections",
     "runs.breakers",
     "runs.nodes",
