@@ -4,16 +4,14 @@ only finished runs."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime, time, timedelta
 
 import pytest
 from django.db import connection
 
-from runs import claim_order, claims, connections
+from runs import claim_order, claims
 from runs.partitions import maintain, partition_name
-from tests.conftest import database_url
-from tests.support.executor import queue_runs, row, set_running, task_target
+from tests.support.executor import on_executor_connection, queue_runs, row, set_running, task_target
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,17 +34,6 @@ def past_days():
     with connection.cursor() as cursor:
         for back in range(1, 6):
             cursor.execute(f"DROP TABLE IF EXISTS {partition_name(first - timedelta(days=back))}")
-
-
-def on_executor_connection(work):
-    async def go():
-        conn = await connections.connect_async(database_url())
-        try:
-            return await work(conn)
-        finally:
-            await conn.close()
-
-    return asyncio.run(go())
 
 
 def read_open_from() -> datetime | None:

@@ -3,28 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from django.db import connection
 
-from runs import connections
 from runs.table_statistics import TableStatistics, analyze_if_called_empty, needs_analyze
-from tests.conftest import database_url
-from tests.support.executor import queue_runs, task_target, wait_for
+from tests.support.executor import on_executor_connection, queue_runs, task_target, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def on_executor_connection(work):
-    async def go():
-        conn = await connections.connect_async(database_url())
-        try:
-            return await work(conn)
-        finally:
-            await conn.close()
-
-    return asyncio.run(go())
 
 
 def step(keeper: TableStatistics):

@@ -102,7 +102,7 @@ def set_running(key, *, attempt: int = 1, lease: timedelta = timedelta(seconds=3
     )
 
 
-def _on_executor_connection(work):
+def on_executor_connection(work):
     """Run `work(conn)` on an executor-style psycopg AsyncConnection (needs transactional_db:
     it is another session, it sees only committed rows)."""
     from runs import connections
@@ -120,10 +120,10 @@ def _on_executor_connection(work):
 def claim_now(*, limit: int = 10, owner: str = "test-claimer"):
     from runs import claims
 
-    return _on_executor_connection(lambda conn: claims.claim_runs(conn, owner=owner, limit=limit))
+    return on_executor_connection(lambda conn: claims.claim_runs(conn, owner=owner, limit=limit))
 
 
 def reap_now():
     from runs import reaping
 
-    return _on_executor_connection(reaping.reap_expired_leases)
+    return on_executor_connection(reaping.reap_expired_leases)
