@@ -110,12 +110,6 @@ REPLAN_SECONDS = 5.0
 # After an empty claim, re-plan this long after the last plan, not at once: executors
 # sharing a queue often come back empty, and a plan costs ~8 ms of database CPU.
 REPLAN_AFTER_EMPTY_SECONDS = 1.0
-# When new runs are announced (NOTIFY) after an empty claim, re-plan before the next
-# claim if the last plan is at least this old: a plan made while today's partition was
-# empty estimates it at one row and may join the claimed keys to it by reading the whole
-# partition for each key (1.15 s for 100 runs over 20,000; docs/DECISIONS.md, stop 22).
-# The floor bounds the re-plans of executors that race for a thin queue.
-REPLAN_ON_ARRIVAL_SECONDS = 0.1
 
 
 @dataclass
@@ -136,18 +130,6 @@ class Replanning:
 
     def after(self, *, empty: bool) -> None:
         self.empty_since = self.empty_since or empty
-
-    def arrived(self) -> bool:
-        """New runs were announced: plans made since an empty claim are remade first.
-        Whether they will be."""
-        if self.empty_since and time.monotonic() >= self.planned_at + REPLAN_ON_ARRIVAL_SECONDS:
-            self.due()
-            return True
-        return False
-
-    def due(self) -> None:
-        """Plan afresh before the next statement (the tables' statistics changed)."""
-        self.planned_at = float("-inf")
 
 
 async def replan(conn) -> None:

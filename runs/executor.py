@@ -11,7 +11,7 @@ failures, and shuts down:
 - the writer writes outcomes as calls finish;
 - the heartbeat extends leases every lease/3;
 - the reaper hands back other executors' expired leases every REAP_EVERY_SECONDS, and
-  analyzes tables that outgrew their statistics (runs/table_statistics.py);
+  analyzes tables whose planner statistics are out of date (runs/table_statistics.py);
 - the node heartbeat refreshes this process's executor_nodes row every node_lease/3.
 
 They are separate tasks, not one sequential loop, because each has its own connection
@@ -55,9 +55,10 @@ class Executor(ExecutorSteps):
     def __post_init__(self) -> None:
         super().__post_init__()
         self._signals = False
-        self._statistics = table_statistics.TableStatistics()
-        # Set when runs arrive after an empty claim: the plan about to be made for them
-        # must not come from statistics that call today's partition empty.
+        # Whether the last claim found nothing, and whether runs were announced since:
+        # the plan about to be made for them must not come from statistics that call
+        # their partition empty (runs/table_statistics.py).
+        self._came_back_empty = False
         self._statistics_suspect = False
 
     @classmethod
@@ -161,10 +162,11 @@ class Executor(ExecutorSteps):
             self._wake.clear()
             if self._statistics_suspect:
                 self._statistics_suspect = False
-                await self._guarded(self.correct_empty_statistics_once, "_claim_conn")
+                await self._statistics_step(self.correct_empty_statistics_once, "_claim_conn")
             claimed = await self._guarded(self.claim_once, "_claim_conn")
             if claimed is None:
                 continue
+            self._came_back_empty = claimed.limit > 0 and not claimed.claimed
             if claimed.limit > 0:
                 self._outage.ok()
             if once:
@@ -202,30 +204,31 @@ class Executor(ExecutorSteps):
         while True:
             if await self._guarded(self.reap_once, "_reap_conn"):
                 self._wake.set()  # the reaped runs are claimable now
-            await self._guarded(self.keep_statistics_once, "_reap_conn")
+            await self._statistics_step(self.keep_statistics_once, "_reap_conn")
             await asyncio.sleep(REAP_EVERY_SECONDS)
 
     async def correct_empty_statistics_once(self) -> tuple[str, ...]:
-        """Before the first claim of newly arrived runs: ANALYZE a partition whose
-        statistics say it holds no rows while it does (every claim would otherwise
-        read it whole until the reaper's next look; runs/table_statistics.py)."""
+        """Before the first claim of newly announced runs: ANALYZE the day partitions
+        whose statistics say they hold no rows while they do."""
         analyzed = await table_statistics.analyze_if_called_empty(self._claim_conn)
         if analyzed:
             log.info("analyzed %s: their statistics said they were empty", ", ".join(analyzed))
-            for replanning in self._replanning.values():
-                replanning.due()
         return analyzed
 
-    async def keep_statistics_once(self) -> table_statistics.Look:
-        """Analyze tables that outgrew their statistics (runs/table_statistics.py); when
-        any was analyzed since the last look, plan the claim and write statements afresh."""
-        look = await self._statistics.step(self._reap_conn)
-        if look.analyzed:
-            log.info("analyzed %s: they outgrew their statistics", ", ".join(look.analyzed))
-        if look.statistics_changed:
-            for replanning in self._replanning.values():
-                replanning.due()
-        return look
+    async def keep_statistics_once(self) -> tuple[str, ...]:
+        """ANALYZE the tables that outgrew their statistics (or are called empty by them)."""
+        analyzed = await table_statistics.keep_statistics(self._reap_conn)
+        if analyzed:
+            log.info("analyzed %s: their statistics were out of date", ", ".join(analyzed))
+        return analyzed
+
+    async def _statistics_step(self, step: Callable[[], Awaitable[tuple[str, ...]]], conn: str) -> None:
+        """A statistics step is an optimisation: nothing it raises may stop the reaper or
+        the claim loop (a database error still replaces its connection)."""
+        try:
+            await self._guarded(step, conn)
+        except Exception:
+            log.exception("statistics step failed; next look in %.0fs", REAP_EVERY_SECONDS)
 
     async def _node_heartbeat(self) -> None:
         while True:
@@ -249,8 +252,7 @@ class Executor(ExecutorSteps):
                 self._wake.set()  # anything queued while we were not listening
                 async for _ in conn.notifies():
                     self.open_from.forget()  # new runs, maybe in an older day (a replay)
-                    if self._replanning["claim"].arrived():
-                        self._statistics_suspect = True
+                    self._statistics_suspect = self._statistics_suspect or self._came_back_empty
                     self._wake.set()
             except psycopg.Error as exc:
                 # Claims poll every poll_seconds meanwhile, so nothing is missed.

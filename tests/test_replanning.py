@@ -44,27 +44,3 @@ def test_after_an_empty_statement_plans_are_remade_sooner_but_not_at_once():
     replanning.after(empty=False)
     replanning.planned_at = time.monotonic() - connections.REPLAN_AFTER_EMPTY_SECONDS
     assert deallocations(replanning, conn) == 1
-
-
-def test_new_runs_after_an_empty_claim_remake_the_plans_at_once():
-    # A plan made while the queue was empty (today's partition estimated at one row)
-    # may read the whole partition per claimed key once the runs arrive.
-    conn = Recorder()
-    replanning = connections.Replanning(planned_at=time.monotonic() - connections.REPLAN_ON_ARRIVAL_SECONDS)
-    replanning.arrived()  # no empty claim since the plan: it was made with runs queued
-    assert deallocations(replanning, conn) == 0
-    replanning.after(empty=True)
-    replanning.arrived()
-    assert deallocations(replanning, conn) == 1
-    # Executors racing for a thin queue re-plan at most every REPLAN_ON_ARRIVAL_SECONDS.
-    replanning.after(empty=True)
-    replanning.arrived()
-    assert deallocations(replanning, conn) == 1
-
-
-def test_due_remakes_the_plans_before_the_next_statement():
-    conn = Recorder()
-    replanning = connections.Replanning(planned_at=time.monotonic() + 60)
-    replanning.due()  # the tables' statistics changed
-    assert deallocations(replanning, conn) == 1
-    assert deallocations(replanning, conn) == 1

@@ -127,3 +127,14 @@ def reap_now():
     from runs import reaping
 
     return on_executor_connection(reaping.reap_expired_leases)
+
+
+def day_partition_of(key: tuple[uuid.UUID, datetime]) -> str:
+    """The job_runs partition that holds the run `key`."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tableoid::regclass::text FROM job_runs WHERE job_id = %s AND scheduled_at = %s", list(key)
+        )
+        return cursor.fetchone()[0]
