@@ -45,18 +45,21 @@ judged AS (
            row_number() OVER (PARTITION BY job_id ORDER BY scheduled_at DESC, attempt DESC) AS rn
     FROM done WHERE outcome IS DISTINCT FROM 'handed back'
 ),
-newest_ok AS (
-    SELECT job_id, min(rn) AS rn FROM judged WHERE status = 'succeeded' GROUP BY job_id
+-- The rank of each job's newest success, as a window over the batch: a join of the batch
+-- with its own successes compared every pair of rows (quadratic in the batch size).
+ranked AS (
+    SELECT j.*, min(j.rn) FILTER (WHERE j.status = 'succeeded') OVER (PARTITION BY j.job_id) AS ok_rn
+    FROM judged j
 ),
 per_job AS (
-    SELECT j.partition_id, j.job_id,
-           (array_agg(j.status ORDER BY j.rn))[1] AS last_status,
-           o.rn IS NOT NULL AS any_ok,
-           count(*) FILTER (WHERE j.status <> 'succeeded') AS fails,
-           count(*) FILTER (WHERE j.status <> 'succeeded' AND j.rn < o.rn) AS fails_since_ok,
-           max(j.scheduled_at) FILTER (WHERE j.status = 'succeeded') AS ok_slot
-    FROM judged j LEFT JOIN newest_ok o USING (job_id)
-    GROUP BY j.partition_id, j.job_id, o.rn
+    SELECT partition_id, job_id,
+           (array_agg(status ORDER BY rn))[1] AS last_status,
+           ok_rn IS NOT NULL AS any_ok,
+           count(*) FILTER (WHERE status <> 'succeeded') AS fails,
+           count(*) FILTER (WHERE status <> 'succeeded' AND rn < ok_rn) AS fails_since_ok,
+           max(scheduled_at) FILTER (WHERE status = 'succeeded') AS ok_slot
+    FROM ranked
+    GROUP BY partition_id, job_id, ok_rn
 ),
 -- The job rows whose health changes, locked in id order: two executors completing runs
 -- of the same jobs in different orders must not deadlock (a deadlock would lose a batch

@@ -100,6 +100,12 @@ def test_health_after_success_failure_and_recovery(api, tenant):
     recovered = health(api, job)
     assert (recovered["last_outcome"], recovered["consecutive_failures"]) == ("succeeded", 0)
 
+    # One batch, failures on both sides of its newest success: the streak is the ones after it.
+    finish(job, ["dead", "succeeded", "dead", "retrying", "succeeded", "dead"], first_slot=10)
+    relapsed = health(api, job)
+    assert (relapsed["last_outcome"], relapsed["consecutive_failures"]) == ("dead", 1)
+    assert relapsed["last_success_at"] > recovered["last_success_at"]
+
 
 def row_version(job: Job) -> tuple[int, datetime | None]:
     """The job row's xmin (changes with every write of the row) and its stored last success."""
