@@ -257,6 +257,7 @@ async def claim_runs(
     limit: int,
     aging_seconds: float = DEFAULT_AGING_SECONDS,
     open_from: datetime | None = None,
+    planner: claim_order.Planner | None = None,
 ) -> list[ClaimedRun]:
     """Claim up to `limit` runnable runs for `owner`: one read chooses the partitions and
     tenants in fair-share order (runs/claim_order.py), then one short claim transaction
@@ -267,13 +268,33 @@ async def claim_runs(
     partitions: claimers of the same tenant are serialised by a transaction-scoped
     advisory lock, and the running counts are read (by a statement that starts) after
     the locks are held. Runs scheduled before `open_from` are not looked for
-    (claim_order.OpenFrom: no open run is older).
+    (claim_order.OpenFrom: no open run is older). A `planner` may hand out its last
+    plan again (claim_order.Planner); it is told whether the claim came back full.
     """
     if limit <= 0:
         return []
-    plan = await claim_order.plan(conn, limit=limit, aging_seconds=aging_seconds, open_from=open_from)
+    planner = planner or claim_order.Planner()
+    plan = await planner.plan(conn, limit=limit, aging_seconds=aging_seconds, open_from=open_from)
     if not plan.partitions:
+        planner.forget()
         return []
+    claimed = await _claim_planned(
+        conn, plan, owner=owner, limit=limit, aging_seconds=aging_seconds, open_from=open_from
+    )
+    planner.claimed(full=len(claimed) >= limit)
+    return claimed
+
+
+async def _claim_planned(
+    conn,
+    plan: claim_order.ClaimPlan,
+    *,
+    owner: str,
+    limit: int,
+    aging_seconds: float,
+    open_from: datetime | None,
+) -> list[ClaimedRun]:
+    """The claim transaction for the tenants (and, on Citus, partitions) `plan` names."""
     tenant_ids = sorted({t for _, ts in plan.partitions for t in ts})
     params = {
         "limit": limit,

@@ -252,6 +252,7 @@ class Executor(ExecutorSteps):
                 self._wake.set()  # anything queued while we were not listening
                 async for _ in conn.notifies():
                     self.open_from.forget()  # new runs, maybe in an older day (a replay)
+                    self.planner.forget()  # ... and maybe of a tenant the last plan left out
                     self._statistics_suspect = self._statistics_suspect or self._came_back_empty
                     self._wake.set()
             except psycopg.Error as exc:

@@ -83,6 +83,7 @@ class ExecutorSteps:
         # Calls running, and runs of _inflight claimed ahead of them (runs/slots.py).
         self._slots = Slots(concurrency=self.concurrency, claim_batch=self.claim_batch)
         self.open_from = claim_order.OpenFrom()  # the claim's lower bound on scheduled_at
+        self.planner = claim_order.Planner()  # the claims' fair-share plan, reused while they come back full
         self._results: list[tuple[InFlight, rows.Completion]] = []
         self._alerter = Alerter(webhook_url=self.webhook_url)
         # All connections report here: one "away" and one "back" line per outage.
@@ -159,6 +160,7 @@ class ExecutorSteps:
             limit=limit,
             aging_seconds=self.aging_seconds,
             open_from=await self.open_from.get(self._claim_conn),
+            planner=self.planner,
         )
         self._replanning["claim"].after(empty=not claimed)
         if not claimed:

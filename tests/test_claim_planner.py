@@ -1,0 +1,97 @@
+"""claim_order.Planner: a claimer claims again from its last fair-share plan, without
+reading a new one, while its claims with it come back full and it is younger than
+PLAN_REUSE_SECONDS; a short claim, its age or a forget() (the executor's NOTIFY) make
+the next claim read a new one. The claims themselves still decide caps and ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobs.tenant_services import create_tenant
+from runs import claim_order, claims
+from runs.models import JobRun
+from tests.support.executor import on_executor_connection, queue_runs, task_target
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def plan_reads(monkeypatch) -> list[int]:
+    """The limit of every plan read from the database."""
+    reads: list[int] = []
+    real = claim_order.plan
+
+    async def counting(conn, **kwargs):
+        reads.append(kwargs["limit"])
+        return await real(conn, **kwargs)
+
+    monkeypatch.setattr(claim_order, "plan", counting)
+    return reads
+
+
+def claim(planner: claim_order.Planner, *, limit: int) -> list:
+    """Claim with `planner`, then finish what was claimed (as a quick call would), so the
+    tenants' running counts are back where the plan found them."""
+    claimed = on_executor_connection(
+        lambda conn: claims.claim_runs(conn, owner="me:1", limit=limit, planner=planner)
+    )
+    JobRun.objects.filter(job_id__in=[r.job_id for r in claimed]).update(status="succeeded")
+    return claimed
+
+
+def test_full_claims_reuse_the_plan_and_a_short_claim_reads_a_new_one(plan_reads):
+    busy, _ = create_tenant(slug="busy", max_concurrency=100)
+    queue_runs(busy, task_target("noop"), count=25)
+    planner = claim_order.Planner()
+
+    assert len(claim(planner, limit=10)) == 10
+    assert len(claim(planner, limit=10)) == 10
+    assert plan_reads == [10], "a full claim's plan was not reused"
+    assert len(claim(planner, limit=10)) == 5  # short: the plan is dropped
+    assert claim(planner, limit=10) == []
+    assert plan_reads == [10, 10]
+
+
+def test_a_reused_plan_leaves_out_a_tenant_due_since_until_it_is_forgotten(plan_reads):
+    busy, _ = create_tenant(slug="busy", max_concurrency=100)
+    late, _ = create_tenant(slug="late", max_concurrency=100)
+    queue_runs(busy, task_target("noop"), count=40)
+    planner = claim_order.Planner()
+    assert {r.tenant_id for r in claim(planner, limit=10)} == {busy.id}
+
+    queue_runs(late, task_target("noop"), count=5)
+    # The plan names the busy tenant only: its claim cannot see the late one's runs.
+    assert {r.tenant_id for r in claim(planner, limit=10)} == {busy.id}
+    planner.forget()  # what the executor does on a NOTIFY
+    fresh = claim(planner, limit=10)
+    # Both have nothing running: they share the batch, the late tenant's runs all in it.
+    assert sum(r.tenant_id == late.id for r in fresh) == 5
+    assert len(plan_reads) == 2
+
+
+def test_a_plan_older_than_its_reuse_window_is_read_again(plan_reads, monkeypatch):
+    busy, _ = create_tenant(slug="busy", max_concurrency=100)
+    queue_runs(busy, task_target("noop"), count=30)
+    monkeypatch.setattr(claim_order, "PLAN_REUSE_SECONDS", 0.0)
+    planner = claim_order.Planner()
+    for _ in range(3):
+        assert len(claim(planner, limit=10)) == 10
+    assert plan_reads == [10, 10, 10]
+
+
+def test_a_reused_plan_still_keeps_the_tenant_cap(plan_reads):
+    """Caps are counted by the claim under the tenant's lock, whatever plan it was given."""
+    capped, _ = create_tenant(slug="capped", max_concurrency=12)
+    queue_runs(capped, task_target("noop"), count=30)
+    planner = claim_order.Planner()
+    first = on_executor_connection(
+        lambda conn: claims.claim_runs(conn, owner="me:1", limit=10, planner=planner)
+    )
+    assert len(first) == 10 and plan_reads == [10]
+    # Still running: the cap leaves 2, whichever plan the claim uses.
+    planner._plan = claim_order.ClaimPlan(planner._plan.partitions, max_rank=1e9, aged=[])
+    second = on_executor_connection(
+        lambda conn: claims.claim_runs(conn, owner="me:1", limit=10, planner=planner)
+    )
+    assert len(second) == 2 and plan_reads == [10]
+    assert JobRun.objects.filter(tenant_id=capped.id, status="running").count() == 12
