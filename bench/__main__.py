@@ -520,9 +520,11 @@ def main() -> None:
         jobs = [10_000, 100_000]
         processes, runs = [1, 2], args.runs
         task_executors, http_executors = [1, 2], [1, 2, 4]
-        # Short rounds, so three pairs add about a minute; long enough to dwarf the
-        # executor's first claims.
-        fair_runs, fair_pairs = 5_000, 3
+        # Three pairs add about two minutes. Rounds of 5,000 runs took under a second and
+        # scattered by +-20% (stop 23: 20 tenants over 1 came out 0.68 in one make bench and
+        # 0.70-0.89 in three runs of the same pairs by hand): too short to show a cost of a
+        # few percent.
+        fair_runs, fair_pairs = 20_000, 3
         lag = []
         prefix = "cronyard_bench_"
     workloads = dispatch_workloads()

@@ -222,22 +222,25 @@ async def plan(conn, *, limit: int, aging_seconds: float, open_from: datetime | 
 
 # How long a claimer claims again from its last plan, without reading a new one, while
 # its claims with it come back full: a backlog draining, where the read ranked the same
-# tenants the same way claim after claim (a millisecond of database time per claim with
-# 20 tenants, a seventh of the executor's database time per run; docs/DECISIONS.md).
+# tenants the same way claim after claim (0.8-1.0 ms of database time per claim with 20
+# tenants, more than a tenth of the executor's per run; docs/DECISIONS.md, stop 23).
 PLAN_REUSE_SECONDS = 0.25
 
 
 @dataclass
 class Planner:
     """One claimer's plans: a new one per claim, unless the last one is younger than
-    PLAN_REUSE_SECONDS and every claim made with it was full.
+    PLAN_REUSE_SECONDS, was read for at least as large a batch, and every claim made
+    with it came back full.
 
     What a reused plan may miss is bounded by that age: a tenant whose runs became due
     since (a NOTIFY makes the claimer `forget` it, so only runs that come due without
     one, retries and deferrals, wait) or whose rank improved (its runs finished). What
     it cannot break: caps, overlap and the rank among the tenants it names are decided
-    by the claim itself, under the tenants' locks. A stale rank bound only narrows a
-    claim, which then comes back short, and the next claim reads a new plan.
+    by the claim itself, under the tenants' locks. Its rank bound may be off either
+    way: where the named tenants' running counts grew, it narrows the claim, which
+    comes back short and ends the reuse; where they fell, their probes lock more rows
+    than the batch takes (at most the batch per tenant, released at the claim's commit).
 
     Plain PostgreSQL only. On Citus a plan names the partitions that hold the batch's
     places and the claims go there one by one: a claim empties them, the next claim
@@ -246,15 +249,24 @@ class Planner:
     """
 
     _plan: ClaimPlan | None = None
+    _limit: int = 0  # the batch size the plan was read for
     _made_at: float = 0.0
+    _forgotten: int = 0  # forget() calls so far: one during a read discards what it read
 
     async def plan(self, conn, *, limit: int, aging_seconds: float, open_from: datetime | None) -> ClaimPlan:
-        stale = self._plan is None or time.monotonic() - self._made_at >= PLAN_REUSE_SECONDS
-        if stale or await connections.one_partition_per_statement(conn):
-            made_at = time.monotonic()
-            self._plan = await plan(conn, limit=limit, aging_seconds=aging_seconds, open_from=open_from)
-            self._made_at = made_at
-        return self._plan
+        fresh = (
+            self._plan is not None
+            and limit <= self._limit
+            and time.monotonic() - self._made_at < PLAN_REUSE_SECONDS
+        )
+        if fresh and not await connections.one_partition_per_statement(conn):
+            return self._plan
+        made_at, forgotten = time.monotonic(), self._forgotten
+        read = await plan(conn, limit=limit, aging_seconds=aging_seconds, open_from=open_from)
+        self._plan, self._limit, self._made_at = read, limit, made_at
+        if self._forgotten != forgotten:
+            self._plan = None  # runs were announced while it was read: it may predate them
+        return read
 
     def claimed(self, *, full: bool) -> None:
         """A claim with the plan came back full (reuse it) or short (read a new one)."""
@@ -263,6 +275,7 @@ class Planner:
 
     def forget(self) -> None:
         self._plan = None
+        self._forgotten += 1
 
 
 def bound(open_from: datetime | None) -> datetime | str:

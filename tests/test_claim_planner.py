@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.tenant_services import create_tenant
-from runs import claim_order, claims
+from runs import claim_order, claims, connections
 from runs.models import JobRun
 from tests.support.executor import on_executor_connection, queue_runs, task_target
 
@@ -17,7 +17,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def plan_reads(monkeypatch) -> list[int]:
-    """The limit of every plan read from the database."""
+    """The limit of every plan read from the database. The reuse window is a minute, so
+    that a slow step of a test (each claim opens a connection) cannot end it."""
+    monkeypatch.setattr(claim_order, "PLAN_REUSE_SECONDS", 60.0)
     reads: list[int] = []
     real = claim_order.plan
 
@@ -29,12 +31,16 @@ def plan_reads(monkeypatch) -> list[int]:
     return reads
 
 
-def claim(planner: claim_order.Planner, *, limit: int) -> list:
+def claim(planner: claim_order.Planner, *, limit: int, one_per_statement: bool | None = None) -> list:
     """Claim with `planner`, then finish what was claimed (as a quick call would), so the
     tenants' running counts are back where the plan found them."""
-    claimed = on_executor_connection(
-        lambda conn: claims.claim_runs(conn, owner="me:1", limit=limit, planner=planner)
-    )
+
+    async def go(conn):
+        if one_per_statement is not None:
+            connections.force_one_partition_per_statement(conn, one_per_statement)
+        return await claims.claim_runs(conn, owner="me:1", limit=limit, planner=planner)
+
+    claimed = on_executor_connection(go)
     JobRun.objects.filter(job_id__in=[r.job_id for r in claimed]).update(status="succeeded")
     return claimed
 
@@ -81,7 +87,7 @@ def test_a_plan_older_than_its_reuse_window_is_read_again(plan_reads, monkeypatc
 
 def test_a_reused_plan_still_keeps_the_tenant_cap(plan_reads):
     """Caps are counted by the claim under the tenant's lock, whatever plan it was given."""
-    capped, _ = create_tenant(slug="capped", max_concurrency=12)
+    capped, _ = create_tenant(slug="capped", max_concurrency=12)  # the cap, not the plan, stops it
     queue_runs(capped, task_target("noop"), count=30)
     planner = claim_order.Planner()
     first = on_executor_connection(
@@ -95,3 +101,39 @@ def test_a_reused_plan_still_keeps_the_tenant_cap(plan_reads):
     )
     assert len(second) == 2 and plan_reads == [10]
     assert JobRun.objects.filter(tenant_id=capped.id, status="running").count() == 12
+
+
+def test_a_plan_read_for_a_smaller_batch_is_not_reused_for_a_larger_one(plan_reads):
+    busy, _ = create_tenant(slug="busy", max_concurrency=100)
+    queue_runs(busy, task_target("noop"), count=30)
+    planner = claim_order.Planner()
+    assert len(claim(planner, limit=2)) == 2
+    assert len(claim(planner, limit=2)) == 2
+    assert len(claim(planner, limit=10)) == 10
+    assert plan_reads == [2, 10]
+
+
+def test_runs_announced_while_a_plan_is_read_make_the_next_claim_read_again(plan_reads, monkeypatch):
+    busy, _ = create_tenant(slug="busy", max_concurrency=100)
+    queue_runs(busy, task_target("noop"), count=30)
+    planner = claim_order.Planner()
+    counting = claim_order.plan
+
+    async def announced_meanwhile(conn, **kwargs):
+        planner.forget()  # the executor's listener, between the read's start and its end
+        return await counting(conn, **kwargs)
+
+    monkeypatch.setattr(claim_order, "plan", announced_meanwhile)
+    assert len(claim(planner, limit=10)) == 10
+    monkeypatch.setattr(claim_order, "plan", counting)
+    assert len(claim(planner, limit=10)) == 10
+    assert plan_reads == [10, 10]
+
+
+def test_one_partition_per_statement_reads_a_plan_for_every_claim(plan_reads):
+    busy, _ = create_tenant(slug="busy", max_concurrency=100)
+    queue_runs(busy, task_target("noop"), count=30)
+    planner = claim_order.Planner()
+    for _ in range(3):
+        assert len(claim(planner, limit=10, one_per_statement=True)) == 10
+    assert plan_reads == [10, 10, 10]
