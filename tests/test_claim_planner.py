@@ -45,9 +45,15 @@ def claim(planner: claim_order.Planner, *, limit: int, one_per_statement: bool |
     return claimed
 
 
+def backlog(count: int, *, slug: str = "busy"):
+    """A tenant with room for 100 running runs and `count` queued no-op runs."""
+    tenant, _ = create_tenant(slug=slug, max_concurrency=100)
+    queue_runs(tenant, task_target("noop"), count=count)
+    return tenant
+
+
 def test_full_claims_reuse_the_plan_and_a_short_claim_reads_a_new_one(plan_reads):
-    busy, _ = create_tenant(slug="busy", max_concurrency=100)
-    queue_runs(busy, task_target("noop"), count=25)
+    backlog(25)
     planner = claim_order.Planner()
 
     assert len(claim(planner, limit=10)) == 10
@@ -59,13 +65,11 @@ def test_full_claims_reuse_the_plan_and_a_short_claim_reads_a_new_one(plan_reads
 
 
 def test_a_reused_plan_leaves_out_a_tenant_due_since_until_it_is_forgotten(plan_reads):
-    busy, _ = create_tenant(slug="busy", max_concurrency=100)
-    late, _ = create_tenant(slug="late", max_concurrency=100)
-    queue_runs(busy, task_target("noop"), count=40)
+    busy = backlog(40)
     planner = claim_order.Planner()
     assert {r.tenant_id for r in claim(planner, limit=10)} == {busy.id}
 
-    queue_runs(late, task_target("noop"), count=5)
+    late = backlog(5, slug="late")
     # The plan names the busy tenant only: its claim cannot see the late one's runs.
     assert {r.tenant_id for r in claim(planner, limit=10)} == {busy.id}
     planner.forget()  # what the executor does on a NOTIFY
@@ -76,8 +80,7 @@ def test_a_reused_plan_leaves_out_a_tenant_due_since_until_it_is_forgotten(plan_
 
 
 def test_a_plan_older_than_its_reuse_window_is_read_again(plan_reads, monkeypatch):
-    busy, _ = create_tenant(slug="busy", max_concurrency=100)
-    queue_runs(busy, task_target("noop"), count=30)
+    backlog(30)
     monkeypatch.setattr(claim_order, "PLAN_REUSE_SECONDS", 0.0)
     planner = claim_order.Planner()
     for _ in range(3):
@@ -104,8 +107,7 @@ def test_a_reused_plan_still_keeps_the_tenant_cap(plan_reads):
 
 
 def test_a_plan_read_for_a_smaller_batch_is_not_reused_for_a_larger_one(plan_reads):
-    busy, _ = create_tenant(slug="busy", max_concurrency=100)
-    queue_runs(busy, task_target("noop"), count=30)
+    backlog(30)
     planner = claim_order.Planner()
     assert len(claim(planner, limit=2)) == 2
     assert len(claim(planner, limit=2)) == 2
@@ -114,8 +116,7 @@ def test_a_plan_read_for_a_smaller_batch_is_not_reused_for_a_larger_one(plan_rea
 
 
 def test_runs_announced_while_a_plan_is_read_make_the_next_claim_read_again(plan_reads, monkeypatch):
-    busy, _ = create_tenant(slug="busy", max_concurrency=100)
-    queue_runs(busy, task_target("noop"), count=30)
+    backlog(30)
     planner = claim_order.Planner()
     counting = claim_order.plan
 
@@ -131,8 +132,7 @@ def test_runs_announced_while_a_plan_is_read_make_the_next_claim_read_again(plan
 
 
 def test_one_partition_per_statement_reads_a_plan_for_every_claim(plan_reads):
-    busy, _ = create_tenant(slug="busy", max_concurrency=100)
-    queue_runs(busy, task_target("noop"), count=30)
+    backlog(30)
     planner = claim_order.Planner()
     for _ in range(3):
         assert len(claim(planner, limit=10, one_per_statement=True)) == 10
