@@ -250,23 +250,27 @@ class Planner:
 
     _plan: ClaimPlan | None = None
     _limit: int = 0  # the batch size the plan was read for
-    _made_at: float = 0.0
-    _forgotten: int = 0  # forget() calls so far: one during a read discards what it read
+    # When the plan was read; None once forgotten. Marked before the read, as OpenFrom
+    # does: a forget() (a NOTIFY) while it runs makes the next claim read again.
+    _read_at: float | None = None
 
     async def plan(self, conn, *, limit: int, aging_seconds: float, open_from: datetime | None) -> ClaimPlan:
         fresh = (
             self._plan is not None
+            and self._read_at is not None
             and limit <= self._limit
-            and time.monotonic() - self._made_at < PLAN_REUSE_SECONDS
+            and time.monotonic() - self._read_at < PLAN_REUSE_SECONDS
         )
         if fresh and not await connections.one_partition_per_statement(conn):
             return self._plan
-        made_at, forgotten = time.monotonic(), self._forgotten
-        read = await plan(conn, limit=limit, aging_seconds=aging_seconds, open_from=open_from)
-        self._plan, self._limit, self._made_at = read, limit, made_at
-        if self._forgotten != forgotten:
-            self._plan = None  # runs were announced while it was read: it may predate them
-        return read
+        self._read_at = time.monotonic()
+        try:
+            self._plan = await plan(conn, limit=limit, aging_seconds=aging_seconds, open_from=open_from)
+        except BaseException:
+            self._read_at = None
+            raise
+        self._limit = limit
+        return self._plan
 
     def claimed(self, *, full: bool) -> None:
         """A claim with the plan came back full (reuse it) or short (read a new one)."""
@@ -274,8 +278,7 @@ class Planner:
             self.forget()
 
     def forget(self) -> None:
-        self._plan = None
-        self._forgotten += 1
+        self._read_at = None
 
 
 def bound(open_from: datetime | None) -> datetime | str:

@@ -162,7 +162,12 @@ class Executor(ExecutorSteps):
             self._wake.clear()
             if self._statistics_suspect:
                 self._statistics_suspect = False
-                await self._statistics_step(self.correct_empty_statistics_once, "_claim_conn")
+                # Before the first claim of the newly announced runs.
+                await self._statistics_step(
+                    table_statistics.analyze_if_called_empty,
+                    "_claim_conn",
+                    "their statistics said they were empty",
+                )
             claimed = await self._guarded(self.claim_once, "_claim_conn")
             if claimed is None:
                 continue
@@ -204,31 +209,24 @@ class Executor(ExecutorSteps):
         while True:
             if await self._guarded(self.reap_once, "_reap_conn"):
                 self._wake.set()  # the reaped runs are claimable now
-            await self._statistics_step(self.keep_statistics_once, "_reap_conn")
+            await self._statistics_step(
+                table_statistics.keep_statistics, "_reap_conn", "their statistics were out of date"
+            )
             await asyncio.sleep(REAP_EVERY_SECONDS)
 
-    async def correct_empty_statistics_once(self) -> tuple[str, ...]:
-        """Before the first claim of newly announced runs: ANALYZE the day partitions
-        whose statistics say they hold no rows while they do."""
-        analyzed = await table_statistics.analyze_if_called_empty(self._claim_conn)
-        if analyzed:
-            log.info("analyzed %s: their statistics said they were empty", ", ".join(analyzed))
-        return analyzed
-
-    async def keep_statistics_once(self) -> tuple[str, ...]:
-        """ANALYZE the tables that outgrew their statistics (or are called empty by them)."""
-        analyzed = await table_statistics.keep_statistics(self._reap_conn)
-        if analyzed:
-            log.info("analyzed %s: their statistics were out of date", ", ".join(analyzed))
-        return analyzed
-
-    async def _statistics_step(self, step: Callable[[], Awaitable[tuple[str, ...]]], conn: str) -> None:
-        """A statistics step is an optimisation: nothing it raises may stop the reaper or
-        the claim loop (a database error still replaces its connection)."""
+    async def _statistics_step(
+        self, analyze: Callable[[psycopg.AsyncConnection], Awaitable[tuple[str, ...]]], conn: str, why: str
+    ) -> None:
+        """ANALYZE what `analyze` (runs/table_statistics.py) finds, on connection `conn`.
+        An optimisation: nothing it raises may stop the reaper or the claim loop (a
+        database error still replaces its connection)."""
         try:
-            await self._guarded(step, conn)
+            analyzed = await self._guarded(lambda: analyze(getattr(self, conn)), conn)
         except Exception:
             log.exception("statistics step failed; next look in %.0fs", REAP_EVERY_SECONDS)
+            return
+        if analyzed:
+            log.info("analyzed %s: %s", ", ".join(analyzed), why)
 
     async def _node_heartbeat(self) -> None:
         while True:
