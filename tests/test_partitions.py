@@ -62,6 +62,50 @@ def test_rows_in_default_move_into_the_new_day(tenant):
     assert enqueue_runs([run_for(job, scheduled_at=far, trigger="backfill", overlap_check=False)]) == []
 
 
+def deduplicating(table: str) -> dict[str, bool]:
+    """{index columns and predicate: whether B-tree deduplication is on} for a table."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT regexp_replace(pg_get_indexdef(i.indexrelid), '^.* USING btree ', ''),
+                   coalesce(c.reloptions, '{}')
+            FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+            WHERE i.indrelid = %s::regclass
+            """,
+            [table],
+        )
+        return {re.sub(r" WITH \([^)]*\)", "", d): "deduplicate_items=off" not in o
+                for d, o in cursor.fetchall()}  # fmt: skip
+
+
+def test_new_day_partitions_keep_one_index_entry_per_run_version(tenant):
+    """The indexes the executor walks do not deduplicate (runs migration 0011), in a day
+    the maintainer creates afresh and in one it attaches after moving rows in; the others
+    do. A partition created without the parent's storage parameters would bring back the
+    posting lists that kept claimed runs in every probe's way."""
+    job = make_job(tenant)
+    far = datetime.now(UTC).replace(microsecond=0) + timedelta(days=12)
+    enqueue_runs([run_for(job, scheduled_at=far, trigger="backfill", overlap_check=False)])
+    report = maintain(days_ahead=13, retention_days=30)
+    attached, fresh = partition_name(far.date()), partition_name(far.date() + timedelta(days=1))
+    assert report.moved_rows == 1 and {attached, fresh} <= set(report.created)
+
+    executor_walks = {
+        "(tenant_id, priority DESC, scheduled_at) WHERE ((status)::text = ANY",
+        "(tenant_id, not_before) WHERE ((status)::text = ANY",
+        "(partition_id, tenant_id, priority DESC, scheduled_at) WHERE ((status)::text = ANY",
+        "(tenant_id, lease_until) WHERE ((status)::text = 'running'::text)",
+        "(job_id, scheduled_at)",
+    }
+    for table in ("job_runs", attached, fresh):
+        indexes = deduplicating(table)
+        walked = {d: on for d, on in indexes.items() if any(d.startswith(w) for w in executor_walks)}
+        assert len(walked) == len(executor_walks), (table, indexes)
+        assert not any(walked.values()), (table, walked)
+        others = {d: on for d, on in indexes.items() if d not in walked}
+        assert others and all(others.values()), (table, others)
+
+
 def test_retention_drops_old_days_and_old_default_rows(tenant):
     job = make_job(tenant)
     today = datetime.now(UTC).date()

@@ -1,0 +1,52 @@
+"""The indexes the executor walks (the claim's probes, the running set, keyed lookups)
+keep one entry per row version: `deduplicate_items = off`.
+
+B-tree deduplication folds entries with equal keys into one posting list, and
+PostgreSQL can mark a posting list dead only when every row it points to is dead. A
+queue's keys repeat by nature: a tenant's runs of one top-of-the-hour share (tenant,
+priority, scheduled_at) and not_before; one claim gives all its runs one lease end; the
+versions of one run (queued, running, succeeded) share (job_id, scheduled_at). So the
+entries of runs already claimed stayed live inside lists that still held a queued run,
+and every probe fetched their rows from the heap again, one page per row when tenants'
+runs are interleaved: with 20 tenants a claim read 2,300-3,760 buffers where one tenant
+needed 1,100 (docs/DECISIONS.md, "Fair share: posting lists kept claimed runs in the
+probes' way", stop 24). With an entry per version, a scan marks each dead one as it
+passes, and later scans skip it without touching the heap.
+
+The other indexes (the primary key, the run key, listing and dead-letter indexes) keep
+deduplication: no hot path walks past their dead versions, and it keeps them small.
+
+Storage parameters cannot be changed on a partitioned index, and new partitions copy
+the parent's, so each index is created again with the parameter: this rebuilds them on
+every partition, and writers wait for it (seconds per million runs).
+"""
+
+from django.db import migrations
+
+QUEUED = "status IN ('queued', 'retrying')"
+
+# name: (columns, predicate)
+INDEXES = {
+    "job_runs_tenant_claim_idx": ("tenant_id, priority DESC, scheduled_at", QUEUED),
+    "job_runs_tenant_waiting_idx": ("tenant_id, not_before", QUEUED),
+    "job_runs_partition_claim_idx": ("partition_id, tenant_id, priority DESC, scheduled_at", QUEUED),
+    "job_runs_running_idx": ("tenant_id, lease_until", "status = 'running'"),
+    "job_runs_job_idx": ("job_id, scheduled_at", None),
+}
+
+
+def _sql(dedup: str) -> str:
+    statements = []
+    for name, (columns, predicate) in INDEXES.items():
+        where = f" WHERE {predicate}" if predicate else ""
+        statements.append(f"DROP INDEX {name};")
+        statements.append(
+            f"CREATE INDEX {name} ON job_runs ({columns}) WITH (deduplicate_items = {dedup}){where};"
+        )
+    return "\n".join(statements)
+
+
+class Migration(migrations.Migration):
+    dependencies = [("runs", "0010_citus_session_defaults")]
+
+    operations = [migrations.RunSQL(_sql("off"), _sql("on"))]
