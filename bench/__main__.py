@@ -202,6 +202,7 @@ def execute_part(
     # One server for both sides, in its own process: the same target for Cronyard and the loop.
     with NoopServer() as server:
         for k in http_executors:
+            server_cpu = server.cpu_seconds()
             bench.run(
                 "execute.py",
                 "--kinds",
@@ -216,6 +217,7 @@ def execute_part(
                 str(bench.data / "execute.json"),
             )
             ours = bench.json("execute.json")[0]
+            server_cpu, ours_server_cpu = server.cpu_seconds(), server.cpu_seconds() - server_cpu
             bench.run(
                 "raw_http.py",
                 "--workers",
@@ -237,6 +239,12 @@ def execute_part(
                     "ours": ours["runs_per_s"],
                     "limit": limit["runs_per_s"],
                     "limit_cpu_ms_per_run": limit["client_cpu_ms_per_request"],
+                    # Per request, both sides: the server's work is the same, its share of
+                    # the cores is not (http_budget_table).
+                    "server_cpu_ms_per_run": round(ours_server_cpu * 1000 / ours["runs"], 3),
+                    "limit_server_cpu_ms_per_run": round(
+                        (server.cpu_seconds() - server_cpu) * 1000 / limit["runs"], 3
+                    ),
                 }
             )
     return rows
@@ -361,6 +369,31 @@ def execute_table(rows: list[dict], kind: str, limit_name: str) -> str:
     return "\n".join(lines)
 
 
+def http_budget_table(rows: list[dict], cores: int) -> str:
+    """What the HTTP ratio could be if the measured CPU per run were all there is.
+
+    Cronyard's k executors can do at most k cores' worth of their own work, and with the
+    server and PostgreSQL at most `cores` of everything: the lower of the two bounds is
+    its ceiling on this machine, read against the raw loop's measured rate."""
+    lines = [
+        "| executors | executor | PostgreSQL | server | Cronyard total | raw client | raw server "
+        f"| raw total | Cronyard's ceiling on {cores} cores, runs/s | ceiling / raw | measured ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in (r for r in rows if r["kind"] == "http" and "server_cpu_ms_per_run" in r):
+        own, db = r["executor_cpu_ms_per_run"], r["postgres_cpu_ms_per_run"]
+        server = r["server_cpu_ms_per_run"]
+        total = own + db + server
+        ceiling = min(r["executors"] * 1000 / own, cores * 1000 / total) if own and total else None
+        raw = r["limit_cpu_ms_per_run"] + r["limit_server_cpu_ms_per_run"]
+        lines.append(
+            f"| {r['executors']} | {own} | {db} | {server} | {total:.3f} | {r['limit_cpu_ms_per_run']} "
+            f"| {r['limit_server_cpu_ms_per_run']} | {raw:.3f} | {round(ceiling) if ceiling else 'n/a'} "
+            f"| {ratio(ceiling, r['limit']) if ceiling else 'n/a'} | {ratio(r['ours'], r['limit'])} |"
+        )
+    return "\n".join(lines)
+
+
 def relative(path: Path, report: Path) -> str:
     return os.path.relpath(path, report.parent)
 
@@ -433,6 +466,11 @@ The raw loop's client CPU per request: {
             f"{r['limit_cpu_ms_per_run']} ms ({r['executors']} proc)" for r in execute if r["kind"] == "http"
         )
     } (compare with the executor CPU per run above; the difference is Cronyard's own work per call).
+
+Where the CPU of one run goes (ms per run, from /proc), and the ratio the machine
+would allow with these costs if every core were busy:
+
+{http_budget_table(execute, info["cores"])}
 
 ![executor scaling]({relative(plots["executor"], report)})
 

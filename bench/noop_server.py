@@ -90,6 +90,12 @@ class NoopServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/noop"
 
+    def cpu_seconds(self) -> float:
+        """The server process's CPU so far: what answering costs, beside each client's."""
+        from bench import cpu
+
+        return cpu.cpu_seconds(self._process.pid) if self._process is not None else 0.0
+
     def __enter__(self) -> NoopServer:
         # spawn: a fork of a Django process would carry its connections along.
         ctx = multiprocessing.get_context("spawn")
