@@ -35,18 +35,34 @@ INDEXES = {
 }
 
 
-def _sql(dedup: str) -> str:
+def _statements(dedup: str) -> list[str]:
     statements = []
     for name, (columns, predicate) in INDEXES.items():
         where = f" WHERE {predicate}" if predicate else ""
-        statements.append(f"DROP INDEX {name};")
-        statements.append(
-            f"CREATE INDEX {name} ON job_runs ({columns}) WITH (deduplicate_items = {dedup}){where};"
-        )
-    return "\n".join(statements)
+        options = f"WITH (deduplicate_items = {dedup})"
+        statements.append(f"DROP INDEX {name}")
+        statements.append(f"CREATE INDEX {name} ON job_runs ({columns}) {options}{where}")
+    return statements
+
+
+def _recreate(dedup: str):
+    def run(apps, schema_editor) -> None:
+        from scheduler_project.citus import citus_installed
+
+        with schema_editor.connection.cursor() as cursor:
+            if citus_installed(cursor):
+                # Citus creates the shards' indexes over one connection per worker: in
+                # parallel, after the DROP's multi-shard commands in this transaction, it
+                # refuses shard index names as long as these could deadlock on.
+                cursor.execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
+            # One command per execute: Citus forwards a DDL command's text to the workers.
+            for statement in _statements(dedup):
+                cursor.execute(statement)
+
+    return run
 
 
 class Migration(migrations.Migration):
     dependencies = [("runs", "0010_citus_session_defaults")]
 
-    operations = [migrations.RunSQL(_sql("off"), _sql("on"))]
+    operations = [migrations.RunPython(_recreate("off"), _recreate("on"), elidable=False)]
