@@ -217,7 +217,8 @@ def execute_part(
                 str(bench.data / "execute.json"),
             )
             ours = bench.json("execute.json")[0]
-            server_cpu, ours_server_cpu = server.cpu_seconds(), server.cpu_seconds() - server_cpu
+            after = server.cpu_seconds()
+            ours_server_cpu, server_cpu = after - server_cpu, after
             bench.run(
                 "raw_http.py",
                 "--workers",
@@ -327,7 +328,8 @@ def machine() -> dict:
     mem_kb = first("/proc/meminfo", "MemTotal").split()[0]
     return {
         "cpu": first("/proc/cpuinfo", "model name"),
-        "cores": os.cpu_count(),
+        # The cores this process may use (a container's or taskset's share), not the host's.
+        "cores": len(os.sched_getaffinity(0)),
         "ram_gb": f"{int(mem_kb) / 1024 / 1024:.1f}" if mem_kb.isdigit() else "unknown",
         "arch": platform.machine(),
         "python": platform.python_version(),

@@ -271,9 +271,10 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
                 # The poll competes with the drain for the same cores, and its cost grows
                 # with the tenants (with 20, 18 ms a poll against 9 for one: it visits
                 # the heap rows of every claimed run not yet vacuumed), which a 0.25 s
-                # poll added to the fair-share comparison. Once a second is enough: the
-                # clock stops at the last outcome's finished_at, not when the poll notices.
-                time.sleep(1.0)
+                # poll added to the fair-share comparison. Once a second is enough for
+                # the clock, which stops at the last outcome's finished_at; near the end
+                # it polls faster, so the CPU readings after it stop close to the drain.
+                time.sleep(1.0 if n - done > n // 10 else 0.1)
         last = last_finished(tenants)
         elapsed = (last - began).total_seconds() if last else time.monotonic() - started
         executor_cpu = cpu.total([p.pid for p in children]) - executor_cpu

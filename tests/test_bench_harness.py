@@ -72,12 +72,13 @@ def test_smoke_run_writes_the_report_with_every_table_and_plot(transactional_db,
     fair_table = parse_table(text[text.index("| tenants | runs/s per round") :].split("\n\n")[0])
     assert [row["tenants"] for row in fair_table] == ["1", "20"]
     assert not Tenant.objects.filter(slug__startswith="bench-exec").exists()
-    # The HTTP CPU budget: the server's share measured on both sides (it answered the
-    # requests, so it used some CPU), and a ceiling from those costs.
+    # The HTTP CPU budget: the server's share measured on both sides (a few hundred
+    # requests may use less than /proc's 10 ms tick, so only its presence is checked),
+    # and a ceiling from those costs.
     budget = parse_table(text[text.index("| executors | executor | PostgreSQL | server") :].split("\n\n")[0])
     assert [row["executors"] for row in budget] == ["1"]
-    assert float(budget[0]["server"]) > 0 and float(budget[0]["raw server"]) > 0
-    assert budget[0]["ceiling / raw"] != "n/a"
+    assert float(budget[0]["server"]) >= 0 and float(budget[0]["raw server"]) >= 0
+    assert float(budget[0]["ceiling / raw"]) > 0
     # The smoke form stays on plain PostgreSQL and says so where the Citus rows would be.
     assert "\nCitus rows skipped: --smoke\n" in text
     for name in PLOTS:

@@ -18,7 +18,9 @@ deduplication: no hot path walks past their dead versions, and it keeps them sma
 
 Storage parameters cannot be changed on a partitioned index, and new partitions copy
 the parent's, so each index is created again with the parameter: this rebuilds them on
-every partition, and writers wait for it (seconds per million runs).
+every partition in one transaction, holding `DROP INDEX`'s ACCESS EXCLUSIVE lock on
+job_runs throughout, so every reader and writer of runs waits for it (seconds per million
+runs). Stop the schedulers and executors while it runs on a large database.
 """
 
 from django.db import migrations
@@ -38,10 +40,12 @@ INDEXES = {
 def _statements(dedup: str) -> list[str]:
     statements = []
     for name, (columns, predicate) in INDEXES.items():
-        where = f" WHERE {predicate}" if predicate else ""
-        options = f"WITH (deduplicate_items = {dedup})"
-        statements.append(f"DROP INDEX {name}")
-        statements.append(f"CREATE INDEX {name} ON job_runs ({columns}) {options}{where}")
+        create = [f"CREATE INDEX {name} ON job_runs ({columns})"]
+        if dedup == "off":  # backwards, the indexes as they were: no options (the default is on)
+            create.append("WITH (deduplicate_items = off)")
+        if predicate:
+            create.append(f"WHERE {predicate}")
+        statements += [f"DROP INDEX {name}", " ".join(create)]
     return statements
 
 
@@ -51,9 +55,9 @@ def _recreate(dedup: str):
 
         with schema_editor.connection.cursor() as cursor:
             if citus_installed(cursor):
-                # Citus creates the shards' indexes over one connection per worker: in
-                # parallel, after the DROP's multi-shard commands in this transaction, it
-                # refuses shard index names as long as these could deadlock on.
+                # After a parallel multi-shard command (the DROPs) in a transaction,
+                # Citus refuses to create shard indexes with names this long in parallel
+                # (it could deadlock); one connection per worker, in sequence, avoids it.
                 cursor.execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
             # One command per execute: Citus forwards a DDL command's text to the workers.
             for statement in _statements(dedup):
