@@ -43,6 +43,7 @@ bench: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	@$(BIN)/ruff check .
+	@$(BIN)/ruff format --check .
 
 db-stop:
 	@$(PYTHON) scripts/embedded_pg.py stop

@@ -18,7 +18,6 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-
 @transaction.atomic
 def create_tenant(
     *,

@@ -59,6 +59,7 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "scheduler_project.wsgi.application"
 
+
 def embedded_database_url(base_dir: Path) -> str:
     """The embedded cluster of this checkout, as scripts/embedded_pg.py set it up.
 
