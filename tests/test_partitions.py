@@ -15,6 +15,7 @@ from runs.models import JobRun
 from runs.partitions import MAINTAINER_LOCK, maintain, partition_name
 from runs.queue import enqueue_runs
 from scheduler_project import db
+from scheduler_project.citus import citus_installed
 
 pytestmark = pytest.mark.django_db
 
@@ -106,6 +107,19 @@ def test_new_day_partitions_keep_one_index_entry_per_run_version(tenant):
             assert matching == [False], (table, prefix, indexes)
         others = [on for d, on in indexes if not any(d.startswith(p) for p in executor_walks)]
         assert others and all(others), (table, indexes)
+    with connection.cursor() as cursor:
+        if citus_installed(cursor):
+            # On Citus the probes run in the shards. This test's own days are not committed,
+            # so the workers' sessions cannot see them: today's shards (committed by the
+            # migrations) carry the parameter, as the migration made them.
+            count_off = (
+                "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid"
+                " WHERE i.indrelid = '%s'::regclass AND 'deduplicate_items=off' = ANY(c.reloptions)"
+            )
+            today = partition_name(datetime.now(UTC).date())
+            cursor.execute("SELECT success, result FROM run_command_on_shards(%s, %s)", (today, count_off))
+            shards = cursor.fetchall()
+            assert shards and all(shard == (True, str(len(executor_walks))) for shard in shards), shards
 
 
 def test_retention_drops_old_days_and_old_default_rows(tenant):
