@@ -37,11 +37,12 @@ INDEXES = {
 }
 
 
-def _statements(dedup: str) -> list[str]:
+def _statements(*, deduplicate: bool) -> list[str]:
+    """Drop and create each index; backwards (deduplicate) as they were, without options."""
     statements = []
     for name, (columns, predicate) in INDEXES.items():
         create = [f"CREATE INDEX {name} ON job_runs ({columns})"]
-        if dedup == "off":  # backwards, the indexes as they were: no options (the default is on)
+        if not deduplicate:
             create.append("WITH (deduplicate_items = off)")
         if predicate:
             create.append(f"WHERE {predicate}")
@@ -49,7 +50,7 @@ def _statements(dedup: str) -> list[str]:
     return statements
 
 
-def _recreate(dedup: str):
+def _recreate(*, deduplicate: bool):
     def run(apps, schema_editor) -> None:
         from scheduler_project.citus import citus_installed
 
@@ -60,7 +61,7 @@ def _recreate(dedup: str):
                 # (it could deadlock); one connection per worker, in sequence, avoids it.
                 cursor.execute("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
             # One command per execute: Citus forwards a DDL command's text to the workers.
-            for statement in _statements(dedup):
+            for statement in _statements(deduplicate=deduplicate):
                 cursor.execute(statement)
 
     return run
@@ -69,4 +70,6 @@ def _recreate(dedup: str):
 class Migration(migrations.Migration):
     dependencies = [("runs", "0010_citus_session_defaults")]
 
-    operations = [migrations.RunPython(_recreate("off"), _recreate("on"), elidable=False)]
+    operations = [
+        migrations.RunPython(_recreate(deduplicate=False), _recreate(deduplicate=True), elidable=False)
+    ]
