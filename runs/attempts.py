@@ -27,6 +27,14 @@ def format_moment(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# Outcomes of attempts our side ended, not the target: the executor stopped heartbeating
+# (its lease was reaped) or shut down mid-call. A retry after one of these is no sign the
+# target is failing, so it does not spend the host's retry budget (runs/breakers.py).
+LEASE_EXPIRED = "lease expired"
+HANDED_BACK = "handed back"
+ENDED_BY_US = frozenset({LEASE_EXPIRED, HANDED_BACK})
+
+
 @dataclass(frozen=True)
 class AttemptRecord:
     attempt: int

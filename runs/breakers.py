@@ -84,7 +84,7 @@ class Candidate:
 
     key: tuple  # (job_id, scheduled_at, attempt)
     host: str
-    is_retry: bool  # it has used an attempt before
+    is_retry: bool  # its target failed an attempt before (runs/inflight.is_retry)
     deferred_since: datetime | None
     attempts_left: int = 1  # after this one; a probe goes to the run that can best afford to fail
     partition_id: int = field(kw_only=True)  # where a deferral writes (one partition per statement)

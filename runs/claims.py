@@ -195,7 +195,8 @@ claimed AS (
       AND r.job_id = c.job_id AND r.scheduled_at = c.scheduled_at
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
               r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
-              r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, r.deferrals, r.deferred_since
+              r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, r.deferrals, r.deferred_since,
+              r.attempts -> -1 ->> 'outcome'
 ),
 older AS (
     -- cancel_previous: the older running run loses the run; its worker finds out at

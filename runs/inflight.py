@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from runs import breakers, retry, rows
-from runs.attempts import AttemptRecord
+from runs.attempts import ENDED_BY_US, HANDED_BACK, AttemptRecord
 from runs.keys import run_key
 from runs.rows import RunKey
 
@@ -130,13 +130,13 @@ def hand_back_completion(entry: InFlight, *, owner: str) -> rows.Completion:
             ),
         )
         return completion(
-            entry, owner=owner, status="dead", outcome="handed back", result=result, retry_in_s=None
+            entry, owner=owner, status="dead", outcome=HANDED_BACK, result=result, retry_in_s=None
         )
     result = retry.CallResult(
         retry.RETRY, error="handed back: the executor shut down before the call finished"
     )
     return completion(
-        entry, owner=owner, status="retrying", outcome="handed back", result=result, retry_in_s=0.0
+        entry, owner=owner, status="retrying", outcome=HANDED_BACK, result=result, retry_in_s=0.0
     )
 
 
@@ -162,6 +162,14 @@ def host_outcome(result: retry.CallResult) -> str | None:
     return None
 
 
+def is_retry(run: rows.ClaimedRun) -> bool:
+    """Whether the run retries after its target failed: what a host's retry budget counts.
+    A re-send after our executor died or shut down mid-call is not one: counted, an
+    executor crash with a few dozen calls in flight spent a quiet host's budget (10 a
+    minute) and its runs waited minutes for it."""
+    return run.attempts_used > 1 and run.previous_outcome not in ENDED_BY_US
+
+
 def breaker_candidates(claimed: list[rows.ClaimedRun]) -> list[breakers.Candidate]:
     """The claimed HTTP runs the circuit breakers must admit (tasks have no host)."""
     candidates = []
@@ -172,7 +180,7 @@ def breaker_candidates(claimed: list[rows.ClaimedRun]) -> list[breakers.Candidat
             left = run.max_attempts - run.attempts_used
             candidates.append(
                 breakers.Candidate(
-                    key, host, run.attempts_used > 1, run.deferred_since, left, partition_id=run.partition_id
+                    key, host, is_retry(run), run.deferred_since, left, partition_id=run.partition_id
                 )
             )
     return candidates

@@ -65,6 +65,8 @@ class ClaimedRun:
     # Claims that put the run back unsent (runs/breakers.py): they used no attempt.
     deferrals: int = 0
     deferred_since: datetime | None = None
+    # How the previous attempt ended (its history entry's outcome); None on a first attempt.
+    previous_outcome: str | None = None
 
     @property
     def attempts_used(self) -> int:

@@ -209,6 +209,43 @@ def test_retries_over_the_hosts_budget_are_deferred_not_sent(processes, http_tar
     assert all(r.attempt - r.deferrals <= 2 for r in deferred)
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_resend_after_our_executor_died_does_not_spend_the_hosts_retry_budget(tenant):
+    """The budget holds back retries of calls the host failed. A run whose lease ran out
+    (its executor died mid-call) is re-sent at once: the host did nothing wrong, and an
+    executor crash with dozens of calls in flight must not wait out a quiet host's budget
+    of 10 a minute (it did: a chaos test's runs sat deferred for minutes)."""
+    from django.utils import timezone
+
+    from runs import inflight
+    from runs.attempts import AttemptRecord
+    from tests.support.executor import claim_now, on_executor_connection, reap_now, set_running
+
+    url = "http://127.0.0.1:9/budget"
+    orphan, failed = queue_runs(tenant, http_spec(url), count=2, max_attempts=5)
+    set_running(orphan, lease=timedelta(seconds=-1))
+    assert [r.status for r in reap_now()] == ["retrying"]
+    now = timezone.now()
+    failure = AttemptRecord(1, "x:1", now, now, 5.0, "retry", 503, "HTTP 503", 0.0).to_json()
+    JobRun.objects.filter(job_id=failed[0], scheduled_at=failed[1]).update(
+        status="retrying", attempt=1, attempts=[failure], not_before=now
+    )
+    # This minute's budget is spent: a retry the host asked for must wait for the next.
+    TargetHost.objects.create(
+        host="http://127.0.0.1:9", window_start=now, requests=0, retries=5, updated_at=now
+    )
+
+    claimed = claim_now()
+    assert {r.previous_outcome for r in claimed} == {"lease expired", "retry"}
+    admission = on_executor_connection(
+        lambda conn: breakers.admit(
+            conn, inflight.breaker_candidates(claimed), policy=Policy(retry_budget_floor=1)
+        )
+    )
+    assert [key[:2] for key in admission.send] == [orphan]
+    assert [(d.key[:2], "retry budget" in d.reason) for d in admission.defer] == [(failed, True)]
+
+
 # --- visible to operators ------------------------------------------------------------------
 
 
