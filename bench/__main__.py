@@ -198,7 +198,16 @@ def execute_part(
         )
         ours = bench.json("execute.json")[0]
         limit = parse_table(bench.run("raw_limit.py", "--workers", str(k), "--runs", str(runs)))
-        rows.append({"kind": "task", **ours, "ours": ours["runs_per_s"], "limit": int(limit[0]["runs/s"])})
+        rows.append(
+            {
+                "kind": "task",
+                **ours,
+                "ours": ours["runs_per_s"],
+                "limit": int(limit[0]["runs/s"]),
+                "limit_cpu_ms_per_run": float(limit[0]["client CPU ms/run"]),
+                "limit_postgres_cpu_ms_per_run": float(limit[0]["PostgreSQL CPU ms/run"]),
+            }
+        )
     # One server for both sides, in its own process: the same target for Cronyard and the loop.
     with NoopServer() as server:
         for k in http_executors:
@@ -241,7 +250,7 @@ def execute_part(
                     "limit": limit["runs_per_s"],
                     "limit_cpu_ms_per_run": limit["client_cpu_ms_per_request"],
                     # Per request, both sides: the server's work is the same, its share of
-                    # the cores is not (http_budget_table).
+                    # the cores is not (cpu_budget_table).
                     "server_cpu_ms_per_run": round(ours_server_cpu * 1000 / ours["runs"], 3),
                     "limit_server_cpu_ms_per_run": round(
                         (server.cpu_seconds() - server_cpu) * 1000 / limit["runs"], 3
@@ -371,28 +380,50 @@ def execute_table(rows: list[dict], kind: str, limit_name: str) -> str:
     return "\n".join(lines)
 
 
-def http_budget_table(rows: list[dict], cores: int) -> str:
-    """What the HTTP ratio could be if the measured CPU per run were all there is.
+# Where one run's CPU goes, per target kind: (column, row key), Cronyard's side then the limit's.
+_CPU_PARTS = {
+    "task": (
+        [("executor", "executor_cpu_ms_per_run"), ("PostgreSQL", "postgres_cpu_ms_per_run")],
+        [("raw client", "limit_cpu_ms_per_run"), ("raw PostgreSQL", "limit_postgres_cpu_ms_per_run")],
+    ),
+    "http": (
+        [
+            ("executor", "executor_cpu_ms_per_run"),
+            ("PostgreSQL", "postgres_cpu_ms_per_run"),
+            ("server", "server_cpu_ms_per_run"),
+        ],
+        [("raw client", "limit_cpu_ms_per_run"), ("raw server", "limit_server_cpu_ms_per_run")],
+    ),
+}
 
-    Cronyard's k executors can do at most k cores' worth of their own work, and with the
-    server and PostgreSQL at most `cores` of everything: the lower of the two bounds is
-    its ceiling on this machine, read against the raw loop's measured rate."""
+
+def cpu_budget_table(rows: list[dict], kind: str, cores: int) -> str:
+    """What the ratio could be if the measured CPU per run were all there is.
+
+    Cronyard's k executors can do at most k cores' worth of their own work, and with
+    PostgreSQL (and the server) at most `cores` of everything: the lower of the two
+    bounds is its ceiling on this machine, read against the limit's measured rate."""
+    ours, raw = _CPU_PARTS[kind]
     lines = [
-        "| executors | executor | PostgreSQL | server | Cronyard total | raw client | raw server "
-        f"| raw total | Cronyard's ceiling on {cores} cores, runs/s | ceiling / raw | measured ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| executors | "
+        + " | ".join(name for name, _ in ours)
+        + " | Cronyard total | "
+        + " | ".join(name for name, _ in raw)
+        + f" | raw total | Cronyard's ceiling on {cores} cores, runs/s | ceiling / raw | measured ratio |",
+        "|---:" * (len(ours) + len(raw) + 6) + "|",
     ]
-    for r in (r for r in rows if r["kind"] == "http" and "server_cpu_ms_per_run" in r):
-        own, db = r["executor_cpu_ms_per_run"], r["postgres_cpu_ms_per_run"]
-        server = r["server_cpu_ms_per_run"]
-        total = own + db + server
+    for r in rows:
+        if r["kind"] != kind or any(key not in r for _, key in ours + raw):
+            continue
+        own = r["executor_cpu_ms_per_run"]
+        total = sum(r[key] for _, key in ours)
+        raw_total = sum(r[key] for _, key in raw)
         ceiling = min(r["executors"] * 1000 / own, cores * 1000 / total) if own and total else None
-        raw = r["limit_cpu_ms_per_run"] + r["limit_server_cpu_ms_per_run"]
-        lines.append(
-            f"| {r['executors']} | {own} | {db} | {server} | {total:.3f} | {r['limit_cpu_ms_per_run']} "
-            f"| {r['limit_server_cpu_ms_per_run']} | {raw:.3f} | {round(ceiling) if ceiling else 'n/a'} "
-            f"| {ratio(ceiling, r['limit']) if ceiling else 'n/a'} | {ratio(r['ours'], r['limit'])} |"
-        )
+        cells = [r["executors"], *(r[key] for _, key in ours), f"{total:.3f}"]
+        cells += [*(r[key] for _, key in raw), f"{raw_total:.3f}"]
+        cells += [round(ceiling) if ceiling else "n/a", ratio(ceiling, r["limit"]) if ceiling else "n/a"]
+        cells += [ratio(r["ours"], r["limit"])]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines)
 
 
@@ -455,6 +486,11 @@ claim + complete loop, one worker per executor (`bench/raw_limit.py`):
 
 {execute_table(execute, "task", "raw claim+complete")}
 
+Where the CPU of one run goes (ms per run, from /proc), and the ratio the machine
+would allow with these costs if every core were busy:
+
+{cpu_budget_table(execute, "task", info["cores"])}
+
 {fair_share_section(fair_share)}
 
 HTTP target: one no-op aiohttp server in its own process (`bench/noop_server.py`). The
@@ -472,7 +508,7 @@ The raw loop's client CPU per request: {
 Where the CPU of one run goes (ms per run, from /proc), and the ratio the machine
 would allow with these costs if every core were busy:
 
-{http_budget_table(execute, info["cores"])}
+{cpu_budget_table(execute, "http", info["cores"])}
 
 ![executor scaling]({relative(plots["executor"], report)})
 

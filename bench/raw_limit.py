@@ -53,6 +53,7 @@ def worker(conninfo: str, tenant: int, batch: int, start, done) -> None:
 
     with psycopg.connect(conninfo, autocommit=True, prepare_threshold=0) as conn:
         start.wait()
+        began = os.times()
         claimed = 0
         params = {"tenant": tenant, "batch": batch, "owner": f"raw:{os.getpid()}"}
         while True:
@@ -61,11 +62,12 @@ def worker(conninfo: str, tenant: int, batch: int, start, done) -> None:
                 break
             claimed += len(rows)
             conn.execute(DONE_SQL, [[r[i] for r in rows] for i in range(4)])
-        done.put(claimed)
+        ended = os.times()
+        done.put((claimed, ended.user + ended.system - began.user - began.system))
 
 
 def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
-    from bench.execute import clear, enqueue, finished
+    from bench.execute import clear, enqueue, finished, postgres_cpu
     from runs.connections import database_conninfo
 
     clear([tenant])
@@ -79,10 +81,14 @@ def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
     for p in procs:
         p.start()
     time.sleep(1.0)  # connections up; the clock measures the drain only
+    pg_before = postgres_cpu()
     began = time.monotonic()
     start.set()
-    total = sum(done.get(timeout=600) for _ in procs)
+    reports = [done.get(timeout=600) for _ in procs]
     elapsed = time.monotonic() - began
+    pg_cpu = sum(after - pg_before.get(pid, 0.0) for pid, after in postgres_cpu().items())
+    total = sum(claimed for claimed, _ in reports)
+    client_cpu = sum(cpu for _, cpu in reports)
     for p in procs:
         p.join()
     ok, _ = finished([tenant])
@@ -95,6 +101,8 @@ def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
         "runs": runs,
         "seconds": round(elapsed, 2),
         "runs_per_s": round(runs / elapsed),
+        "client_cpu_ms_per_run": round(client_cpu * 1000 / runs, 3),
+        "postgres_cpu_ms_per_run": round(pg_cpu * 1000 / runs, 3),
     }
 
 
@@ -117,10 +125,14 @@ def main() -> None:
         results = [measure(tenant, args.runs, args.batch, w) for w in args.workers]
     finally:
         remove_tenants()
-    print("| raw limit (claim+complete, no calls) | workers | batch | runs | runs/s | seconds |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| raw limit (claim+complete, no calls) | workers | batch | runs | runs/s | seconds"
+        " | client CPU ms/run | PostgreSQL CPU ms/run |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
         cells = ["raw psycopg loop", r["workers"], r["batch"], r["runs"], r["runs_per_s"], r["seconds"]]
+        cells += [r["client_cpu_ms_per_run"], r["postgres_cpu_ms_per_run"]]
         print("| " + " | ".join(str(c) for c in cells) + " |")
 
 

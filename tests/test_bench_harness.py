@@ -79,6 +79,12 @@ def test_smoke_run_writes_the_report_with_every_table_and_plot(transactional_db,
     assert [row["executors"] for row in budget] == ["1"]
     assert float(budget[0]["server"]) >= 0 and float(budget[0]["raw server"]) >= 0
     assert float(budget[0]["ceiling / raw"]) > 0
+    # The same for the task target, where the limit's side is its client and PostgreSQL.
+    header = "| executors | executor | PostgreSQL | Cronyard total | raw client | raw PostgreSQL"
+    budget = parse_table(text[text.index(header) :].split("\n\n")[0])
+    assert [row["executors"] for row in budget] == ["1"]
+    assert float(budget[0]["raw client"]) >= 0 and float(budget[0]["raw PostgreSQL"]) >= 0
+    assert float(budget[0]["ceiling / raw"]) > 0
     # The smoke form stays on plain PostgreSQL and says so where the Citus rows would be.
     assert "\nCitus rows skipped: --smoke\n" in text
     for name in PLOTS:
