@@ -24,7 +24,13 @@ from runs.models import ACTIVE_STATUSES, JobRun
 from tests.support.exactly_once import RUN_FIELDS, audit
 from tests.support.http_target import Reply
 from tests.support.processes import load_scale
-from tests.support.scheduler import bulk_interval_jobs, expected_interval_slots, wait_dispatched, wait_until
+from tests.support.scheduler import (
+    bulk_interval_jobs,
+    expected_interval_slots,
+    wait_dispatched,
+    wait_drained,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
@@ -115,12 +121,16 @@ def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tena
         assert proc.wait(timeout=20) == 0, processes.log_of(proc)[-3000:]
 
     job_ids = [j.id for j in jobs]
-    wait_until(
-        lambda: not JobRun.objects.filter(job_id__in=job_ids, status__in=ACTIVE_STATUSES).exists(),
-        # Generous: on Citus (make test-citus) two executors drain ~20 runs/s here.
-        timeout=120,
-        what="every dispatched run to finish",
+    # On Citus (make test-citus) two executors drain a few dozen runs a second here, and
+    # the backlog the chaos leaves varies by machine: wait while runs keep finishing.
+    took = wait_drained(
+        lambda: JobRun.objects.filter(job_id__in=job_ids, status__in=ACTIVE_STATUSES).count(),
+        # A run deferred to a later minute (the retry budget once did this) stalls it.
+        stalled_after=30,
+        timeout=300,
+        what="dispatched runs waiting to finish",
     )
+    print(f"the backlog drained in {took:.1f}s after the schedulers stopped")
     for proc in executors:
         proc.terminate()
     for proc in executors:

@@ -130,6 +130,27 @@ def wait_until(
         time.sleep(interval)
 
 
+def wait_drained(count: Callable[[], int], *, stalled_after: float, timeout: float, what: str) -> float:
+    """Wait until `count()` is 0 for as long as it keeps falling; seconds it took.
+
+    For a backlog whose size depends on the machine (a chaos test's runs on Citus drain
+    at a few dozen a second): a fixed short deadline fails a slow drain, this fails a
+    stuck one, a count that has not fallen for `stalled_after` seconds, and one slower
+    than `timeout` in all."""
+    began = time.monotonic()
+    best, best_at = count(), began
+    while best:
+        time.sleep(0.5)
+        now, left = time.monotonic(), count()
+        if left < best:
+            best, best_at = left, now
+        elif now - best_at > stalled_after:
+            raise AssertionError(f"{what}: {left} left, none finished in the last {stalled_after:.0f}s")
+        if now - began > timeout:
+            raise AssertionError(f"{what}: {left} left after {timeout:.0f}s")
+    return time.monotonic() - began
+
+
 @dataclass(frozen=True)
 class Batch:
     logged_at: datetime
