@@ -48,7 +48,7 @@ WHERE r.partition_id = d.partition_id AND r.id = d.id AND r.scheduled_at = d.sch
 """
 
 
-def worker(conninfo: str, tenant: int, batch: int, start, done) -> None:
+def worker(conninfo: str, tenant: int, batch: int, start, done, finish) -> None:
     import psycopg
 
     with psycopg.connect(conninfo, autocommit=True, prepare_threshold=0) as conn:
@@ -64,6 +64,9 @@ def worker(conninfo: str, tenant: int, batch: int, start, done) -> None:
             conn.execute(DONE_SQL, [[r[i] for r in rows] for i in range(4)])
         ended = os.times()
         done.put((claimed, ended.user + ended.system - began.user - began.system))
+        # Connected until the parent has read the server's CPU: a closed connection's
+        # backend exits, and its CPU with it.
+        finish.wait()
 
 
 def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
@@ -73,9 +76,9 @@ def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
     clear([tenant])
     enqueue([tenant], runs, {"type": "task", "name": "noop", "kwargs": {}})
     ctx = multiprocessing.get_context("spawn")
-    start, done = ctx.Event(), ctx.Queue()
+    start, done, finish = ctx.Event(), ctx.Queue(), ctx.Event()
     procs = [
-        ctx.Process(target=worker, args=(database_conninfo(), tenant, batch, start, done))
+        ctx.Process(target=worker, args=(database_conninfo(), tenant, batch, start, done, finish))
         for _ in range(workers)
     ]
     for p in procs:
@@ -87,6 +90,7 @@ def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
     reports = [done.get(timeout=600) for _ in procs]
     elapsed = time.monotonic() - began
     pg_cpu = sum(after - pg_before.get(pid, 0.0) for pid, after in postgres_cpu().items())
+    finish.set()
     total = sum(claimed for claimed, _ in reports)
     client_cpu = sum(cpu for _, cpu in reports)
     for p in procs:

@@ -27,12 +27,14 @@ def format_moment(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-# Outcomes of attempts our side ended, not the target: the executor stopped heartbeating
-# (its lease was reaped) or shut down mid-call. A retry after one of these is no sign the
-# target is failing, so it does not spend the host's retry budget (runs/breakers.py).
+# Outcomes the run comes back to the queue after. Only RETRIED says the target failed
+# the call (or it could not be sent) and the run retries on its own: what a host's retry
+# budget counts (runs/inflight.is_retry). The others are our side's doing: the executor
+# stopped heartbeating (its lease was reaped) or shut down mid-call; an operator's
+# replay follows whatever ended the run.
+RETRIED = "retry"
 LEASE_EXPIRED = "lease expired"
 HANDED_BACK = "handed back"
-ENDED_BY_US = frozenset({LEASE_EXPIRED, HANDED_BACK})
 
 
 @dataclass(frozen=True)

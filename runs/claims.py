@@ -196,7 +196,7 @@ claimed AS (
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
               r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
               r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, r.deferrals, r.deferred_since,
-              r.attempts -> -1 ->> 'outcome'
+              CASE WHEN r.attempt - r.deferrals > 1 THEN r.attempts -> -1 ->> 'outcome' END
 ),
 older AS (
     -- cancel_previous: the older running run loses the run; its worker finds out at

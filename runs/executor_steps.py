@@ -48,6 +48,7 @@ from runs import (
     tasks,
 )
 from runs.alerts import Alerter, DeadRunAlert
+from runs.attempts import HANDED_BACK
 from runs.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
 from runs.keys import run_key
 from runs.slots import Slots
@@ -361,7 +362,7 @@ class ExecutorSteps:
             if entry.key not in written:
                 self._fenced(entry)
                 continue
-            handed_back = completion.entry["outcome"] == "handed back"
+            handed_back = completion.entry["outcome"] == HANDED_BACK
             if handed_back:
                 self.counters.handed_back += 1
             if completion.status == "succeeded":

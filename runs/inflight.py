@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from runs import breakers, retry, rows
-from runs.attempts import ENDED_BY_US, HANDED_BACK, AttemptRecord
+from runs.attempts import HANDED_BACK, RETRIED, AttemptRecord
 from runs.keys import run_key
 from runs.rows import RunKey
 
@@ -163,11 +163,11 @@ def host_outcome(result: retry.CallResult) -> str | None:
 
 
 def is_retry(run: rows.ClaimedRun) -> bool:
-    """Whether the run retries after its target failed: what a host's retry budget counts.
-    A re-send after our executor died or shut down mid-call is not one: counted, an
-    executor crash with a few dozen calls in flight spent a quiet host's budget (10 a
-    minute) and its runs waited minutes for it."""
-    return run.attempts_used > 1 and run.previous_outcome not in ENDED_BY_US
+    """Whether the run retries because its target failed the last call: what a host's
+    retry budget counts. A re-send after our executor died or shut down mid-call is not
+    one (counted, an executor crash with a few dozen calls in flight spent a quiet host's
+    budget of 10 a minute and its runs waited minutes), nor an operator's replay."""
+    return run.previous_outcome == RETRIED
 
 
 def breaker_candidates(claimed: list[rows.ClaimedRun]) -> list[breakers.Candidate]:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from runs import per_partition
+from runs.attempts import HANDED_BACK
 from runs.rows import Completion, RunKey
 
 # How stale a healthy job's stored last_success_at may grow before a success rewrites
@@ -43,7 +44,7 @@ WITH done AS (
 judged AS (
     SELECT partition_id, job_id, scheduled_at, status,
            row_number() OVER (PARTITION BY job_id ORDER BY scheduled_at DESC, attempt DESC) AS rn
-    FROM done WHERE outcome IS DISTINCT FROM 'handed back'
+    FROM done WHERE outcome IS DISTINCT FROM '{handed_back}'
 ),
 -- The rank of each job's newest success, as a window over the batch: a join of the batch
 -- with its own successes compared every pair of rows (quadratic in the batch size).
@@ -105,7 +106,7 @@ health AS (
 -- batch instead, 21,000 buffers for 100 runs (docs/DECISIONS.md, stop 21).
 -- (A data-modifying WITH runs to completion whether or not the result reads it.)
 SELECT job_id, scheduled_at, attempt FROM done
-"""
+""".replace("{handed_back}", HANDED_BACK)
 )
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
+from runs.attempts import RETRIED
+
 SUCCESS = "success"
 RETRY = "retry"
 PERMANENT = "permanent"
@@ -94,7 +96,7 @@ def decide(
         return Decision("succeeded", "succeeded", None)
     if result.kind == PERMANENT or attempt >= max_attempts:
         return Decision("dead", "dead", None)
-    return Decision("retrying", "retry", retry_delay(attempt, base, cap, result.retry_after, rng))
+    return Decision("retrying", RETRIED, retry_delay(attempt, base, cap, result.retry_after, rng))
 
 
 def truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:

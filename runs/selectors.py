@@ -21,6 +21,7 @@ from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
 from jobs.models import Job, SchedulerNode, Tenant
+from runs.attempts import LEASE_EXPIRED
 from runs.keys import format_utc
 from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
 from scheduler_project import liveness
@@ -31,7 +32,7 @@ _SECRET_NAME = re.compile(r"auth|cookie|token|secret|key|passw|credential|sessio
 
 # The outcome the executor's reaper records for an attempt whose lease ran out
 # (runs/reaping.py _REAP_SQL); the underscore spelling is accepted too.
-LEASE_EXPIRED_OUTCOMES = ("lease expired", "lease_expired")
+LEASE_EXPIRED_OUTCOMES = (LEASE_EXPIRED, "lease_expired")
 
 
 # --- runs -------------------------------------------------------------------------------

@@ -125,7 +125,8 @@ def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tena
     # the backlog the chaos leaves varies by machine: wait while runs keep finishing.
     took = wait_drained(
         lambda: JobRun.objects.filter(job_id__in=job_ids, status__in=ACTIVE_STATUSES).count(),
-        # A run deferred to a later minute (the retry budget once did this) stalls it.
+        # A run deferred to a later minute stalls it (the retry budget once held 100 re-sends
+        # at 10 a minute: past either bound).
         stalled_after=30,
         timeout=300,
         what="dispatched runs waiting to finish",

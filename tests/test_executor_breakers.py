@@ -210,39 +210,48 @@ def test_retries_over_the_hosts_budget_are_deferred_not_sent(processes, http_tar
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_resend_after_our_executor_died_does_not_spend_the_hosts_retry_budget(tenant):
+def test_only_retries_after_the_host_failed_a_call_spend_its_retry_budget(tenant):
     """The budget holds back retries of calls the host failed. A run whose lease ran out
-    (its executor died mid-call) is re-sent at once: the host did nothing wrong, and an
-    executor crash with dozens of calls in flight must not wait out a quiet host's budget
-    of 10 a minute (it did: a chaos test's runs sat deferred for minutes)."""
+    (its executor died mid-call), one handed back at an executor's shutdown, and an
+    operator's replay of a dead run go out at once: the host did nothing to ask for a
+    wait, and an executor crash with dozens of calls in flight must not wait out a quiet
+    host's budget of 10 a minute (it did: a chaos test's runs sat deferred for minutes)."""
     from django.utils import timezone
 
     from runs import inflight
     from runs.attempts import AttemptRecord
+    from runs.services import replay_run
     from tests.support.executor import claim_now, on_executor_connection, reap_now, set_running
 
     url = "http://127.0.0.1:9/budget"
-    orphan, failed = queue_runs(tenant, http_spec(url), count=2, max_attempts=5)
+    orphan, handed_back, replayed, failed = queue_runs(tenant, http_spec(url), count=4, max_attempts=5)
     set_running(orphan, lease=timedelta(seconds=-1))
     assert [r.status for r in reap_now()] == ["retrying"]
     now = timezone.now()
-    failure = AttemptRecord(1, "x:1", now, now, 5.0, "retry", 503, "HTTP 503", 0.0).to_json()
-    JobRun.objects.filter(job_id=failed[0], scheduled_at=failed[1]).update(
-        status="retrying", attempt=1, attempts=[failure], not_before=now
-    )
+
+    def ended(key, outcome: str, status: str) -> None:
+        entry = AttemptRecord(1, "x:1", now, now, 5.0, outcome, 503, "HTTP 503", None).to_json()
+        JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+            status=status, attempt=1, attempts=[entry], not_before=now, finished_at=now
+        )
+
+    ended(handed_back, "handed back", "retrying")
+    ended(failed, "retry", "retrying")
+    ended(replayed, "dead", "dead")
+    replay_run(job_id=replayed[0], scheduled_at=replayed[1], actor="test")
     # This minute's budget is spent: a retry the host asked for must wait for the next.
     TargetHost.objects.create(
         host="http://127.0.0.1:9", window_start=now, requests=0, retries=5, updated_at=now
     )
 
     claimed = claim_now()
-    assert {r.previous_outcome for r in claimed} == {"lease expired", "retry"}
+    assert sorted(r.previous_outcome for r in claimed) == ["dead", "handed back", "lease expired", "retry"]
     admission = on_executor_connection(
         lambda conn: breakers.admit(
             conn, inflight.breaker_candidates(claimed), policy=Policy(retry_budget_floor=1)
         )
     )
-    assert [key[:2] for key in admission.send] == [orphan]
+    assert sorted(key[:2] for key in admission.send) == sorted([orphan, handed_back, replayed])
     assert [(d.key[:2], "retry budget" in d.reason) for d in admission.defer] == [(failed, True)]
 
 
