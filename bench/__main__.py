@@ -603,6 +603,8 @@ def main() -> None:
         fair_runs, fair_pairs = 20_000, 3
         lag = []
         prefix = "cronyard_bench_"
+    # Read before the run: the report and plots it writes would mark the tree as changed.
+    info = machine()
     workloads = dispatch_workloads()
     from bench import citus
 
@@ -665,7 +667,7 @@ def main() -> None:
     text = write_report(
         report=args.report,
         plots=drawn,
-        info=machine(),
+        info=info,
         dispatch=dispatch,
         execute=execute,
         fair_share=fair_share,
