@@ -363,8 +363,7 @@ class ExecutorSteps:
                 self._fenced(entry)
                 continue
             handed_back = completion.entry["outcome"] == HANDED_BACK
-            if handed_back:
-                self.counters.handed_back += 1
+            self.counters.handed_back += int(handed_back)
             if completion.status == "succeeded":
                 self.counters.succeeded += 1
             elif completion.status == "retrying" and not handed_back:
