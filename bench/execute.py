@@ -229,6 +229,13 @@ def start_executors(procs, count: int, concurrency: int) -> list:
     return started
 
 
+def postgres_cpu_since(before: dict[int, float]) -> float:
+    """CPU seconds the cluster's processes used since `postgres_cpu()` gave `before`;
+    a backend started since counts from zero. Read it while the clients are still
+    connected: a backend that exited took its CPU with it."""
+    return sum(after - before.get(pid, 0.0) for pid, after in postgres_cpu().items())
+
+
 def postgres_cpu() -> dict[int, float]:
     from django.db import connection
 
@@ -279,7 +286,7 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
         elapsed = (last - began).total_seconds() if last else time.monotonic() - started
         executor_cpu = cpu.total([p.pid for p in children]) - executor_cpu
         # (PostgreSQL's figure includes this loop's polling.)
-        pg_cpu = sum(after - pg_before.get(pid, 0.0) for pid, after in postgres_cpu().items())
+        pg_cpu = postgres_cpu_since(pg_before)
         time.sleep(1.0)  # backends report their commit counts within a second of going idle
         xacts = commits() - xacts
         _, failed = finished(tenants)

@@ -70,7 +70,7 @@ def worker(conninfo: str, tenant: int, batch: int, start, done, finish) -> None:
 
 
 def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
-    from bench.execute import clear, enqueue, finished, postgres_cpu
+    from bench.execute import clear, enqueue, finished, postgres_cpu, postgres_cpu_since
     from runs.connections import database_conninfo
 
     clear([tenant])
@@ -89,7 +89,7 @@ def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
     start.set()
     reports = [done.get(timeout=600) for _ in procs]
     elapsed = time.monotonic() - began
-    pg_cpu = sum(after - pg_before.get(pid, 0.0) for pid, after in postgres_cpu().items())
+    pg_cpu = postgres_cpu_since(pg_before)
     finish.set()
     total = sum(claimed for claimed, _ in reports)
     client_cpu = sum(cpu for _, cpu in reports)
