@@ -16,7 +16,7 @@ from typing import Any
 from uuid import UUID
 
 from jobs.models import AuditAction, AuditEntry, Job
-from runs.selectors import redact_target
+from runs.target_secrets import marked_secret, redact_target
 
 # Writes made outside the API and the admin (management commands, tests, the shell).
 SYSTEM = "system"
@@ -59,14 +59,18 @@ def record(
 
 def field_diff(*, before: dict, after: dict) -> dict:
     """`{field: [old, new]}` for the fields whose value changed; targets are redacted, so
-    a changed secret header shows as "***" -> "***" (that it changed, never its value)."""
+    a changed secret header shows as "***" -> "***" (that it changed, never its value).
+
+    Both sides are redacted with the header names either side marks secret: a header
+    that stops being marked still shows "***" on the side that holds its secret."""
     diff = {}
     for name, new in after.items():
         old = before.get(name)
         if old == new:
             continue
         if name == "target":
-            old, new = redact_target(old) if old else old, redact_target(new) if new else new
+            marked = sorted(marked_secret(old) | marked_secret(new))
+            old, new = (redact_target(t, also_secret=marked) if t else t for t in (old, new))
         diff[name] = [old, new]
     return diff
 

@@ -19,7 +19,7 @@ from django.conf import settings
 
 from jobs.models import Job, MisfirePolicy, OverlapPolicy
 from jobs.validation import TRIGGER_FIELDS, JobInvalid, validate_job
-from runs.selectors import unmask_target
+from runs.target_secrets import SecretNotCarried, unmask_target
 
 # Field defaults of a new job (DESIGN section 4); the model agrees.
 DEFAULTS: dict[str, Any] = {
@@ -62,14 +62,26 @@ def job_changes(job: Job, changes: Mapping[str, Any], *, now: datetime) -> dict[
     """The cleaned field changes an edit of `job` (its stored state) really makes.
 
     Naming one trigger replaces the job's trigger (the other two are cleared); a target
-    read back with "***" for its secrets keeps the stored values; the merged state must
+    read back with "***" for its secrets keeps the stored values (and their marking) while
+    it calls the same origin or task, and is refused at another; the merged state must
     satisfy every rule, and "in the future" is demanded only of times the edit changes
     (renaming a finished one-time job works). Raises JobInvalid (model field names).
     """
     _refuse_unknown(changes)
     changes = dict(changes)
     if "target" in changes:
-        changes["target"] = unmask_target(changes["target"], job.target)
+        try:
+            changes["target"] = unmask_target(changes["target"], job.target)
+        except SecretNotCarried as exc:
+            raise JobInvalid(
+                {
+                    "target": [
+                        f'{field}: "***" keeps a stored secret only while the target calls the same '
+                        "origin (scheme, host, port) or task; send the value again."
+                        for field in exc.fields
+                    ]
+                }
+            ) from None
     if any(f in changes for f in TRIGGER_FIELDS):
         for other in TRIGGER_FIELDS:
             changes.setdefault(other, None)

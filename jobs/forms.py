@@ -12,7 +12,7 @@ from jobs import edits
 from jobs.dst_form import DstPolicyMenusField
 from jobs.models import Job
 from jobs.validation import SCHEDULE_KEY, TRIGGER_FIELDS, JobInvalid
-from runs.selectors import redact_target
+from runs.target_secrets import redact_target
 from scheduler_project import db
 
 # Grouped as the admin's fieldsets show them (jobs/admin.py), so each list is written once.

@@ -25,7 +25,7 @@ from jobs.job_admin_views import JobConsoleViews
 from jobs.models import Job
 from jobs.validation import JobInvalid
 from runs import tasks
-from runs.admin_html import status_pill
+from runs.admin_html import status_pill, target_html
 from runs.keys import format_utc
 from runs.models import JobRun
 
@@ -174,7 +174,20 @@ class JobAdmin(JobConsoleViews, JobPagePanels, JobDeleteSummary, admin.ModelAdmi
             return self.fieldsets
         # Paused is changed by the Pause/Resume buttons; shown as the neutral state word.
         head = (None, {"fields": ("tenant", "name", "state", "priority")})
-        return (head, self.activity_fieldset, *self.fieldsets[1:])
+        fieldsets = (head, self.activity_fieldset, *self.fieldsets[1:])
+        if not self.has_change_permission(request, obj):
+            # A view-only page shows every field read-only, and Django would print the
+            # stored target (its secrets) as raw JSON: show the redacted one instead.
+            swap = {"target": "target_redacted"}
+            fieldsets = tuple(
+                (name, {**opts, "fields": tuple(swap.get(f, f) for f in opts["fields"])})
+                for name, opts in fieldsets
+            )
+        return fieldsets
+
+    @admin.display(description="target")
+    def target_redacted(self, job: Job) -> str:
+        return target_html(job.target)
 
     def get_readonly_fields(self, request, obj=None):
         # Pausing and resuming have their own semantics (no past slot fires): use the actions.

@@ -21,6 +21,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from jobs import console, dst_form, services
+from jobs.admin_base import actor_of
 from jobs.describe import check_preview_schedule, preview
 from jobs.field_rules import check_dst_policy
 from jobs.job_admin_page import PREVIEW_COUNT
@@ -92,16 +93,16 @@ class JobConsoleViews:
     def _operate(self, request: HttpRequest, *, job: Job, operation: str, catch_up: str) -> str:
         if operation == "pause":
             was = job.paused
-            services.pause_job(job=job)
+            services.pause_job(job=job, actor=actor_of(request))
             return "The job was already paused." if was else "Paused: no slot fires until it is resumed."
         if operation == "resume":
             was = job.paused
-            job = services.resume_job(job=job, catch_up=catch_up)
+            job = services.resume_job(job=job, catch_up=catch_up, actor=actor_of(request))
             if not was:
                 return "The job was not paused."
             nxt = console.when(job.next_run_at, job, now=db.now())
             return f"Resumed (catch-up: {catch_up}); next run {nxt}."
-        at = services.trigger_job(job=job)
+        at = services.trigger_job(job=job, actor=actor_of(request))
         return f"Queued a manual run at {format_utc(at)}."
 
     def preview_view(self, request: HttpRequest) -> JsonResponse:

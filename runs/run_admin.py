@@ -7,7 +7,6 @@ that executors update concurrently.
 
 from __future__ import annotations
 
-import json
 from uuid import UUID
 
 from django.contrib import admin
@@ -23,7 +22,7 @@ from django.utils.html import format_html, format_html_join
 from jobs.display import moment_html
 from jobs.models import Job
 from runs import attempts, dashboard_admin, selectors, services
-from runs.admin_html import cell, status_pill
+from runs.admin_html import cell, status_pill, target_html
 from runs.keys import parse_utc
 from runs.models import JobRun
 from runs.run_admin_actions import RunOperations
@@ -234,10 +233,7 @@ class JobRunAdmin(RunOperations, admin.ModelAdmin):
 
     @admin.display(description="target (secrets redacted)")
     def target_snapshot(self, run: JobRun) -> str:
-        return format_html(
-            '<pre style="white-space:pre-wrap">{}</pre>',
-            json.dumps(selectors.redact_target(run.target), indent=2),
-        )
+        return target_html(run.target)
 
     # --- search: job id or run key, else name ------------------------------------------
 

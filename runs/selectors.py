@@ -7,12 +7,10 @@ place that looks across both apps, and it only reads.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from uuid import UUID
 
 from django.contrib.admin.models import LogEntry
@@ -25,10 +23,6 @@ from runs.attempts import LEASE_EXPIRED
 from runs.keys import format_utc
 from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
 from scheduler_project import liveness
-
-REDACTED = "***"
-# Header, query-parameter and kwarg names whose values are credentials.
-_SECRET_NAME = re.compile(r"auth|cookie|token|secret|key|passw|credential|session|signature", re.IGNORECASE)
 
 # The outcome the executor's reaper records for an attempt whose lease ran out
 # (runs/reaping.py _REAP_SQL); the underscore spelling is accepted too.
@@ -66,99 +60,6 @@ def get_run(*, job_id: UUID, scheduled_at: datetime, tenant_id: int | None = Non
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
     return qs.first()
-
-
-# --- redaction --------------------------------------------------------------------------
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name or ""))
-
-
-def _redact_url(url: str) -> str:
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, host = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:{REDACTED}@{host}" if ":" in userinfo else f"{REDACTED}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(is_secret_name(name) for name, _ in pairs):
-            query = urlencode([(n, REDACTED if is_secret_name(n) else v) for n, v in pairs], safe="*")
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def marked_secret(target: dict | None) -> frozenset[str]:
-    """Lower-cased header names the client listed in the target's `secret_headers`."""
-    names = target.get("secret_headers") if isinstance(target, dict) else None
-    if not isinstance(names, list):
-        return frozenset()
-    return frozenset(str(name).lower() for name in names)
-
-
-def _redact_mapping(values: object, marked: frozenset[str] = frozenset()) -> object:
-    def secret(name: object) -> bool:
-        return is_secret_name(str(name)) or str(name).lower() in marked
-
-    if isinstance(values, dict):
-        return {name: REDACTED if secret(name) else value for name, value in values.items()}
-    if isinstance(values, list):
-        # Headers given as [[name, value], ...] pairs.
-        out = []
-        for item in values:
-            if isinstance(item, list | tuple) and len(item) == 2 and secret(item[0]):
-                out.append([item[0], REDACTED])
-            else:
-                out.append(item)
-        return out
-    return values
-
-
-def redact_target(target: dict | None) -> dict:
-    """A copy of a target snapshot that is safe to show: credential-looking headers (and
-    those named in `secret_headers`), URL passwords and query parameters, and task
-    kwargs are replaced by "***"."""
-    if not isinstance(target, dict):
-        return {}
-    out = dict(target)
-    if "headers" in out:
-        out["headers"] = _redact_mapping(out["headers"], marked_secret(target))
-    if "kwargs" in out:
-        out["kwargs"] = _redact_mapping(out["kwargs"])
-    if isinstance(out.get("url"), str):
-        out["url"] = _redact_url(out["url"])
-    return out
-
-
-def unmask_target(new: object, stored: object) -> object:
-    """`new` with every "***" that stands for a stored secret replaced by the stored value.
-
-    A client (or the admin form) that read a job gets "***" for its secrets and may send
-    the target back unchanged: that keeps the stored secrets instead of saving "***".
-    Only a value that is exactly "***" under a name the stored target has is restored;
-    a newly typed value always wins.
-    """
-    if not isinstance(new, dict) or not isinstance(stored, dict):
-        return new
-    out = dict(new)
-    for part in ("headers", "kwargs"):
-        given, kept = out.get(part), stored.get(part)
-        if isinstance(given, dict) and isinstance(kept, dict):
-            by_name = {str(name).lower(): value for name, value in kept.items()}
-            out[part] = {
-                name: by_name.get(str(name).lower(), value) if value == REDACTED else value
-                for name, value in given.items()
-            }
-    url, kept_url = out.get("url"), stored.get("url")
-    if isinstance(url, str) and isinstance(kept_url, str) and REDACTED in url:
-        if _redact_url(kept_url) == url:
-            out["url"] = kept_url
-    return out
 
 
 # --- attempts beyond max_attempts ----------------------------------------------------

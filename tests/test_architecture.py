@@ -296,3 +296,35 @@ def test_a_class_name_names_one_thing():
             if isinstance(node, ast.ClassDef) and ".management.commands." not in module:
                 homes.setdefault(node.name, []).append(module)
     assert not {name: where for name, where in homes.items() if len(where) > 1}
+
+
+def _actor_services() -> set[str]:
+    """The service functions that record who acted (they take an `actor` keyword)."""
+    out = set()
+    for name in ("jobs.services", "runs.services"):
+        for node in MODULES[name].body:
+            if isinstance(node, ast.FunctionDef) and any(a.arg == "actor" for a in node.args.kwonlyargs):
+                out.add(node.name)
+    return out
+
+
+def test_every_service_call_names_its_actor():
+    """The audit log names who acted; a call that leaves `actor` to its default records
+    `system` for an operator's click (the job page's buttons once did)."""
+    services = _actor_services()
+    assert {"pause_job", "resume_job", "trigger_job", "create_job", "update_job"} <= services
+    missing = []
+    for name, tree in MODULES.items():
+        if name in ("jobs.services", "runs.services"):
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "services"
+                and node.func.attr in services
+                and not any(k.arg == "actor" for k in node.keywords)
+            ):
+                missing.append(f"{name}:{node.lineno} services.{node.func.attr}")
+    assert missing == [], missing

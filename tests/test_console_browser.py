@@ -17,7 +17,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from jobs import planning, services, tenant_services
-from jobs.models import Job, SchedulerNode
+from jobs.models import AuditEntry, Job, SchedulerNode
 from runs.keys import format_utc
 from runs.models import JobRun
 from runs.queue import enqueue_runs
@@ -511,6 +511,14 @@ def test_job_page_pause_trigger_resume_with_confirmation(signed_in, acme):
     page.wait_for_url(f"**/admin/runs/jobrun/?job={job.pk}")
     expect(page.locator("#result_list tbody tr")).to_have_count(4)
 
+    # Every button is audited under the operator who clicked it, not as `system`.
+    clicks = AuditEntry.objects.filter(job_id=job.pk).exclude(action="create").order_by("id")
+    assert [(e.action, e.actor) for e in clicks] == [
+        ("pause", "admin:admin"),
+        ("trigger", "admin:admin"),
+        ("resume", "admin:admin"),
+    ]
+
 
 def test_create_a_job_with_the_structured_target_form(signed_in, acme):
     page = signed_in
@@ -672,3 +680,33 @@ def test_runs_list_fits_1280_pixels_and_shows_one_moment_format(signed_in, acme)
     )
     b.screenshot(page, "runs_list_1280")
     assert widths[0] <= widths[1] + 1, widths
+
+
+def test_view_only_staff_see_the_target_without_its_secrets(page, web_server, acme):
+    """A staff user who may only view jobs gets every field read-only; the target must
+    still show "***" for every secret, as the editor's form does."""
+    from django.contrib.auth.models import Permission, User
+
+    viewer = User.objects.create_user("viewer", password="viewer-pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    secrets = {
+        "Authorization": "Bearer vo-authorization-1",
+        "X-Sig": "vo-marked-2",
+        "pw": "vo-url-password-3",
+        "token": "vo-query-token-4",
+    }
+    target = {
+        "type": "http",
+        "url": f"https://svc:{secrets['pw']}@hooks.example.com/run?token={secrets['token']}&team=blue",
+        "headers": {"Authorization": secrets["Authorization"], "X-Sig": secrets["X-Sig"], "X-Team": "blue"},
+        "secret_headers": ["X-Sig"],
+    }
+    job = services.create_job(tenant=acme, fields=dict(name="guarded", interval_seconds=600, target=target))
+    b.log_in(page, web_server.url, "viewer", "viewer-pw")
+    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    expect(page.locator(".field-target_redacted")).to_contain_text('"X-Team": "blue"')
+    expect(page.locator("input[type=submit]")).to_have_count(0)  # view-only: no form to save
+    html = page.content()
+    for name, value in secrets.items():
+        assert value not in html, f"{name} shown to a view-only user"
+    assert html.count("***") >= 4

@@ -7,7 +7,7 @@ import pytest
 
 from runs.keys import run_key
 from runs.models import JobRun
-from runs.selectors import redact_target
+from runs.target_secrets import redact_target
 from tests.support.http_target import Reply
 from tests.support.runsapi import make_dead_run, make_job, make_run, minute_slots
 

@@ -11,6 +11,7 @@ import pytest
 
 from jobs.models import AuditEntry, Job
 from runs.models import JobRun
+from runs.target_secrets import redact_target
 from tests.support.executor import wait_for, wait_status
 from tests.support.runsapi import make_dead_run
 
@@ -156,3 +157,136 @@ def test_the_executor_still_sends_the_secrets(processes, http_target, api, setti
     assert trigger["scheduled_at"]
     assert_no_secret(processes.log_of(proc), "the executor log")
     assert_no_secret(api.get(trigger["run"]).content.decode(), "the run detail")
+
+
+# --- through the real web server: what a client of the API meets -----------------------
+
+
+@pytest.fixture
+def http_api(web_server, transactional_db):
+    """A tenant's API over HTTP against gunicorn (committed rows: transactional_db)."""
+    import requests
+
+    from jobs import tenant_services
+
+    _, token = tenant_services.create_tenant(slug="sealed", name="Sealed")
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {token}"
+
+    def call(method: str, path: str, body: dict | None = None) -> requests.Response:
+        return session.request(method, web_server.url + path, json=body, timeout=30)
+
+    return call
+
+
+SIG = "SIGSECRET3"
+
+
+def sealed_target(url: str = "https://hooks.example.com/run", **extra) -> dict:
+    headers = {"X-Sig": SIG, "Authorization": "Bearer sealed-auth-1", "X-Team": "blue"}
+    return {"type": "http", "url": url, "headers": headers, "secret_headers": ["X-Sig"], **extra}
+
+
+@pytest.mark.parametrize("marking", [{}, {"secret_headers": []}], ids=["marking-omitted", "marking-emptied"])
+def test_sending_back_stars_without_the_marking_keeps_the_header_secret(http_api, marking):
+    created = http_api(
+        "POST", "/api/v1/jobs/", {"name": "sig", "interval_seconds": 60, "target": sealed_target()}
+    )
+    assert created.status_code == 201, created.text
+    job = created.json()["id"]
+    sent_back = {
+        "type": "http",
+        "url": "https://hooks.example.com/run",
+        "headers": {"X-Sig": "***"},
+        **marking,
+    }
+    patched = http_api("PATCH", f"/api/v1/jobs/{job}/", {"target": sent_back})
+    assert patched.status_code == 200, patched.text
+    answers = [patched, http_api("GET", f"/api/v1/jobs/{job}/"), http_api("GET", "/api/v1/audit/")]
+    for answer in answers:
+        assert SIG not in answer.text, answer.url
+    assert answers[1].json()["target"]["headers"] == {"X-Sig": "***"}
+    # Kept, and still what the executor sends.
+    assert Job.objects.get(pk=job).target["headers"] == {"X-Sig": SIG}
+    assert SIG not in json.dumps(list(AuditEntry.objects.values_list("changes", flat=True)))
+    # A newly typed value without the marking is the client's choice: it is then plain.
+    retyped = http_api("PATCH", f"/api/v1/jobs/{job}/", {"target": {**sent_back, "headers": {"X-Sig": "v2"}}})
+    assert retyped.status_code == 200 and retyped.json()["target"]["headers"] == {"X-Sig": "v2"}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://elsewhere.example.net/run",  # another host
+        "https://hooks.example.com:8443/run",  # another port
+        "http://hooks.example.com/run",  # another scheme
+    ],
+)
+def test_a_secret_does_not_follow_the_target_to_another_origin(http_api, url):
+    created = http_api(
+        "POST", "/api/v1/jobs/", {"name": "o", "interval_seconds": 60, "target": sealed_target()}
+    )
+    job = created.json()["id"]
+    before = Job.objects.get(pk=job).target
+    moved = {**created.json()["target"], "url": url}
+    refused = http_api("PATCH", f"/api/v1/jobs/{job}/", {"target": moved})
+    assert refused.status_code == 400, refused.text
+    problems = " ".join(refused.json()["target"])
+    assert "headers.X-Sig" in problems and "headers.Authorization" in problems
+    assert Job.objects.get(pk=job).target == before  # nothing written
+    # Sending the secrets again moves the target.
+    again = {**moved, "headers": {"X-Sig": "new-sig", "Authorization": "Bearer new", "X-Team": "blue"}}
+    assert http_api("PATCH", f"/api/v1/jobs/{job}/", {"target": again}).status_code == 200
+    assert Job.objects.get(pk=job).target["url"] == url
+
+
+def test_stars_keep_the_secrets_at_the_same_origin(http_api):
+    target = sealed_target("https://svc:url-pass-9@hooks.example.com/run?token=q-tok-8&team=blue")
+    created = http_api("POST", "/api/v1/jobs/", {"name": "same", "interval_seconds": 60, "target": target})
+    read = created.json()["target"]
+    assert "url-pass-9" not in created.text and "q-tok-8" not in created.text
+    # Another path on the same origin, the URL's credentials sent back as read.
+    read["url"] = read["url"].replace("/run?", "/v2/run?")
+    patched = http_api("PATCH", f"/api/v1/jobs/{created.json()['id']}/", {"target": read})
+    assert patched.status_code == 200, patched.text
+    stored = Job.objects.get(pk=created.json()["id"]).target
+    assert stored["url"] == "https://svc:url-pass-9@hooks.example.com/v2/run?token=q-tok-8&team=blue"
+    assert stored["headers"]["Authorization"] == "Bearer sealed-auth-1"
+    # The same URL credentials sent to another host are refused, naming the URL.
+    read["url"] = read["url"].replace("hooks.example.com", "elsewhere.example.net")
+    read["headers"] = {"X-Team": "blue"}
+    refused = http_api("PATCH", f"/api/v1/jobs/{created.json()['id']}/", {"target": read})
+    assert refused.status_code == 400 and any(p.startswith("url:") for p in refused.json()["target"])
+
+
+def test_the_migration_redacts_what_the_audit_log_already_holds(api, tenant):
+    """Entries written while "***" could drop a header's marking hold its value in clear;
+    the data migration redacts them and gives the job and its runs the marking back."""
+    import importlib
+
+    from django.apps import apps
+    from django.db import connection
+
+    from jobs import audit, services
+
+    migration = importlib.import_module("jobs.migrations.0013_redact_audit_secrets")
+    job = services.create_job(tenant=tenant, fields=dict(name="old", interval_seconds=60, target=target()))
+    unmarked = {**target(), "secret_headers": []}  # what the old write path stored
+    Job.objects.filter(pk=job.pk).update(target=unmarked)
+    job.refresh_from_db()
+    make_dead_run(job, datetime(2026, 3, 8, 7, tzinfo=UTC))
+    audit.record(
+        actor="tenant:old", action="update", job=job, changes={"target": [redact_target(target()), unmarked]}
+    )
+    assert SECRETS["X-Signed-By"] in json.dumps(list(AuditEntry.objects.values_list("changes", flat=True)))
+
+    with connection.schema_editor() as editor:
+        migration.redact(apps, editor)
+
+    assert_no_secret(json.dumps(list(AuditEntry.objects.values_list("changes", flat=True))), "the audit log")
+    shown = api.get(f"/api/v1/jobs/{job.pk}/").json()["target"]["headers"]
+    assert shown["X-Signed-By"] == "***"
+    run = api.get(f"/api/v1/runs/{job.pk}/2026-03-08T07:00:00Z/").json()
+    assert run["target"]["headers"]["X-Signed-By"] == "***"
+    # Still sent: the stored value is untouched.
+    assert Job.objects.get(pk=job.pk).target["headers"]["X-Signed-By"] == SECRETS["X-Signed-By"]

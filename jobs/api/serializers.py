@@ -14,7 +14,7 @@ from jobs.health import overdue_seconds
 from jobs.jitter import JITTER_MAX_SECONDS
 from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
 from runs.api.fields import RejectUnknownMixin
-from runs.selectors import redact_target
+from runs.target_secrets import redact_target
 
 from .fields import StrictBooleanField, StrictCharField, StrictIntegerField, UtcDateTimeField
 

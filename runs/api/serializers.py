@@ -11,7 +11,8 @@ from runs import attempts
 from runs.api.fields import RejectUnknownMixin, UtcDateTimeField
 from runs.keys import format_utc
 from runs.models import JobRun, RunStatus
-from runs.selectors import attempt_note, dispatch_note, redact_target
+from runs.selectors import attempt_note, dispatch_note
+from runs.target_secrets import redact_target
 
 
 def run_path_kwargs(run: JobRun) -> dict:
