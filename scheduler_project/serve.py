@@ -24,6 +24,8 @@ def gunicorn_command(*, port: int, workers: int = 2, python: str = sys.executabl
     """The web server on 127.0.0.1:`port`; run with cwd=ROOT."""
     return [
         str(Path(python).parent / "gunicorn"),
+        "--config",
+        "python:scheduler_project.gunicorn_conf",
         "scheduler_project.wsgi",
         "--bind",
         f"127.0.0.1:{port}",

@@ -28,7 +28,7 @@ def free_port() -> int:
 
 
 class WebServer:
-    def __init__(self, *, database_url: str, workdir: Path):
+    def __init__(self, *, database_url: str, workdir: Path, env: dict[str, str] | None = None):
         self.log_path = workdir / "gunicorn.log"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -43,6 +43,7 @@ class WebServer:
             # The registry the test executors load (tests/conftest.py child_env): the admin's
             # kwargs form is driven with the test tasks too.
             "EXECUTOR_TASK_MODULES": "runs.builtin_tasks,tests.support.tasks",
+            **(env or {}),
         }
         self.proc: subprocess.Popen | None = None
         self.workers = 2
