@@ -124,7 +124,7 @@ def next_due(cursor, *, owned: Sequence[int], now: datetime) -> datetime | None:
 # Row-locking and writing statements name the partition. On plain PostgreSQL one
 # statement covers the batch (`partition_id = ANY(...)`, which the (partition_id, id)
 # primary key serves); on Citus, which runs FOR UPDATE and cheap writes only inside one
-# shard (DESIGN section 10), the same statement runs once per partition of the batch
+# shard (docs/CONTRACT.md, "Beyond one server"), the same statement runs once per partition of the batch
 # with `partition_id = $n`. A sparse batch then costs a statement per partition: that
 # is the price of Citus, and single-server users do not pay it (docs/DECISIONS.md,
 # "Dispatch on Citus").

@@ -2,7 +2,7 @@
 
 Claims lock and write in one partition per statement (runs/claims.py), so a batch is
 gathered partition by partition. Which partitions, and in which order, is what keeps
-fair share across tenants (DESIGN section 5): this read ranks the runs every tenant
+fair share across tenants (docs/CONTRACT.md, "Execution"): this read ranks the runs every tenant
 with a free slot would hand out next, exactly as a claim ranks them ((runs it has
 running + its k-th pick) / weight, then effective priority, then age), keeps the first
 `limit` of them, and returns their partitions best rank first, each with the tenants
@@ -10,7 +10,7 @@ whose runs put it there. A tenant with nothing running therefore puts its partit
 at the head of the list while a busy tenant's backlog waits: the partition of the
 run fair share would pick next is claimed next, wherever it lives.
 
-Reads may span partitions (DESIGN section 10: a row lock must not). Two forms of the
+Reads may span partitions (docs/CONTRACT.md, "Beyond one server": a row lock must not). Two forms of the
 same read, chosen per connection (runs/connections.is_citus):
 - plain PostgreSQL: per open tenant, two index-ordered probes (best priority, longest
   waiting), as cheap as the claim's own;

@@ -5,7 +5,7 @@ Django ORM, so the hot path costs a few round trips per batch. Each function run
 its own transaction unless it says otherwise.
 
 Every statement that writes or locks a run on Citus names its one `partition_id`
-(DESIGN section 10: `FOR UPDATE` and cheap writes exist only inside one shard); on
+(docs/CONTRACT.md, "Beyond one server": `FOR UPDATE` and cheap writes exist only inside one shard); on
 plain PostgreSQL the heartbeat names all of a batch's partitions at once
 (runs/per_partition.py: one template, two forms), and the batch claim, one statement
 over every partition, names none (_CLAIM_SQL says why). Keyed joins also name each

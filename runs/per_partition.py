@@ -1,7 +1,7 @@
 """Statements that address partitions: one statement per partition on Citus, one for the
 whole batch on plain PostgreSQL.
 
-Every write of the executor names the partitions it touches (DESIGN section 10). On
+Every write of the executor names the partitions it touches (docs/CONTRACT.md, "Beyond one server"). On
 Citus a statement must address ONE partition (`FOR UPDATE` and cheap writes exist only
 inside one shard), so a batch that spans partitions becomes one statement per
 partition, pipelined. Plain PostgreSQL has no such limit, and a statement per

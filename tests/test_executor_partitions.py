@@ -1,4 +1,4 @@
-"""The executor's statements address one partition each (DESIGN section 10).
+"""The executor's statements address one partition each (docs/CONTRACT.md, "Beyond one server").
 
 On Citus, `FOR UPDATE` works only inside one shard and a write that names no
 partition_id goes to every shard; volatile functions, and stable ones applied to
