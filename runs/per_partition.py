@@ -17,8 +17,8 @@ cheaper-looking path: scan those partitions' rows of the day (the unique key's f
 column) and hash-join them, instead of one keyed lookup per row. Its cost grows with
 the rows of the day and with the number of day partitions (each one costed, though
 run-time pruning probes one per row): with 38 day partitions an outcome write read
-~2,900 buffers for 64 runs, and 320 without the filter (docs/DECISIONS.md, "Day
-partitions", stop 21).
+~2,900 buffers for 64 runs, and 320 without the filter
+(docs/decisions/0040-per-partition-statements.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ primary key, unique key and foreign key between them to contain it; plain Postgr
 gets the same keys, so there is one schema. The Django models keep their single-field
 `id` key (the admin refuses CompositePrimaryKey): only the database side changes here,
 and the foreign keys to jobs become composite ones Django does not know about
-(state: db_constraint=False). See docs/DECISIONS.md.
+(state: db_constraint=False). See docs/decisions/0001-run-identity.md.
 
 jobs.id stays unique in practice: partition_id is a function of the id
 (jobs.services.partition_for), so (partition_id, id) is unique exactly when id is.
