@@ -460,7 +460,7 @@ in {minutes:.1f} minutes, commit {info["commit"]}.
 
 Machine: {info["cpu"]}, {info["cores"]} cores, {info["ram_gb"]} GB RAM, {info["arch"]}; Python
 {info["python"]}; PostgreSQL {info["postgres"]} (the embedded cluster, default settings).
-The machine is shared with other engineers' builds and tests: absolute numbers are noisy.
+The machine may be shared with other builds and tests: absolute numbers are noisy.
 Each Cronyard figure was taken right beside its limit (interleaved), so read the ratios.
 
 ## Dispatch: N jobs all due, time until every run row exists
@@ -535,8 +535,7 @@ measured window, after the warm-up. Targets: p50 < 0.5 s, p99 < 2 s.
 
 ![lag distribution]({relative(plots["lag"], report)})
 
-What these numbers mean, where the time goes and what would move them:
-`docs/DECISIONS.md`, "Benchmarks (issue 12)".
+How these numbers are measured, and why that way: `docs/decisions/0065-benchmark-harness.md`.
 
 ## Occurrence ledger: a year of a minutely job, page by page
 

@@ -86,7 +86,7 @@ def wait_for_runs(conn, *, n: int, moment, started: float, timeout: float) -> fl
     jobs_due_order_idx, because a job's next_run_at moves past the moment in the very
     transaction that inserts its run. It used to count the runs every 0.1 s: at 1M
     jobs that count took ~160 ms with two parallel workers, most of a core of this
-    2-core machine spent by the benchmark itself (docs/DECISIONS.md, "1M jobs").
+    2-core machine spent by the benchmark itself (docs/decisions/0065-benchmark-harness.md).
     The runs are counted once at the end (and again until they are all there: a job
     whose schedule cannot be computed stops without a run, and then the round times out).
     """

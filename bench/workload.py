@@ -1,4 +1,5 @@
-"""The jobs the dispatch benchmarks fire: what users schedule (DESIGN section 9), or intervals only.
+"""The jobs the dispatch benchmarks fire: what users schedule (docs/CONTRACT.md, "Benchmark workload"),
+or intervals only.
 
     realistic  cron in a dozen IANA zones (hourly `0 * * * *` and `H * * * *`, daily
                `0 9 * * *` local, weekdays `0 9 * * 1-5`, `*/5 * * * *`) plus 15 %

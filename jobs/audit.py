@@ -6,7 +6,7 @@ UPDATE of paused") and carry the caller's intent (a resume's catch-up choice), n
 which a row trigger sees; and the scheduler's and executors' own writes (millions of
 next_run_at advances and outcome writes) must not be audited at all. The call sits
 inside the service's transaction, so an entry exists exactly when the change committed.
-See docs/DECISIONS.md.
+See docs/decisions/0014-audit-log.md.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ def read_due(cursor, *, owned: Sequence[int], now: datetime, cutoff: datetime, l
 
 
 # The earliest upcoming slot of the owned partitions. An idle scheduler sleeps until
-# then instead of a whole poll interval (end-to-end lag, docs/DECISIONS.md). Walks
+# then instead of a whole poll interval (docs/decisions/0030-idle-scheduler-sleeps.md). Walks
 # jobs_due_order_idx (next_run_at, not paused) from `now`: with k schedulers about k
 # entries until one of ours. On Citus each shard answers from its own copy of that
 # index and the coordinator takes the smallest (a per-partition LATERAL probe cannot
@@ -124,10 +124,10 @@ def next_due(cursor, *, owned: Sequence[int], now: datetime) -> datetime | None:
 # Row-locking and writing statements name the partition. On plain PostgreSQL one
 # statement covers the batch (`partition_id = ANY(...)`, which the (partition_id, id)
 # primary key serves); on Citus, which runs FOR UPDATE and cheap writes only inside one
-# shard (DESIGN section 10), the same statement runs once per partition of the batch
+# shard (docs/CONTRACT.md, "Beyond one server"), the same statement runs once per partition of the batch
 # with `partition_id = $n`. A sparse batch then costs a statement per partition: that
-# is the price of Citus, and single-server users do not pay it (docs/DECISIONS.md,
-# "Dispatch on Citus").
+# is the price of Citus, and single-server users do not pay it
+# (docs/decisions/0053-citus-dispatch.md).
 _ONE = "j.partition_id = %b::smallint"
 _MANY = "j.partition_id = ANY(%b::smallint[])"
 

@@ -21,7 +21,7 @@ from jobs.models import Job, MisfirePolicy, OverlapPolicy
 from jobs.validation import TRIGGER_FIELDS, JobInvalid, validate_job
 from runs.target_secrets import SecretNotCarried, unmask_target
 
-# Field defaults of a new job (DESIGN section 4); the model agrees.
+# Field defaults of a new job (docs/CONTRACT.md, "REST API"); the model agrees.
 DEFAULTS: dict[str, Any] = {
     "time_zone": "UTC",
     "misfire_policy": MisfirePolicy.RUN_ONCE,

@@ -22,7 +22,7 @@ from runs.keys import format_utc
 # integer and a start more than a day after its slot is a different schedule.
 JITTER_MAX_SECONDS = 86_400
 # "Shortest gap" of a cron schedule: the smallest distance between its next
-# GAP_SAMPLE fire times after now (see docs/DECISIONS.md). Fifty covers two days of
+# GAP_SAMPLE fire times after now (docs/decisions/0012-jitter.md). Fifty covers two days of
 # an hourly job, seven weeks of a daily one, a year of a weekly one.
 GAP_SAMPLE = 50
 # Offsets have millisecond resolution: whole seconds would stack a 30 s window's

@@ -25,7 +25,7 @@ class DueJob:
 
     The scheduler plans from these rather than ORM instances: building 500 Job models
     per batch (from_db, init signals, field conversions) was a fifth of its time at
-    100k due jobs (docs/DECISIONS.md). Every function here takes a Job or a DueJob.
+    100k due jobs (docs/decisions/0029-dispatch-hot-path.md). Every function here takes a Job or a DueJob.
     """
 
     id: UUID
@@ -110,7 +110,7 @@ def _next_cron_slot(job: Job | DueJob, *, after: datetime) -> datetime | None:
     an `H` the expression is compiled unseeded (one cache entry for the group instead
     of one per job, which thrashed the 16k-entry cache) and the search itself is
     cached on (expanded expression, zone, policy, instant). Profiled at 100k due
-    realistic jobs this was 40 % of the scheduler's time (docs/DECISIONS.md).
+    realistic jobs this was 40 % of the scheduler's time (docs/decisions/0029-dispatch-hot-path.md).
     """
     seed = job.id if "H" in job.cron_expr.upper() else None
     compiled = compile_cron(job.cron_expr, seed)

@@ -9,7 +9,7 @@ key and the compare-and-set that created it are untouched; only its start moves,
 
 The budget is shared by every scheduler through `tenant_dispatch_windows` (tenant,
 minute, runs), written in the dispatch transaction after the runs are inserted (see
-jobs/rate_limit_sql.py and docs/DECISIONS.md):
+jobs/rate_limit_sql.py and docs/decisions/0028-tenant-rate-limit.md):
 
     lock the tenants' lock rows (tenant order)  -> allocations of a tenant serialise
     read their minutes from the current one on -> fresh snapshot after the lock

@@ -53,7 +53,7 @@ SUMMARY_EVERY_SECONDS = 30
 # Jobs per dispatch transaction when SCHEDULER_BATCH_SIZE is 0 (its default). On Citus a
 # batch costs about a millisecond per shard each of its multi-shard statements touches
 # (the insert, the overlap read) whatever its size, so larger batches amortise it:
-# 10k due jobs dispatched at 2.7k runs/s with 500, 5.1k with 2000 (docs/DECISIONS.md).
+# 10k due jobs dispatched at 2.7k runs/s with 500, 5.1k with 2000 (docs/decisions/0053-citus-dispatch.md).
 BATCH_SIZE = 500
 CITUS_BATCH_SIZE = 2000
 
@@ -294,7 +294,7 @@ class Scheduler(Loop):
         """Sleep until the next owned job is due, at most a poll interval.
 
         Polling once a second made the poll the largest part of end-to-end lag (p50
-        0.70 s at 200 runs/s; 0.27 s with a 0.2 s poll, docs/DECISIONS.md). A job
+        0.70 s at 200 runs/s; 0.27 s with a 0.2 s poll; docs/decisions/0030-idle-scheduler-sleeps.md). A job
         created or edited meanwhile is found by the next poll at the latest, as before.
         """
         due, self._next_due_mono = self._next_due_mono, None

@@ -99,7 +99,7 @@ def update_job(
     The rules are judged on the locked row, not on the caller's copy: an edit that was
     valid against a stale read (a jitter another edit raised meanwhile) is refused.
     A schedule change restarts from the next future slot. Edits never fire a slot that
-    is already past (DESIGN section 3): the slots that fell before the edit took effect
+    is already past (docs/CONTRACT.md, "Time and DST"): the slots that fell before the edit took effect
     are not misfires. They are recorded in the ledger as missed (`schedule_changed`, or
     `paused` for a paused job), with the schedule they belonged to. A change of `paused`
     has the meaning of pause/resume (resuming never fires the slots that fell while

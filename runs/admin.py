@@ -1,4 +1,4 @@
-"""Runs in the admin (DESIGN section 7); this module registers the pages, each concept
+"""Runs in the admin (docs/CONTRACT.md, "Console"); this module registers the pages, each concept
 has its own module:
 
 - runs/run_admin.py: the runs list and a run's read-only page;

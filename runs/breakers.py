@@ -1,4 +1,4 @@
-"""Circuit breakers and retry budgets per target host (DESIGN section 5).
+"""Circuit breakers and retry budgets per target host (docs/CONTRACT.md, "Execution").
 
 State lives in `target_hosts`, one row per scheme://host:port, shared by every
 executor. Two short transactions touch it, each locking the rows of the hosts it

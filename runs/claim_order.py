@@ -2,7 +2,7 @@
 
 Claims lock and write in one partition per statement (runs/claims.py), so a batch is
 gathered partition by partition. Which partitions, and in which order, is what keeps
-fair share across tenants (DESIGN section 5): this read ranks the runs every tenant
+fair share across tenants (docs/CONTRACT.md, "Execution"): this read ranks the runs every tenant
 with a free slot would hand out next, exactly as a claim ranks them ((runs it has
 running + its k-th pick) / weight, then effective priority, then age), keeps the first
 `limit` of them, and returns their partitions best rank first, each with the tenants
@@ -10,7 +10,7 @@ whose runs put it there. A tenant with nothing running therefore puts its partit
 at the head of the list while a busy tenant's backlog waits: the partition of the
 run fair share would pick next is claimed next, wherever it lives.
 
-Reads may span partitions (DESIGN section 10: a row lock must not). Two forms of the
+Reads may span partitions (docs/CONTRACT.md, "Beyond one server": a row lock must not). Two forms of the
 same read, chosen per connection (runs/connections.is_citus):
 - plain PostgreSQL: per open tenant, two index-ordered probes (best priority, longest
   waiting), as cheap as the claim's own;
@@ -18,7 +18,7 @@ same read, chosen per connection (runs/connections.is_citus):
   column cannot be pushed down to the shards, so the shards each aggregate their
   runnable runs per (partition, tenant) (a pushed-down GROUP BY on the distribution
   column) and the coordinator ranks those groups. It reads every runnable row once,
-  spread over the workers; see docs/DECISIONS.md for what that costs.
+  spread over the workers (docs/decisions/0033-claim-transaction.md; what that costs: docs/SCALING.md).
 """
 
 from __future__ import annotations
@@ -57,15 +57,14 @@ _NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
 # 0.5% of the rows whenever one end is a parameter, as OPEN_FROM is in a generic plan,
 # and then the tenant's (tenant_id, scheduled_at) index looked cheaper than the probe's
 # ordered index: the generic plan read a tenant's whole day and sorted it (20,000 rows
-# for 32 picks, 3 ms of database time per run; docs/DECISIONS.md, "Statistics of a table
-# that filled since its last ANALYZE", stop 22).
+# for 32 picks, 3 ms of database time per run; docs/decisions/0035-claim-day-bounds.md).
 NOT_AHEAD = "(r.scheduled_at < now() + interval '1 day' OR r.scheduled_at IS NULL)"
 
 # ... and queued or retrying runs scheduled before the oldest day that holds an open run
 # (OpenFrom; running runs are all counted, see runs/claims.py `busy`): the
 # days before it hold only finished runs, and with the default 30 days of retention a
 # probe that could not rule them out visited 30 empty index ranges per tenant
-# (docs/DECISIONS.md, "Day partitions", stop 21). A parameter, so that even a generic
+# (docs/decisions/0035-claim-day-bounds.md). A parameter, so that even a generic
 # plan leaves those partitions out when it starts. '-infinity' where there is no bound.
 OPEN_FROM = "r.scheduled_at >= %(open_from)s::timestamptz"
 
@@ -223,7 +222,7 @@ async def plan(conn, *, limit: int, aging_seconds: float, open_from: datetime | 
 # How long a claimer claims again from its last plan, without reading a new one, while
 # its claims with it come back full: a backlog draining, where the read ranked the same
 # tenants the same way claim after claim (0.8-1.0 ms of database time per claim with 20
-# tenants, more than a tenth of the executor's per run; docs/DECISIONS.md, stop 23).
+# tenants, more than a tenth of the executor's per run; docs/decisions/0034-plan-reuse.md).
 PLAN_REUSE_SECONDS = 0.25
 
 

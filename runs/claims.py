@@ -5,7 +5,7 @@ Django ORM, so the hot path costs a few round trips per batch. Each function run
 its own transaction unless it says otherwise.
 
 Every statement that writes or locks a run on Citus names its one `partition_id`
-(DESIGN section 10: `FOR UPDATE` and cheap writes exist only inside one shard); on
+(docs/CONTRACT.md, "Beyond one server": `FOR UPDATE` and cheap writes exist only inside one shard); on
 plain PostgreSQL the heartbeat names all of a batch's partitions at once
 (runs/per_partition.py: one template, two forms), and the batch claim, one statement
 over every partition, names none (_CLAIM_SQL says why). Keyed joins also name each
@@ -14,8 +14,7 @@ count or choose (tenants' running runs, which partitions to claim from, expired 
 may span partitions. Times derived from a column (lease ends, retry times) are computed
 from a timestamp passed in, not from now() inside the UPDATE, and attempt entries are
 built outside UPDATE ... SET: Citus refuses volatile functions, and stable ones applied
-to columns, in a distributed UPDATE. docs/DECISIONS.md, "Executors address one
-partition per statement".
+to columns, in a distributed UPDATE. docs/decisions/0040-per-partition-statements.md.
 """
 
 from __future__ import annotations
@@ -143,7 +142,7 @@ superseded AS (
     -- occurrence of its job waits, runs or has succeeded (an old retry or a replay
     -- would run beside it, or redo stale work after it): it is cancelled instead.
     -- Claims of one job are serialised by the tenant lock, so every order ends with
-    -- at most one running occurrence (see docs/DECISIONS.md).
+    -- at most one running occurrence (see docs/decisions/0036-cancel-previous.md).
     SELECT p.partition_id, p.id, p.job_id, p.scheduled_at FROM picked p
     WHERE p.overlap_policy = 'cancel_previous'
       AND EXISTS (SELECT 1 FROM job_runs n
@@ -335,8 +334,8 @@ async def _claim_batch(conn, params: dict, tenant_ids: Sequence[int]) -> list[Cl
     itself. BEGIN, the locks, the claim and COMMIT go in one pipeline sync: one round
     trip, the lock held for that one.
 
-    The executor waits on round trips, not CPU (docs/DECISIONS.md, "Executor claims:
-    profile and changes"): psycopg's transaction() syncs at BEGIN, and fetching
+    The executor waits on round trips, not CPU (docs/decisions/0033-claim-transaction.md):
+    psycopg's transaction() syncs at BEGIN, and fetching
     the counts and then the claim before the commit made this four waits."""
     try:
         async with conn.pipeline():

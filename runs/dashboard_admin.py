@@ -1,4 +1,4 @@
-"""The operations dashboard (DESIGN section 7): lateness, queue depth, nodes, partitions,
+"""The operations dashboard (docs/CONTRACT.md, "Console"): lateness, queue depth, nodes, partitions,
 tenants and circuits, with server-rendered SVG charts; a read-only page."""
 
 from __future__ import annotations

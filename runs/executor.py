@@ -16,7 +16,7 @@ failures, and shuts down:
 
 They are separate tasks, not one sequential loop, because each has its own connection
 and none may wait behind another: a heartbeat stuck behind a slow write would let a
-lease lapse and the run be executed twice (docs/DECISIONS.md, "The executor's steps"),
+lease lapse and the run be executed twice (docs/decisions/0031-executor-process.md),
 and a reaper behind a claim that waits for a stalled executor's tenant lock would leave
 that executor's runs unreaped for as long as it stalls.
 

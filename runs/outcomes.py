@@ -71,8 +71,8 @@ per_job AS (
 -- already recorded (a replay, a backfill, a late retry); and refreshed at most once a
 -- day, for when retention has dropped the runs. So the common case writes no job
 -- row: writing it cost a third of the executor's database time per run
--- (docs/DECISIONS.md). Under READ COMMITTED the condition is checked again on the row
--- as locked.
+-- (docs/decisions/0027-job-health-and-alerts.md). Under READ COMMITTED the condition
+-- is checked again on the row as locked.
 locked AS MATERIALIZED (
     SELECT jb.id FROM jobs jb JOIN per_job p ON p.partition_id = jb.partition_id AND p.job_id = jb.id
     WHERE jb.partition_id {partition_filter} AND jb.id = ANY(%(job_ids)s::uuid[])
@@ -103,7 +103,7 @@ health AS (
 -- Each part also names the batch's job ids (`= ANY(%(job_ids)s)`): an index condition
 -- bounded by the batch, whatever the statistics say. A generic plan made while jobs
 -- looked empty (stale statistics after a bulk load or delete) read every jobs row per
--- batch instead, 21,000 buffers for 100 runs (docs/DECISIONS.md, stop 21).
+-- batch instead, 21,000 buffers for 100 runs (docs/decisions/0040-per-partition-statements.md).
 -- (A data-modifying WITH runs to completion whether or not the result reads it.)
 SELECT job_id, scheduled_at, attempt FROM done
 """.replace("{handed_back}", HANDED_BACK)

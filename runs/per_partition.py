@@ -1,7 +1,7 @@
 """Statements that address partitions: one statement per partition on Citus, one for the
 whole batch on plain PostgreSQL.
 
-Every write of the executor names the partitions it touches (DESIGN section 10). On
+Every write of the executor names the partitions it touches (docs/CONTRACT.md, "Beyond one server"). On
 Citus a statement must address ONE partition (`FOR UPDATE` and cheap writes exist only
 inside one shard), so a batch that spans partitions becomes one statement per
 partition, pipelined. Plain PostgreSQL has no such limit, and a statement per
@@ -17,8 +17,8 @@ cheaper-looking path: scan those partitions' rows of the day (the unique key's f
 column) and hash-join them, instead of one keyed lookup per row. Its cost grows with
 the rows of the day and with the number of day partitions (each one costed, though
 run-time pruning probes one per row): with 38 day partitions an outcome write read
-~2,900 buffers for 64 runs, and 320 without the filter (docs/DECISIONS.md, "Day
-partitions", stop 21).
+~2,900 buffers for 64 runs, and 320 without the filter
+(docs/decisions/0040-per-partition-statements.md).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ planner scales rows per page by the current pages, so it estimates the table at 
 to nothing however full it gets, until the next `ANALYZE`. Autovacuum runs that within
 `autovacuum_naptime` (a minute) of enough changes; until then a claim joined its keys to
 such a partition by reading all of it once per key (1.15 s for a claim of 100 runs over
-20,000), and 20,000 runs drained at 302-449 runs/s instead of ~6,500 (docs/DECISIONS.md,
-"Statistics of a table that filled since its last ANALYZE", stop 22). A partition never
+20,000), and 20,000 runs drained at 302-449 runs/s instead of ~6,500
+(docs/decisions/0047-planner-statistics.md). A partition never
 analyzed is estimated from its size: the new day at 00:00 is not in that state, the
 day after a delete is.
 

@@ -1,6 +1,6 @@
 """JSON Schema of a task's kwargs, derived from its signature, and a checker for it.
 
-A small explicit mapper, not pydantic (see docs/DECISIONS.md): task kwargs arrive as
+A small explicit mapper, not pydantic (docs/decisions/0017-task-kwargs-schema.md): task kwargs arrive as
 JSON, so the useful types are JSON's own. Mapped: int, float, str, bool, None,
 list[T] / tuple[T, ...], dict[str, T], Optional[T] / T | None, Literal[...], Any.
 Any other annotation (a class of the task's own) is left open (`{}`) rather than

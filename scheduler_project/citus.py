@@ -114,7 +114,7 @@ def citus_installed(cursor) -> bool:
     return bool(cursor.fetchone()[0])
 
 
-# What goes where on Citus (docs/DECISIONS.md). Distributed by partition_id and
+# What goes where on Citus (docs/decisions/0051-citus-placement.md). Distributed by partition_id and
 # co-located with jobs, so a job, its runs, misfires and ledger ranges share a shard
 # and every hot statement (one partition_id) is a single-shard statement.
 DISTRIBUTED = ("jobs", "job_runs", "job_misfires", "job_slot_ranges")
@@ -153,8 +153,8 @@ def distribute(cursor) -> list[str]:
     return changed
 
 
-# Session defaults of a Cronyard database on Citus (docs/DECISIONS.md, "One connection
-# per worker for a multi-shard statement"). Every statement Cronyard sends is a short
+# Session defaults of a Cronyard database on Citus
+# (docs/decisions/0052-citus-session-defaults.md). Every statement Cronyard sends is a short
 # one: a multi-shard read (a tenant's running runs, the claim plan, the admin's counts)
 # touches a few rows in each of 32 shards x ~9 day partitions. With Citus's default
 # pool (up to 16 connections per worker per statement, 1 kept open) each such read

@@ -1,4 +1,4 @@
-"""Settings come from the environment (DESIGN section 1); every one is optional."""
+"""Settings come from the environment (docs/CONTRACT.md, "Commands and settings"); every one is optional."""
 
 import sys
 from pathlib import Path
@@ -139,7 +139,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
-# Scheduler and executor knobs (DESIGN section 1).
+# Scheduler and executor knobs (docs/CONTRACT.md, "Commands and settings").
 SCHEDULER_PARTITIONS = env.int("SCHEDULER_PARTITIONS", default=256)
 SCHEDULER_POLL_SECONDS = env.float("SCHEDULER_POLL_SECONDS", default=1.0)
 # 0: the engine's default, 500 jobs on PostgreSQL and 2000 on Citus (jobs/scheduler.py).

@@ -1,4 +1,4 @@
-"""Every path answers with and without the trailing slash (DESIGN section 4).
+"""Every path answers with and without the trailing slash (docs/CONTRACT.md, "REST API").
 
 `both()` is the one way to say it for a plain route: the named spelling is the one
 `reverse` hands out and the OpenAPI schema documents; the other is an alias left out

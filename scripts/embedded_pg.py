@@ -533,7 +533,7 @@ def write_config(
         f"shared_buffers = {shared_buffers_mb()}MB",
         # A 1M-job burst writes ~3 GB of WAL in a minute; with the default 1GB a
         # checkpoint was forced every ~0.5 GB and the full-page images after each one
-        # inflated the WAL further (docs/DECISIONS.md, "1M jobs: where the cost grows").
+        # inflated the WAL further (docs/decisions/0065-benchmark-harness.md).
         "max_wal_size = 8GB",
     ]
     if preload_statements:
@@ -722,7 +722,7 @@ def shared_buffers_mb() -> int:
     At 1M jobs the pages a dispatch touches at random (jobs and its indexes, the run
     keys) are ~1.5 GB; with 256 MB every batch read them back from the OS cache and
     backends wrote dirty pages out themselves to make room, and the cost per run
-    doubled from 100k to 1M jobs (docs/DECISIONS.md, "1M jobs: where the cost grows").
+    doubled from 100k to 1M jobs (docs/decisions/0065-benchmark-harness.md).
     The memory is used only as pages are touched (anonymous shared memory), so a
     test cluster that never grows stays small.
     """

@@ -291,7 +291,7 @@ def test_error_bodies_are_json_not_html(api):
 def test_request_over_the_upload_limit_is_a_json_413(api):
     huge = json.dumps(body(target=http(body="x" * (2 * 1024 * 1024))))
     response = api.generic("POST", JOBS, huge, content_type="application/json")
-    assert response.status_code == 413  # DESIGN section 4: a 413 naming the limit
+    assert response.status_code == 413  # docs/CONTRACT.md, "REST API": a 413 naming the limit
     assert response["Content-Type"].startswith("application/json")
     assert "1048576 bytes" in response.json()["detail"]
     assert Job.objects.count() == 0

@@ -210,7 +210,8 @@ def z9(day: str) -> datetime:
 @st.composite
 def nearest_exprs(draw: st.DrawFn) -> str:
     # Days every month has: for 29-31 croniter moves to the month's last day where we (like
-    # a plain "31") do not fire in a month without that day (DECISIONS; worked examples below).
+    # a plain "31") do not fire in a month without that day (docs/decisions/0009-calendar-forms.md;
+    # worked examples below).
     day = draw(st.one_of(st.sampled_from([1, 2, 27, 28]), st.integers(1, 28)))
     # Daytime hours: no zone here changes its offset between 04:00 and 22:00 local, so
     # croniter's naive calendar and ours must agree instant for instant.

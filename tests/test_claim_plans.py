@@ -35,7 +35,7 @@ def test_the_day_bounds_are_not_read_as_a_range_of_half_a_percent(tenant):
     # parameter at one end (always, in a generic plan), estimates it at 0.5% of the rows.
     # The tenant's (tenant_id, scheduled_at) index then looked cheaper than the aged-run
     # probe's ordered (tenant_id, not_before) index, and the probe read and sorted the
-    # tenant's whole day (docs/DECISIONS.md, stop 22). NOT_AHEAD's always-false OR arm
+    # tenant's whole day (docs/decisions/0035-claim-day-bounds.md). NOT_AHEAD's always-false OR arm
     # keeps the two bounds apart; if a PostgreSQL release folds it away, this fails.
     start = datetime.combine(datetime.now(UTC).date(), time(6), tzinfo=UTC)
     keys = queue_runs(tenant, task_target("noop"), count=2000, start=start, spacing=timedelta(0))

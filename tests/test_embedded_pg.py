@@ -140,7 +140,7 @@ def test_cluster_has_room_for_a_million_job_burst(pg_root):
     """A 1M-job dispatch writes ~3 GB of WAL: the default max_wal_size (1GB) forced a
     checkpoint storm in the middle of it; and it touches ~1.5 GB of pages at random,
     which 256 MB of shared_buffers turned into reads and backend writes
-    (docs/DECISIONS.md, "1M jobs")."""
+    (docs/decisions/0065-benchmark-harness.md)."""
     url = _single_url_line(cli("start", "--root", pg_root, "--fast"))
     assert psql(url, "SHOW max_wal_size") == "8GB"
     pages = psql(url, "SELECT setting FROM pg_settings WHERE name = 'shared_buffers'")

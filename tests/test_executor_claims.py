@@ -123,7 +123,8 @@ def test_skip_policy_never_runs_two_runs_of_a_job_at_once(processes, tenant):
     # The rows' started_at is the claim's time. On plain PostgreSQL it follows the
     # predecessor's finish too; on Citus the coordinator stamps it when the statement
     # starts, before the worker takes the snapshot that saw the predecessor finished,
-    # so it can precede that finish by the coordinator's dispatch latency (DECISIONS).
+    # so it can precede that finish by the coordinator's dispatch latency
+    # (docs/decisions/0033-claim-transaction.md).
     with connections["default"].cursor() as cursor:
         on_citus = citus_installed(cursor)
     if not on_citus:

@@ -1,4 +1,4 @@
-"""The executor's statements address one partition each (DESIGN section 10).
+"""The executor's statements address one partition each (docs/CONTRACT.md, "Beyond one server").
 
 On Citus, `FOR UPDATE` works only inside one shard and a write that names no
 partition_id goes to every shard; volatile functions, and stable ones applied to
@@ -303,8 +303,8 @@ def round_trips(trace: str) -> int:
 
 
 def test_plain_postgresql_claims_in_two_round_trips(tmp_path):
-    """The claim loop is bound by round trips (issue 12, docs/DECISIONS.md "Executor
-    claims: profile and changes"): on plain PostgreSQL a claim is the plan read, then the
+    """The claim loop is bound by round trips (docs/decisions/0033-claim-transaction.md): on
+    plain PostgreSQL a claim is the plan read, then the
     lock, the claim (counting running runs itself, after the lock) and the commit sent
     together: two waits for the server, not four."""
     tenant, _ = create_tenant(slug="trips", max_concurrency=100)

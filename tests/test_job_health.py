@@ -216,7 +216,7 @@ def test_failing_streak_alerts_once_and_again_after_recovery(tenant, settings):
 
 def test_failing_sweep_probes_an_index_instead_of_scanning_every_job(tenant):
     """The sweep runs every 5 s; at 1M jobs a sequential scan of jobs cost ~1 s of a core
-    each time (docs/DECISIONS.md, "1M jobs"). With 20k healthy jobs and one failing,
+    each time (docs/decisions/0027-job-health-and-alerts.md). With 20k healthy jobs and one failing,
     the failing query must be an index probe and still find the failing job."""
     from jobs import health as job_health
 

@@ -166,7 +166,8 @@ def test_full_batches_loop_and_many_jobs_fire_once_each(tenant, make_scheduler):
 
 
 def test_a_batch_plans_from_rows_not_orm_instances(tenant, make_scheduler):
-    """Building a Job model per due job was a fifth of a batch's time (docs/DECISIONS.md):
+    """Building a Job model per due job was a fifth of a batch's time
+    (docs/decisions/0029-dispatch-hot-path.md):
     the read hands planning plain rows, and the runs are the same."""
     from django.db.models.signals import post_init
 

@@ -17,7 +17,7 @@ from tests.support.runsapi import make_dead_run
 
 pytestmark = pytest.mark.django_db
 
-# One value per rule of DESIGN section 4; each is unique so a leak names its rule.
+# One value per rule of docs/CONTRACT.md, "REST API"; each is unique so a leak names its rule.
 SECRETS = {
     "Authorization": "Bearer sv-authorization-1",
     "Cookie": "sid=sv-cookie-2",

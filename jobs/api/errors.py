@@ -1,4 +1,5 @@
-"""Every API error is JSON; validation errors are `{"field": ["message"]}` (DESIGN section 4)."""
+"""Every API error is JSON; validation errors are `{"field": ["message"]}`
+(docs/CONTRACT.md, "REST API")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Every path works with and without a trailing slash (DESIGN section 4); why the
-regex form here and `both()` elsewhere: scheduler_project/urlpaths.py."""
+"""Every path works with and without a trailing slash (docs/CONTRACT.md, "REST API"); why
+the regex form here and `both()` elsewhere: scheduler_project/urlpaths.py."""
 
 from django.urls import re_path
 from rest_framework.routers import SimpleRouter

@@ -1,11 +1,11 @@
 """Every key of jobs and of the tables hanging off a job starts with partition_id.
 
-Citus (DESIGN section 10) distributes these tables by partition_id and requires every
+Citus (docs/CONTRACT.md, "Beyond one server") distributes these tables by partition_id and requires every
 primary key, unique key and foreign key between them to contain it; plain PostgreSQL
 gets the same keys, so there is one schema. The Django models keep their single-field
 `id` key (the admin refuses CompositePrimaryKey): only the database side changes here,
 and the foreign keys to jobs become composite ones Django does not know about
-(state: db_constraint=False). See docs/DECISIONS.md.
+(state: db_constraint=False). See docs/decisions/0001-run-identity.md.
 
 jobs.id stays unique in practice: partition_id is a function of the id
 (jobs.services.partition_for), so (partition_id, id) is unique exactly when id is.

@@ -4,7 +4,7 @@ jobs.health.sweep runs every ALERT_SWEEP_EVERY_SECONDS (5 s) on one scheduler, a
 `NOT failure_alerted AND consecutive_failures >= alert_after_failures` matched no
 index: a sequential scan of jobs each time. At 1M jobs that was 0.7-1.4 s of a core
 per sweep, read through the disk cache (the table outgrows shared_buffers), during a
-1M-job burst (docs/DECISIONS.md, "1M jobs: where the cost grows").
+1M-job burst (docs/decisions/0027-job-health-and-alerts.md).
 
 A partial index with exactly the sweep's predicate holds only the jobs waiting for a
 failing alert (usually none), so the sweep is a probe of an empty index. The sweep

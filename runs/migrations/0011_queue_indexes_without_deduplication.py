@@ -9,8 +9,8 @@ versions of one run (queued, running, succeeded) share (job_id, scheduled_at). S
 entries of runs already claimed stayed live inside lists that still held a queued run,
 and every probe fetched their rows from the heap again, one page per row when tenants'
 runs are interleaved: with 20 tenants a claim read 2,300-3,760 buffers where one tenant
-needed 1,100 (docs/DECISIONS.md, "Fair share: posting lists kept claimed runs in the
-probes' way", stop 24). With an entry per version, a scan marks each dead one as it
+needed 1,100 (docs/decisions/0048-queue-indexes-without-deduplication.md). With an entry per
+version, a scan marks each dead one as it
 passes, and later scans skip it without touching the heap.
 
 The other indexes (the primary key, the run key, listing and dead-letter indexes) keep
