@@ -19,6 +19,11 @@ DAY = re.compile(r"job_runs_p\d{8}")
 DAY_NAME = "job_runs_pYYYYMMDD"
 _BOUNDS = re.compile(r"^FOR VALUES FROM \('([^']+)'\) TO \('([^']+)'\)$")
 _KINDS = {"r": "table", "p": "partitioned table", "v": "view", "m": "materialized view", "f": "foreign table"}
+# Relations an extension created (Citus's views in public) belong to it, not to the migrations.
+_NOT_AN_EXTENSIONS_OWN = """
+        AND NOT EXISTS (SELECT 1 FROM pg_depend e WHERE e.classid = 'pg_class'::regclass
+                        AND e.objid = c.oid AND e.deptype = 'e')
+"""
 _INDEX_NAME = re.compile(r"^(CREATE (?:UNIQUE )?INDEX )(\S+)( ON )")
 
 
@@ -58,6 +63,7 @@ def _relations(cursor) -> dict[int, tuple[str, str]]:
         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm', 'f')
         """
+        + _NOT_AN_EXTENSIONS_OWN
     )
     out = {}
     for oid, name, kind, persistence, options, partkey, bound, parent in cursor.fetchall():
@@ -162,6 +168,7 @@ def _sequences(cursor) -> list[tuple[str, str]]:
         JOIN pg_sequence s ON s.seqrelid = c.oid
         WHERE n.nspname = 'public'
         """
+        + _NOT_AN_EXTENSIONS_OWN
     )
     return [
         (name, f"{name}: sequence {type_} start={start} increment={inc} max={max_} min={min_}"
