@@ -1,7 +1,7 @@
 """A fresh install and an upgraded database end with one schema.
 
-Three references, three databases' worth of checks, on scratch databases of the test
-server (on Citus, databases of the whole cluster):
+Three checks on two scratch databases of the test server (on Citus, databases of the
+whole cluster):
 
 - history: a fresh database migrated in one go to the migrations recorded in
   tests/upgraded_schema.txt must show exactly the schema recorded there, which is what
