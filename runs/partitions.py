@@ -1,9 +1,11 @@
-"""Day partitions of job_runs: the DDL lives here and in the initial migration only.
+"""Day partitions of job_runs: creating them ahead, retention, the one-maintainer lock.
 
 job_runs is `PARTITION BY RANGE (scheduled_at)` with one partition per UTC day
 (`job_runs_pYYYYMMDD`) plus `job_runs_default`, which catches backfills into days
 that were already dropped or not created yet. Retention drops whole days, which is
-instant and leaves no bloat, instead of DELETEing millions of rows.
+instant and leaves no bloat, instead of DELETEing millions of rows. The table itself,
+its keys and indexes belong to runs/migrations: a new partition copies the parent's,
+so nothing here names them.
 """
 
 from __future__ import annotations
@@ -30,53 +32,6 @@ SELECT to_date(substring(c.relname FROM '^job_runs_p(\\d{8})$'), 'YYYYMMDD')::ti
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = 'job_runs'::regclass AND c.relname ~ '^job_runs_p\\d{8}$'
 """
-
-CREATE_PARENT_SQL = """
-CREATE SEQUENCE IF NOT EXISTS job_runs_id_seq;
-CREATE TABLE job_runs (
-    id bigint NOT NULL DEFAULT nextval('job_runs_id_seq'),
-    job_id uuid NOT NULL,
-    scheduled_at timestamptz NOT NULL,
-    tenant_id bigint NOT NULL,
-    partition_id smallint NOT NULL CHECK (partition_id >= 0),
-    status varchar(16) NOT NULL DEFAULT 'queued',
-    "trigger" varchar(16) NOT NULL DEFAULT 'schedule',
-    priority smallint NOT NULL DEFAULT 0 CHECK (priority >= 0),
-    attempt integer NOT NULL DEFAULT 0 CHECK (attempt >= 0),
-    not_before timestamptz NOT NULL,
-    lease_until timestamptz NULL,
-    owner varchar(100) NOT NULL DEFAULT '',
-    target jsonb NOT NULL,
-    job_name varchar(200) NOT NULL DEFAULT '',
-    overlap_policy varchar(16) NOT NULL DEFAULT 'skip',
-    max_attempts integer NOT NULL DEFAULT 5 CHECK (max_attempts >= 0),
-    retry_backoff_seconds integer NOT NULL DEFAULT 10 CHECK (retry_backoff_seconds >= 0),
-    retry_backoff_cap_seconds integer NOT NULL DEFAULT 3600 CHECK (retry_backoff_cap_seconds >= 0),
-    lease_seconds integer NOT NULL DEFAULT 30 CHECK (lease_seconds >= 0),
-    created_at timestamptz NOT NULL DEFAULT now(),
-    started_at timestamptz NULL,
-    finished_at timestamptz NULL,
-    result_code integer NULL,
-    last_error text NOT NULL DEFAULT '',
-    attempts jsonb NOT NULL DEFAULT '[]'::jsonb,
-    CONSTRAINT job_runs_status_valid CHECK (status IN
-        ('queued', 'running', 'retrying', 'succeeded', 'dead', 'skipped', 'cancelled')),
-    PRIMARY KEY (id, scheduled_at),
-    CONSTRAINT job_runs_job_scheduled_uniq UNIQUE (job_id, scheduled_at)
-) PARTITION BY RANGE (scheduled_at);
-ALTER SEQUENCE job_runs_id_seq OWNED BY job_runs.id;
-CREATE TABLE job_runs_default PARTITION OF job_runs DEFAULT;
--- Executors claim from this: runnable runs, best priority first, oldest first.
-CREATE INDEX job_runs_claimable_idx ON job_runs (priority DESC, scheduled_at)
-    WHERE status IN ('queued', 'retrying');
--- Expired-lease sweeps and per-tenant running counts.
-CREATE INDEX job_runs_running_idx ON job_runs (tenant_id, lease_until) WHERE status = 'running';
--- Runs API and dead-letter listing, newest first per tenant.
-CREATE INDEX job_runs_tenant_sched_idx ON job_runs (tenant_id, scheduled_at DESC);
-CREATE INDEX job_runs_dead_idx ON job_runs (tenant_id, scheduled_at DESC) WHERE status = 'dead';
-"""
-
-DROP_PARENT_SQL = "DROP TABLE IF EXISTS job_runs CASCADE; DROP SEQUENCE IF EXISTS job_runs_id_seq;"
 
 
 @dataclass(frozen=True)
@@ -163,7 +118,7 @@ def maintain(
     """Create partitions from today through today+days_ahead; drop days older than retention.
 
     One maintainer at a time, whoever calls (the command, every scheduler node each
-    hour, a migration). `wait=False` (the schedulers) skips at once when another one is
+    hour). `wait=False` (the schedulers) skips at once when another one is
     at work, so nodes that start together do not queue behind each other; the report
     then says `skipped`.
     """

@@ -103,76 +103,12 @@ def drop_database(*, nodes: list[str], db: str, user: str = SUPERUSER) -> None:
 
 
 # Whether the current database has the citus extension: the one test, asked by the
-# migrations and the scheduler (citus_installed) and by the executor's async
-# connections (runs/connections.is_citus).
+# scheduler (citus_installed) and by the executor's async connections
+# (runs/connections.is_citus). The migrations carry their own copy: they are history.
 INSTALLED_SQL = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
 
 
 def citus_installed(cursor) -> bool:
-    """True when the current database has the citus extension (the migrations' switch)."""
+    """True when the current database has the citus extension."""
     cursor.execute(INSTALLED_SQL)
     return bool(cursor.fetchone()[0])
-
-
-# What goes where on Citus (docs/decisions/0051-citus-placement.md). Distributed by partition_id and
-# co-located with jobs, so a job, its runs, misfires and ledger ranges share a shard
-# and every hot statement (one partition_id) is a single-shard statement.
-DISTRIBUTED = ("jobs", "job_runs", "job_misfires", "job_slot_ranges")
-# Replicated to every node: the executors' claim joins tenants to job_runs inside the shard.
-REFERENCE = ("tenants",)
-# Everything else stays an ordinary table on the coordinator: api_tokens, audit_entries,
-# scheduler_nodes, executor_nodes, target_hosts and Django's own tables.
-
-
-def distribute(cursor) -> list[str]:
-    """Distribute the tables when the database has Citus; on plain PostgreSQL do nothing.
-
-    Idempotent (a table already in pg_dist_partition is left alone). Returns the tables
-    it distributed or replicated, in order.
-    """
-    if not citus_installed(cursor):
-        return []
-    cursor.execute("SELECT logicalrelid::text FROM pg_dist_partition")
-    done = {name for (name,) in cursor.fetchall()}
-    # Without this, making tenants a reference table would first turn every local table
-    # that references it, jobs included, into a "Citus local table", which can then no
-    # longer be distributed. api_tokens and audit_entries keep ordinary foreign keys to it.
-    cursor.execute("SET LOCAL citus.enable_local_reference_table_foreign_keys = off")
-    changed = []
-    for table in REFERENCE:
-        if table not in done:
-            cursor.execute("SELECT create_reference_table(%s)", [table])
-            changed.append(table)
-    for table in DISTRIBUTED:
-        if table not in done:
-            colocate = "none" if table == DISTRIBUTED[0] else DISTRIBUTED[0]
-            cursor.execute(
-                "SELECT create_distributed_table(%s, 'partition_id', colocate_with => %s)", [table, colocate]
-            )
-            changed.append(table)
-    return changed
-
-
-# Session defaults of a Cronyard database on Citus
-# (docs/decisions/0052-citus-session-defaults.md). Every statement Cronyard sends is a short
-# one: a multi-shard read (a tenant's running runs, the claim plan, the admin's counts)
-# touches a few rows in each of 32 shards x ~9 day partitions. With Citus's default
-# pool (up to 16 connections per worker per statement, 1 kept open) each such read
-# opened and closed a dozen worker connections: 80-190 ms instead of 20-50 ms on the
-# 2-core test cluster, and enough connection churn to starve the executors.
-SESSION_DEFAULTS = {"citus.max_adaptive_executor_pool_size": "1"}
-
-
-def tune_database(cursor) -> dict[str, str]:
-    """Make SESSION_DEFAULTS the current database's defaults when it has Citus (new
-    sessions pick them up); on plain PostgreSQL do nothing. Returns what it set."""
-    if not citus_installed(cursor):
-        return {}
-    for name, value in SESSION_DEFAULTS.items():
-        # ALTER DATABASE takes no parameters: the server quotes the name and value.
-        cursor.execute(
-            "SELECT format('ALTER DATABASE %%I SET %%s = %%L', current_database(), %s::text, %s::text)",
-            [name, value],
-        )
-        cursor.execute(cursor.fetchone()[0])
-    return dict(SESSION_DEFAULTS)

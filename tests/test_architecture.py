@@ -118,6 +118,36 @@ def imported(tree: ast.Module) -> set[str]:
     return names
 
 
+MIGRATIONS = sorted(path for app in ("jobs", "runs") for path in (ROOT / app / "migrations").glob("*.py"))
+MIGRATION_PACKAGES = {"jobs.migrations", "runs.migrations"}
+
+
+def test_migrations_import_no_application_code():
+    """A migration is history: what it does must not change when application code does,
+    so a fresh install replays what upgraded databases went through. It holds its own
+    DDL and steps; one it shares would be a module inside migrations/ that never changes."""
+    assert len(MIGRATIONS) > 20
+    bad = {}
+    for path in MIGRATIONS:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        names = imported(tree) | {
+            node.args[0].value  # importlib.import_module("runs.partitions") counts too
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        }
+        outside = sorted(
+            m
+            for m in names
+            if m.split(".")[0] in APPS and ".".join(m.split(".")[:2]) not in MIGRATION_PACKAGES
+        )
+        if outside:
+            bad[str(path.relative_to(ROOT))] = outside
+    assert not bad, f"migrations importing application code: {bad}"
+
+
 def test_the_rules_cover_real_modules():
     # A renamed module must not make a rule vacuous.
     assert (INFRASTRUCTURE | EXECUTOR_SIDE | SQL_MODULES | PURE_SCHEDULE) <= set(MODULES)

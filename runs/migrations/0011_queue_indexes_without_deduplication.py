@@ -52,10 +52,9 @@ def _statements(*, deduplicate: bool) -> list[str]:
 
 def _recreate(*, deduplicate: bool):
     def run(apps, schema_editor) -> None:
-        from scheduler_project.citus import citus_installed
-
         with schema_editor.connection.cursor() as cursor:
-            if citus_installed(cursor):
+            cursor.execute("SELECT 1 FROM pg_extension WHERE extname = 'citus'")
+            if cursor.fetchone() is not None:
                 # After a parallel multi-shard command (the DROPs) in a transaction,
                 # Citus refuses to create shard indexes with names this long in parallel
                 # (it could deadlock); one connection per worker, in sequence, avoids it.
