@@ -13,6 +13,9 @@ deadlock) and deciding in Python from the database clock:
   the attempt number itself still only grows: it is the fence).
 - `record`, after the outcomes are written: failures open the breaker, an answer
   closes it.
+
+`prune_idle` (from partition maintenance) deletes rows nobody has used for an hour,
+so hosts a tenant tried once do not stay forever.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from runs import per_partition
 from runs.breaker_rules import (
@@ -262,3 +265,32 @@ async def record(conn, outcomes: Sequence[tuple[BreakerKey, str]], *, policy: Po
         states, now = await _locked_states(conn, keys)
         states = apply_outcomes(states, outcomes, now=now, policy=policy)
         await conn.execute(_SAVE_SQL, [_encode(states)])
+
+
+# A row unused this long is deleted; the next run to its host starts a closed breaker. Its
+# budget minute and failure window are long over, and an open breaker nobody came back to
+# for an hour (a deferral returns within a cool-down) guards no runs.
+IDLE = timedelta(hours=1)
+PRUNE_BATCH = 5000
+
+# Batches of idle rows, each its own statement: a row stays locked only while its batch
+# is deleted, and rows an executor holds (SKIP LOCKED) are left for the next time.
+_PRUNE_SQL = """
+DELETE FROM target_hosts t USING (
+    SELECT tenant_id, host FROM target_hosts
+    WHERE updated_at < now() - %(idle)s AND (open_until IS NULL OR open_until < now() - %(idle)s)
+    LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+) idle
+WHERE t.tenant_id = idle.tenant_id AND t.host = idle.host
+"""
+
+
+def prune_idle(cursor, *, idle: timedelta = IDLE) -> int:
+    """Delete the breaker rows no executor has used for `idle` (a Django cursor, outside a
+    transaction: each batch commits on its own). Returns how many were deleted."""
+    pruned = 0
+    while True:
+        cursor.execute(_PRUNE_SQL, {"idle": idle, "batch": PRUNE_BATCH})
+        pruned += cursor.rowcount
+        if cursor.rowcount < PRUNE_BATCH:
+            return pruned
