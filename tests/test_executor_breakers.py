@@ -157,30 +157,34 @@ def test_after_a_probe_succeeds_the_backlog_ramps_up_with_the_answers():
 # --- real executors, real HTTP ---------------------------------------------------------------
 
 
-@pytest.mark.processes
-def test_an_outage_ends_in_success_without_hammering_the_host(processes, http_target):
+def _behind_an_outage(http_target, *, slug: str, count: int):
+    """A new tenant's `count` runs (3 attempts, backoff 1-2 s) to /flaky, which answers 503
+    for the next 20 s: (tenant, when the host is back, run keys)."""
     from jobs.tenant_services import create_tenant
 
-    tenant, _ = create_tenant(slug="breakers", max_concurrency=100)
+    tenant, _ = create_tenant(slug=slug, max_concurrency=100)
     recovered_at = http_target.outage("/flaky", 20)
     keys = queue_runs(
         tenant,
         http_spec(http_target.url("/flaky")),
-        count=50,
+        count=count,
         max_attempts=3,
         retry_backoff_seconds=1,
         retry_backoff_cap_seconds=2,
     )
+    return tenant, recovered_at, keys
+
+
+def _ended(keys) -> int:
+    return JobRun.objects.filter(job_id__in=[k[0] for k in keys], status__in=["succeeded", "dead"]).count()
+
+
+@pytest.mark.processes
+def test_an_outage_ends_in_success_without_hammering_the_host(processes, http_target):
+    tenant, recovered_at, keys = _behind_an_outage(http_target, slug="breakers", count=50)
     # The budget is not under test here: a high floor leaves the breaker alone.
     processes.start("run_executor", env={"EXECUTOR_RETRY_BUDGET_FLOOR": "100000"})
-    wait_for(
-        lambda: (
-            JobRun.objects.filter(job_id__in=[k[0] for k in keys], status__in=["succeeded", "dead"]).count()
-            == 50
-        ),
-        timeout=150,
-        what="all 50 runs to finish",
-    )
+    wait_for(lambda: _ended(keys) == 50, timeout=150, what="all 50 runs to finish")
     runs = [row(k) for k in keys]
     assert sorted({r.status for r in runs}) == ["succeeded"], [(r.status, r.last_error) for r in runs]
     during = [r for r in http_target.received("/flaky") if r.at < recovered_at]
@@ -198,23 +202,11 @@ def test_after_a_short_outage_the_backlog_drains_as_fast_as_the_host_answers(pro
     """Two executors, default breaker and budget: the runs deferred during a 20 s outage
     go out as the host answers once a probe succeeds, not at the budget's floor (10 a
     minute: 40 runs took minutes), and the host is still spared during the outage."""
-    from jobs.tenant_services import create_tenant
-
-    tenant, _ = create_tenant(slug="recovery", max_concurrency=100)
-    recovered_at = http_target.outage("/flaky", 20)
-    keys = queue_runs(
-        tenant,
-        http_spec(http_target.url("/flaky")),
-        count=40,
-        max_attempts=3,
-        retry_backoff_seconds=1,
-        retry_backoff_cap_seconds=2,
-    )
+    _, recovered_at, keys = _behind_an_outage(http_target, slug="recovery", count=40)
     processes.start("run_executor")
     processes.start("run_executor")
-    ids = [k[0] for k in keys]
     wait_for(
-        lambda: JobRun.objects.filter(job_id__in=ids, status__in=["succeeded", "dead"]).count() == 40,
+        lambda: _ended(keys) == 40,
         timeout=recovered_at + 60 - time.time(),
         what="all 40 runs to end within 60 s of the host's recovery",
     )
