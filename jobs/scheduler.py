@@ -35,7 +35,7 @@ from django.db import DatabaseError, connection, transaction
 from jobs import dispatch_sql, health, leases, rate_limits
 from jobs.models import Misfire, SlotRange
 from jobs.planning import DueJob, Plan, plan_job
-from runs import partitions
+from runs import breakers, partitions
 from runs.queue import enqueue_runs, notify_executors, raw_cursor
 from scheduler_project import db, liveness
 from scheduler_project.citus import citus_installed
@@ -357,6 +357,10 @@ class Scheduler(Loop):
         try:
             # wait=False: a node that finds another maintaining skips until next time.
             partitions.maintain(retention_days=settings.RUN_RETENTION_DAYS, wait=False)
+            # After the maintenance transaction, in batches of their own: no breaker row
+            # stays locked while days are created, moved or dropped.
+            with connection.cursor() as cursor:
+                breakers.prune_idle(cursor)
         except DatabaseError as exc:
             log.warning("partition maintenance failed: %s", exc)
             connection.close()

@@ -1,19 +1,21 @@
-"""Circuit breakers and retry budgets per target host (docs/CONTRACT.md, "Execution").
+"""Circuit breakers and retry budgets per (tenant, target host): their state in
+`target_hosts` and the statements that apply runs/breaker_rules.py (docs/CONTRACT.md, "Execution").
 
-State lives in `target_hosts`, one row per scheme://host:port, shared by every
-executor. Two short transactions touch it, each locking the rows of the hosts it
-needs in host order (so they never deadlock) and deciding in Python from the
-database clock:
+One row per tenant and scheme://host:port, shared by every executor, so one tenant's
+failing calls never defer another tenant's runs to the same host. Two short
+transactions touch it, each locking the rows it needs in key order (so they never
+deadlock) and deciding in Python from the database clock:
 
-- `admit`, right after a claim: which claimed HTTP runs may be sent now. A run for
-  an open host, or a retry over its host's budget, is put back (`defer`) before any
-  call, with `not_before` at the next probe time / budget window; the deferral
-  counts in `job_runs.deferrals`, so it consumes no attempt (attempts used =
-  attempt - deferrals; the attempt number itself still only grows: it is the fence).
-- `record`, after the outcomes are written: failures open the breaker, a success
+- `admit`, right after a claim: which claimed HTTP runs may be sent now. A run behind
+  an open breaker, or a retry over its breaker's budget, is put back (`defer`) before
+  any call, with `not_before` at its next look; the deferral counts in
+  `job_runs.deferrals`, so it consumes no attempt (attempts used = attempt - deferrals;
+  the attempt number itself still only grows: it is the fence).
+- `record`, after the outcomes are written: failures open the breaker, an answer
   closes it.
 
-The decisions are pure functions of (state, runs, now, policy), tested directly.
+`prune_idle` (from partition maintenance) deletes rows nobody has used for an hour,
+so hosts a tenant tried once do not stay forever.
 """
 
 from __future__ import annotations
@@ -21,226 +23,66 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
-from urllib.parse import urlsplit
 
 from runs import per_partition
-
-CLOSED = "closed"
-OPEN = "open"
-HALF_OPEN = "half_open"
-
-UP = "up"  # the host answered (2xx, or a 4xx: it is up, the request was wrong)
-DOWN = "down"  # connect error, timeout, 5xx, 429, 408, 425
-
-BUDGET_WINDOW = timedelta(minutes=1)
-_DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-@dataclass(frozen=True)
-class Policy:
-    failures: int = 5  # consecutive failures within `window_seconds` open the breaker
-    window_seconds: float = 30.0
-    cooldown_seconds: float = 5.0  # first wait before a probe, doubling ...
-    max_cooldown_seconds: float = 60.0  # ... up to this
-    max_defer_seconds: float = 3600.0  # a run deferred longer goes back to normal retries
-    retry_budget_ratio: float = 0.2  # retries at most this share of a host's requests a minute
-    retry_budget_floor: int = 10  # retries a minute always allowed
-
-    @classmethod
-    def from_settings(cls) -> Policy:
-        from django.conf import settings
-
-        return cls(
-            failures=settings.EXECUTOR_CIRCUIT_FAILURES,
-            window_seconds=settings.EXECUTOR_CIRCUIT_WINDOW_SECONDS,
-            cooldown_seconds=settings.EXECUTOR_CIRCUIT_COOLDOWN_SECONDS,
-            max_cooldown_seconds=settings.EXECUTOR_CIRCUIT_MAX_COOLDOWN_SECONDS,
-            max_defer_seconds=settings.EXECUTOR_CIRCUIT_MAX_DEFER_SECONDS,
-            retry_budget_ratio=settings.EXECUTOR_RETRY_BUDGET_RATIO,
-            retry_budget_floor=settings.EXECUTOR_RETRY_BUDGET_FLOOR,
-        )
-
-
-@dataclass(frozen=True)
-class HostState:
-    host: str
-    state: str = CLOSED
-    failures: int = 0
-    failure_window_start: datetime | None = None
-    opened_at: datetime | None = None
-    open_until: datetime | None = None
-    cooldown_seconds: float = 0.0
-    window_start: datetime | None = None
-    requests: int = 0
-    retries: int = 0
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A claimed HTTP run asking to be sent."""
-
-    key: tuple  # (job_id, scheduled_at, attempt)
-    host: str
-    is_retry: bool  # its target failed an attempt before (runs/inflight.is_retry)
-    deferred_since: datetime | None
-    attempts_left: int = 1  # after this one; a probe goes to the run that can best afford to fail
-    partition_id: int = field(kw_only=True)  # where a deferral writes (one partition per statement)
-
-
-@dataclass(frozen=True)
-class Deferral:
-    key: tuple
-    until: datetime
-    reason: str
-
-
-@dataclass
-class Admission:
-    send: list[tuple] = field(default_factory=list)
-    defer: list[Deferral] = field(default_factory=list)
-
-
-# Cached: each HTTP run's host is needed twice (admission, then the call's outcome), and
-# a job's URL is the same at every run; urlsplit was 1-2% of the executor's CPU.
-@lru_cache(maxsize=4096)
-def host_key(url: str) -> str | None:
-    """scheme://host:port of a URL, the breaker's unit; None if it has no host."""
-    try:
-        parts = urlsplit(url)
-        port = parts.port or _DEFAULT_PORTS.get(parts.scheme.lower())
-    except ValueError:
-        return None
-    if not parts.hostname or not port:
-        return None
-    return f"{parts.scheme.lower()}://{parts.hostname.lower()}:{port}"
-
-
-def _hms(moment: datetime | None) -> str:
-    return moment.strftime("%H:%M:%S") if moment else "?"
-
-
-def decide_admission(
-    states: dict[str, HostState], candidates: Sequence[Candidate], *, now: datetime, policy: Policy
-) -> tuple[Admission, dict[str, HostState]]:
-    """Which candidates go out now; the host states after counting them."""
-    admission = Admission()
-    states = dict(states)
-    probes: dict[str, Candidate] = {}
-    for c in candidates:
-        if c.host not in probes or c.attempts_left > probes[c.host].attempts_left:
-            probes[c.host] = c
-    for c in candidates:
-        h = states[c.host]
-        if h.window_start is None or now - h.window_start >= BUDGET_WINDOW:
-            h = replace(h, window_start=now, requests=0, retries=0)
-        overdue = (
-            c.deferred_since is not None
-            and (now - c.deferred_since).total_seconds() > policy.max_defer_seconds
-        )
-        if h.state != CLOSED and not overdue:
-            if h.open_until is not None and h.open_until <= now and probes.get(c.host) is c:
-                # The one probe of this cool-down; until it reports, others wait a cool-down more.
-                h = replace(h, state=HALF_OPEN, open_until=now + timedelta(seconds=h.cooldown_seconds))
-            else:
-                states[c.host] = h
-                admission.defer.append(
-                    Deferral(
-                        c.key,
-                        h.open_until or now,
-                        f"deferred: {c.host} circuit open since {_hms(h.opened_at)}",
-                    )
-                )
-                continue
-        elif c.is_retry and not overdue:
-            allowed = max(policy.retry_budget_floor, policy.retry_budget_ratio * h.requests)
-            if h.retries >= allowed:
-                states[c.host] = h
-                admission.defer.append(
-                    Deferral(
-                        c.key,
-                        h.window_start + BUDGET_WINDOW,
-                        f"deferred: retry budget of {c.host} spent ({h.retries} retries of"
-                        f" {h.requests} requests this minute)",
-                    )
-                )
-                continue
-        # Requests are counted as they answer (apply_outcomes); retries as they are let
-        # through, so one batch cannot overspend the budget.
-        states[c.host] = replace(h, retries=h.retries + int(c.is_retry))
-        admission.send.append(c.key)
-    return admission, states
-
-
-def apply_outcomes(
-    states: dict[str, HostState], outcomes: Sequence[tuple[str, str]], *, now: datetime, policy: Policy
-) -> dict[str, HostState]:
-    """Host states after these (host, UP|DOWN) outcomes, in order."""
-    states = dict(states)
-    for host, outcome in outcomes:
-        h = states[host]
-        if h.window_start is None or now - h.window_start >= BUDGET_WINDOW:
-            h = replace(h, window_start=now, requests=0, retries=0)
-        h = replace(h, requests=h.requests + 1)
-        if outcome == UP:
-            h = replace(
-                h, state=CLOSED, failures=0, failure_window_start=None, opened_at=None, open_until=None
-            )
-        elif h.state == HALF_OPEN:
-            cooldown = min(max(h.cooldown_seconds, policy.cooldown_seconds) * 2, policy.max_cooldown_seconds)
-            h = replace(
-                h, state=OPEN, cooldown_seconds=cooldown, open_until=now + timedelta(seconds=cooldown)
-            )
-        elif h.state == CLOSED:
-            fresh = h.failure_window_start is None or (
-                (now - h.failure_window_start).total_seconds() > policy.window_seconds
-            )
-            failures = 1 if fresh else h.failures + 1
-            h = replace(h, failures=failures, failure_window_start=now if fresh else h.failure_window_start)
-            if failures >= policy.failures:
-                h = replace(
-                    h,
-                    state=OPEN,
-                    opened_at=now,
-                    cooldown_seconds=policy.cooldown_seconds,
-                    open_until=now + timedelta(seconds=policy.cooldown_seconds),
-                )
-        # OPEN: a failure of a call sent before it opened says nothing new.
-        states[host] = h
-    return states
-
+from runs.breaker_rules import (
+    BUDGET_WINDOW,
+    UP,
+    Admission,
+    BreakerKey,
+    Candidate,
+    Deferral,
+    HostState,
+    Policy,
+    apply_outcomes,
+    decide_admission,
+)
 
 # --- SQL ---------------------------------------------------------------------------------
 
 _COLUMNS = (
-    "host, state, failures, failure_window_start, opened_at, open_until, cooldown_seconds,"
-    " window_start, requests, retries"
+    "tenant_id, host, state, failures, failure_window_start, opened_at, open_until, cooldown_seconds,"
+    " window_start, requests, retries, recovered_at"
 )
+_WIDTH = 12  # HostState's fields, in _COLUMNS' order
 
 # Create-or-lock in one statement: DO UPDATE locks an existing row as FOR UPDATE
-# would, and RETURNING gives the row either way. Hosts come sorted: locks in host order.
+# would, and RETURNING gives the row either way. Keys come sorted: locks in key order.
 _LOCK_SQL = f"""
-INSERT INTO target_hosts AS t (host, state, failures, cooldown_seconds, requests, retries, updated_at)
-SELECT h, 'closed', 0, 0, 0, 0, now() FROM unnest(%s::text[]) WITH ORDINALITY AS u(h, n) ORDER BY n
-ON CONFLICT (host) DO UPDATE SET host = t.host
+INSERT INTO target_hosts AS t
+    (tenant_id, host, state, failures, cooldown_seconds, requests, retries, updated_at)
+SELECT k, h, 'closed', 0, 0, 0, 0, now()
+FROM unnest(%s::bigint[], %s::text[]) WITH ORDINALITY AS u(k, h, n) ORDER BY n
+ON CONFLICT (tenant_id, host) DO UPDATE SET host = t.host
 RETURNING {_COLUMNS}, now()
 """
 
-# The common case, read without a lock or a transaction: hosts that are not closed.
-_UNHEALTHY_SQL = "SELECT host FROM target_hosts WHERE host = ANY(%s::text[]) AND state <> 'closed'"
+# Read without a lock or a transaction: the batch's breakers that are not closed.
+_UNHEALTHY_SQL = """
+SELECT t.tenant_id, t.host FROM target_hosts t
+JOIN unnest(%s::bigint[], %s::text[]) AS u(k, h) ON t.tenant_id = u.k AND t.host = u.h
+WHERE t.state <> 'closed'
+"""
+
+# Which of these jobs are paused: their runs never probe. By partition too, so on Citus
+# it reads only the shards holding them.
+_PAUSED_SQL = """
+SELECT id FROM jobs WHERE partition_id = ANY(%s::smallint[]) AND id = ANY(%s::uuid[]) AND paused
+"""
 
 _SAVE_SQL = """
 UPDATE target_hosts t SET
     state = x.state, failures = x.failures, failure_window_start = x.failure_window_start,
     opened_at = x.opened_at, open_until = x.open_until, cooldown_seconds = x.cooldown_seconds,
-    window_start = x.window_start, requests = x.requests, retries = x.retries, updated_at = now()
+    window_start = x.window_start, requests = x.requests, retries = x.retries,
+    recovered_at = x.recovered_at, updated_at = now()
 FROM jsonb_to_recordset(%s::jsonb) AS x(
-    host text, state text, failures integer, failure_window_start timestamptz, opened_at timestamptz,
-    open_until timestamptz, cooldown_seconds float8, window_start timestamptz, requests integer,
-    retries integer)
-WHERE t.host = x.host
+    tenant_id bigint, host text, state text, failures integer, failure_window_start timestamptz,
+    opened_at timestamptz, open_until timestamptz, cooldown_seconds float8, window_start timestamptz,
+    requests integer, retries integer, recovered_at timestamptz)
+WHERE t.tenant_id = x.tenant_id AND t.host = x.host
 """
 
 # Put a claimed run back untouched by a call: the status it was claimed from (a run
@@ -267,13 +109,14 @@ RETURNING r.job_id
 )
 
 
-def _encode(states: dict[str, HostState]) -> str:
+def _encode(states: dict[BreakerKey, HostState]) -> str:
     def iso(value: datetime | None) -> str | None:
         return value.isoformat() if value else None
 
     return json.dumps(
         [
             {
+                "tenant_id": h.tenant_id,
                 "host": h.host,
                 "state": h.state,
                 "failures": h.failures,
@@ -284,32 +127,46 @@ def _encode(states: dict[str, HostState]) -> str:
                 "window_start": iso(h.window_start),
                 "requests": h.requests,
                 "retries": h.retries,
+                "recovered_at": iso(h.recovered_at),
             }
             for h in states.values()
         ]
     )
 
 
-async def _locked_states(conn, hosts: list[str]) -> tuple[dict[str, HostState], datetime]:
-    cursor = await conn.execute(_LOCK_SQL, [hosts])
+async def _locked_states(conn, keys: list[BreakerKey]) -> tuple[dict[BreakerKey, HostState], datetime]:
+    cursor = await conn.execute(_LOCK_SQL, [[k for k, _ in keys], [h for _, h in keys]])
     rows = await cursor.fetchall()
-    return {row[0]: HostState(*row[:10]) for row in rows}, rows[0][10]
+    states = [HostState(*row[:_WIDTH]) for row in rows]
+    return {h.key: h for h in states}, rows[0][_WIDTH]
+
+
+async def _paused_jobs(conn, candidates: Sequence[Candidate]) -> set:
+    if not candidates:
+        return set()
+    partitions = sorted({c.partition_id for c in candidates})
+    cursor = await conn.execute(_PAUSED_SQL, [partitions, list({c.key[0] for c in candidates})])
+    return {row[0] for row in await cursor.fetchall()}
 
 
 async def admit(conn, candidates: Sequence[Candidate], *, policy: Policy) -> Admission:
     """Decide and record which candidates are sent; defer the others (one transaction)."""
     if not candidates:
         return Admission()
-    hosts = sorted({c.host for c in candidates})
-    if not any(c.is_retry for c in candidates):
-        # First attempts to closed hosts need no budget and no lock: one plain read. A
-        # breaker opening right after it lets this batch through, as if claimed a moment
-        # earlier; the next batch sees it.
-        cursor = await conn.execute(_UNHEALTHY_SQL, [hosts])
-        if not await cursor.fetchall():
-            return Admission(send=[c.key for c in candidates])
+    keys = sorted({c.breaker for c in candidates})
+    # One plain read, no lock: first attempts to closed breakers need nothing more. A
+    # breaker opening right after it lets this batch through, as if claimed a moment
+    # earlier; the next batch sees it.
+    cursor = await conn.execute(_UNHEALTHY_SQL, [[k for k, _ in keys], [h for _, h in keys]])
+    unhealthy = {(k, h) for k, h in await cursor.fetchall()}
+    if not unhealthy and not any(c.is_retry for c in candidates):
+        return Admission(send=[c.key for c in candidates])
+    # Before the locks: which runs may probe. Only runs of jobs seen unpaused, behind a
+    # breaker seen open (one that opened since probes from the next batch).
+    paused = await _paused_jobs(conn, [c for c in candidates if c.breaker in unhealthy])
+    candidates = [replace(c, can_probe=c.breaker in unhealthy and c.key[0] not in paused) for c in candidates]
     async with conn.transaction():
-        states, now = await _locked_states(conn, hosts)
+        states, now = await _locked_states(conn, keys)
         admission, states = decide_admission(states, candidates, now=now, policy=policy)
         await conn.execute(_SAVE_SQL, [_encode(states)])
         partition_of = {c.key: c.partition_id for c in candidates}
@@ -355,31 +212,36 @@ def _encode_deferrals(deferrals: Sequence[tuple[int, Deferral]]) -> str:
     )
 
 
-# What apply_outcomes makes of answers only (no DOWN), whatever the state: the budget
-# window restarts if it is over, `requests` grows by the answers, and the breaker is
-# closed with no failures. One statement, no transaction around it: the row lock lasts
-# the statement, not four round trips, so executors writing outcomes to one host do not
-# queue behind each other. The database clock comes in through the rows (`excluded`),
-# not as now() beside a column in SET (Citus refuses that, see _DEFER_SQL).
+# What apply_outcomes makes of answers only (no DOWN), whatever the state: the breaker is
+# closed with no failures; on a breaker that was not closed the recovery ramp starts with
+# a fresh budget minute holding these answers, otherwise the minute restarts if it is over
+# and `requests` grows by the answers. One statement, no transaction around it: the row
+# lock lasts the statement, not four round trips, so executors writing outcomes to one
+# host do not queue behind each other. The database clock comes in through the rows
+# (`excluded`), not as now() beside a column in SET (Citus refuses that, see _DEFER_SQL).
 _ANSWERED_SQL = """
 INSERT INTO target_hosts AS t
-    (host, state, failures, cooldown_seconds, window_start, requests, retries, updated_at)
-SELECT h, 'closed', 0, 0, now(), n, 0, now()
-FROM unnest(%(hosts)s::text[], %(answers)s::integer[]) AS u(h, n) ORDER BY h
-ON CONFLICT (host) DO UPDATE SET
+    (tenant_id, host, state, failures, cooldown_seconds, window_start, requests, retries, updated_at)
+SELECT k, h, 'closed', 0, 0, now(), n, 0, now()
+FROM unnest(%(tenants)s::bigint[], %(hosts)s::text[], %(answers)s::integer[]) AS u(k, h, n) ORDER BY k, h
+ON CONFLICT (tenant_id, host) DO UPDATE SET
     state = 'closed', failures = 0, failure_window_start = NULL, opened_at = NULL, open_until = NULL,
-    window_start = CASE WHEN t.window_start IS NULL OR excluded.window_start - t.window_start >= %(window)s
+    recovered_at = CASE WHEN t.state <> 'closed' THEN excluded.window_start ELSE t.recovered_at END,
+    window_start = CASE WHEN t.state <> 'closed' OR t.window_start IS NULL
+                             OR excluded.window_start - t.window_start >= %(window)s
                         THEN excluded.window_start ELSE t.window_start END,
-    requests = CASE WHEN t.window_start IS NULL OR excluded.window_start - t.window_start >= %(window)s
+    requests = CASE WHEN t.state <> 'closed' OR t.window_start IS NULL
+                         OR excluded.window_start - t.window_start >= %(window)s
                     THEN excluded.requests ELSE t.requests + excluded.requests END,
-    retries = CASE WHEN t.window_start IS NULL OR excluded.window_start - t.window_start >= %(window)s
+    retries = CASE WHEN t.state <> 'closed' OR t.window_start IS NULL
+                        OR excluded.window_start - t.window_start >= %(window)s
                    THEN 0 ELSE t.retries END,
     updated_at = excluded.updated_at
 """
 
 
-async def record(conn, outcomes: Sequence[tuple[str, str]], *, policy: Policy) -> None:
-    """Fold (host, UP|DOWN) outcomes into the hosts' breakers (one transaction).
+async def record(conn, outcomes: Sequence[tuple[BreakerKey, str]], *, policy: Policy) -> None:
+    """Fold ((tenant_id, host), UP|DOWN) outcomes into their breakers (one transaction).
 
     Answers only (the steady state: every write batch of a healthy host) take one
     statement, _ANSWERED_SQL; a failure among them takes the locked read-decide-write
@@ -388,13 +250,47 @@ async def record(conn, outcomes: Sequence[tuple[str, str]], *, policy: Policy) -
     if not outcomes:
         return
     if all(outcome == UP for _, outcome in outcomes):
-        answers = Counter(host for host, _ in outcomes)
-        hosts = sorted(answers)
-        params = {"hosts": hosts, "answers": [answers[h] for h in hosts], "window": BUDGET_WINDOW}
+        answers = Counter(key for key, _ in outcomes)
+        keys = sorted(answers)
+        params = {
+            "tenants": [k for k, _ in keys],
+            "hosts": [h for _, h in keys],
+            "answers": [answers[key] for key in keys],
+            "window": BUDGET_WINDOW,
+        }
         await conn.execute(_ANSWERED_SQL, params)
         return
-    hosts = sorted({host for host, _ in outcomes})
+    keys = sorted({key for key, _ in outcomes})
     async with conn.transaction():
-        states, now = await _locked_states(conn, hosts)
+        states, now = await _locked_states(conn, keys)
         states = apply_outcomes(states, outcomes, now=now, policy=policy)
         await conn.execute(_SAVE_SQL, [_encode(states)])
+
+
+# A row unused this long is deleted; the next run to its host starts a closed breaker. Its
+# budget minute and failure window are long over, and an open breaker nobody came back to
+# for an hour (a deferral returns within a cool-down) guards no runs.
+IDLE = timedelta(hours=1)
+PRUNE_BATCH = 5000
+
+# Batches of idle rows, each its own statement: a row stays locked only while its batch
+# is deleted, and rows an executor holds (SKIP LOCKED) are left for the next time.
+_PRUNE_SQL = """
+DELETE FROM target_hosts t USING (
+    SELECT tenant_id, host FROM target_hosts
+    WHERE updated_at < now() - %(idle)s AND (open_until IS NULL OR open_until < now() - %(idle)s)
+    LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+) idle
+WHERE t.tenant_id = idle.tenant_id AND t.host = idle.host
+"""
+
+
+def prune_idle(cursor, *, idle: timedelta = IDLE) -> int:
+    """Delete the breaker rows no executor has used for `idle` (a Django cursor, outside a
+    transaction: each batch commits on its own). Returns how many were deleted."""
+    pruned = 0
+    while True:
+        cursor.execute(_PRUNE_SQL, {"idle": idle, "batch": PRUNE_BATCH})
+        pruned += cursor.rowcount
+        if cursor.rowcount < PRUNE_BATCH:
+            return pruned

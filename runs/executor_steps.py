@@ -327,7 +327,7 @@ class ExecutorSteps:
 
     async def _record_hosts(self, batch: list[tuple[InFlight, rows.Completion]]) -> None:
         """Feed the answers of HTTP calls (fenced or not: the host did answer) to the breakers."""
-        outcomes = [(e.host, e.host_outcome) for e, _ in batch if e.host and e.host_outcome]
+        outcomes = [(e.breaker, e.host_outcome) for e, _ in batch if e.breaker and e.host_outcome]
         if not outcomes:
             return
         try:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from runs import breakers, retry, rows
+from runs import breaker_rules, retry, rows
 from runs.attempts import HANDED_BACK, RETRIED, AttemptRecord
 from runs.keys import run_key
 from runs.rows import RunKey
@@ -27,8 +27,8 @@ class InFlight:
     task: asyncio.Task | None = None
     writing: bool = False  # its outcome is in a write batch; the write decides
     lost: bool = False  # fenced, cancelled or handed back: its outcome is discarded
-    host: str | None = None  # HTTP targets: scheme://host:port, the circuit breaker's unit
-    host_outcome: str | None = None  # breakers.UP / DOWN once the call answered
+    host: str | None = None  # HTTP targets: scheme://host:port (with the tenant, the breaker's key)
+    host_outcome: str | None = None  # breaker_rules.UP / DOWN once the call answered
 
     @classmethod
     def start(cls, run: rows.ClaimedRun) -> InFlight:
@@ -43,6 +43,11 @@ class InFlight:
     @property
     def run_key(self) -> str:
         return run_key(self.run.job_id, self.run.scheduled_at)
+
+    @property
+    def breaker(self) -> breaker_rules.BreakerKey | None:
+        """(tenant_id, host) of an HTTP run: its circuit breaker and retry budget."""
+        return (self.run.tenant_id, self.host) if self.host is not None else None
 
 
 @dataclass(frozen=True)
@@ -149,16 +154,16 @@ def scrubbed(completion: rows.Completion, error: Exception) -> rows.Completion:
 
 def host_of(run: rows.ClaimedRun) -> str | None:
     target = run.target if isinstance(run.target, dict) else {}
-    return breakers.host_key(str(target.get("url") or "")) if target.get("type") == "http" else None
+    return breaker_rules.host_key(str(target.get("url") or "")) if target.get("type") == "http" else None
 
 
 def host_outcome(result: retry.CallResult) -> str | None:
     """DOWN for what says the host is sick (no answer, 5xx, 429, 408, 425); UP for any
     other answer; None when nothing was sent (a refused address, an invalid URL)."""
     if result.kind == retry.RETRY:
-        return breakers.DOWN
+        return breaker_rules.DOWN
     if result.kind == retry.SUCCESS or result.result_code is not None:
-        return breakers.UP
+        return breaker_rules.UP
     return None
 
 
@@ -170,7 +175,7 @@ def is_retry(run: rows.ClaimedRun) -> bool:
     return run.previous_outcome == RETRIED
 
 
-def breaker_candidates(claimed: list[rows.ClaimedRun]) -> list[breakers.Candidate]:
+def breaker_candidates(claimed: list[rows.ClaimedRun]) -> list[breaker_rules.Candidate]:
     """The claimed HTTP runs the circuit breakers must admit (tasks have no host)."""
     candidates = []
     for run in claimed:
@@ -179,8 +184,14 @@ def breaker_candidates(claimed: list[rows.ClaimedRun]) -> list[breakers.Candidat
             key = (run.job_id, run.scheduled_at, run.attempt)
             left = run.max_attempts - run.attempts_used
             candidates.append(
-                breakers.Candidate(
-                    key, host, is_retry(run), run.deferred_since, left, partition_id=run.partition_id
+                breaker_rules.Candidate(
+                    key,
+                    run.tenant_id,
+                    host,
+                    is_retry(run),
+                    run.deferred_since,
+                    left,
+                    partition_id=run.partition_id,
                 )
             )
     return candidates

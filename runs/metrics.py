@@ -126,12 +126,14 @@ class CronyardCollector(Collector):
             "tenant",
             ((load.slug, load.max_concurrency) for load in loads),
         )
-        yield _labelled(
+        circuits = GaugeMetricFamily(
             "cronyard_circuit_open",
-            "1 per target host (scheme://host:port) whose circuit breaker is open or half-open.",
-            "host",
-            ((host.host, 1) for host in selectors.open_circuits(limit=1000)),
+            "1 per tenant and target host (scheme://host:port) whose circuit breaker is open or half-open.",
+            labels=["tenant", "host"],
         )
+        for circuit in selectors.open_circuits(limit=1000):
+            circuits.add_metric([circuit.tenant_slug, circuit.host], 1)
+        yield circuits
 
 
 def _labelled(

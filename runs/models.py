@@ -101,9 +101,16 @@ class JobRun(PartitionKeyed):
 
 
 class TargetHost(models.Model):
-    """Circuit breaker and retry budget of one target host (runs/breakers.py)."""
+    """Circuit breaker and retry budget of one tenant's target host (runs/breakers.py).
 
-    host = models.CharField(max_length=300, primary_key=True, help_text="scheme://host:port")
+    Keyed by tenant too: one tenant's failures never hold back another's runs to the
+    same host. No foreign key to tenants: rows are pruned once idle (breakers.prune_idle),
+    and on Citus the table stays an ordinary coordinator table (a foreign key to the
+    reference table `tenants` would make it a Citus local table)."""
+
+    pk = models.CompositePrimaryKey("tenant_id", "host")
+    tenant_id = models.BigIntegerField()
+    host = models.CharField(max_length=300, help_text="scheme://host:port")
     state = models.CharField(max_length=10, default="closed")
     failures = models.IntegerField(default=0)
     failure_window_start = models.DateTimeField(null=True, blank=True)
@@ -113,14 +120,15 @@ class TargetHost(models.Model):
     window_start = models.DateTimeField(null=True, blank=True)
     requests = models.IntegerField(default=0)
     retries = models.IntegerField(default=0)
+    recovered_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField()
 
     class Meta:
         db_table = "target_hosts"
-        ordering = ["host"]
+        ordering = ["tenant_id", "host"]
 
     def __str__(self) -> str:
-        return f"{self.host} ({self.state})"
+        return f"{self.host} of tenant {self.tenant_id} ({self.state})"
 
 
 # --- runs admin area: the dead-letter queue as its own admin page --------------------------

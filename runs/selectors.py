@@ -278,6 +278,13 @@ def recent_admin_changes(*, limit: int = 20):
     return LogEntry.objects.select_related("user", "content_type").order_by("-action_time")[:limit]
 
 
-def open_circuits(*, limit: int = 100) -> list:
-    """Target hosts whose circuit breaker is open or half-open (probing), longest open first."""
-    return list(TargetHost.objects.exclude(state="closed").order_by("opened_at", "host")[:limit])
+def open_circuits(*, limit: int = 100) -> list[TargetHost]:
+    """Circuit breakers (one per tenant and target host) that are open or half-open
+    (probing), longest open first, each with its tenant's `tenant_slug`."""
+    circuits = list(
+        TargetHost.objects.exclude(state="closed").order_by("opened_at", "tenant_id", "host")[:limit]
+    )
+    slugs = dict(Tenant.objects.filter(id__in={c.tenant_id for c in circuits}).values_list("id", "slug"))
+    for circuit in circuits:
+        circuit.tenant_slug = slugs.get(circuit.tenant_id, f"#{circuit.tenant_id}")
+    return circuits

@@ -149,7 +149,7 @@ SCHEDULER_MISFIRE_THRESHOLD_SECONDS = env.int("SCHEDULER_MISFIRE_THRESHOLD_SECON
 EXECUTOR_POLL_SECONDS = env.float("EXECUTOR_POLL_SECONDS", default=1.0)
 # A run waiting longer than this is claimed as if it had the highest priority (9).
 EXECUTOR_PRIORITY_AGING_SECONDS = env.float("EXECUTOR_PRIORITY_AGING_SECONDS", default=60.0)
-# Circuit breaker per target host (runs/breakers.py): this many failures within the
+# Circuit breaker per tenant and target host (runs/breakers.py): this many failures within the
 # window open it; probes after a cool-down doubling up to the max; runs deferred longer
 # than EXECUTOR_CIRCUIT_MAX_DEFER_SECONDS go back to normal retries.
 EXECUTOR_CIRCUIT_FAILURES = env.int("EXECUTOR_CIRCUIT_FAILURES", default=5)
@@ -157,7 +157,8 @@ EXECUTOR_CIRCUIT_WINDOW_SECONDS = env.float("EXECUTOR_CIRCUIT_WINDOW_SECONDS", d
 EXECUTOR_CIRCUIT_COOLDOWN_SECONDS = env.float("EXECUTOR_CIRCUIT_COOLDOWN_SECONDS", default=5.0)
 EXECUTOR_CIRCUIT_MAX_COOLDOWN_SECONDS = env.float("EXECUTOR_CIRCUIT_MAX_COOLDOWN_SECONDS", default=60.0)
 EXECUTOR_CIRCUIT_MAX_DEFER_SECONDS = env.float("EXECUTOR_CIRCUIT_MAX_DEFER_SECONDS", default=3600.0)
-# Retry budget per host: retries at most this share of its requests a minute, floor included.
+# Retry budget per tenant and host: retries at most this share of its requests a minute, floor
+# included (after a probe closes an open breaker, each answer allows two more).
 EXECUTOR_RETRY_BUDGET_RATIO = env.float("EXECUTOR_RETRY_BUDGET_RATIO", default=0.2)
 EXECUTOR_RETRY_BUDGET_FLOOR = env.int("EXECUTOR_RETRY_BUDGET_FLOOR", default=10)
 RUN_RETENTION_DAYS = env.int("RUN_RETENTION_DAYS", default=30)

@@ -47,6 +47,7 @@ EXECUTOR_SIDE = {
         "partitions",
         "nodes",
         "breakers",
+        "breaker_rules",
         "claim_order",
         "outcomes",
         "per_partition",

@@ -1,21 +1,24 @@
-"""Circuit breakers and retry budgets per target host: the pure rules, then real
+"""Circuit breakers and retry budgets per (tenant, target host): the pure rules, then real
 executor processes against a real local HTTP server that fails and recovers."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from runs import breaker_rules as rules
 from runs import breakers
-from runs.breakers import Candidate, HostState, Policy, apply_outcomes, decide_admission
+from runs.breaker_rules import Candidate, HostState, Policy, apply_outcomes, decide_admission
 from runs.models import JobRun, TargetHost
 from tests.support.executor import http_spec, queue_runs, row, wait_for
 from tests.support.http_target import Reply
 
 T0 = datetime(2026, 1, 1, 9, 0, 0, tzinfo=UTC)
 HOST = "http://example.com:80"
+KEY = (1, HOST)  # tenant 1's breaker for HOST
 
 
 def _at(seconds: float) -> datetime:
@@ -23,75 +26,79 @@ def _at(seconds: float) -> datetime:
 
 
 def _fail(state: HostState, times: int, *, at: float) -> HostState:
-    states = {HOST: state}
-    return apply_outcomes(states, [(HOST, breakers.DOWN)] * times, now=_at(at), policy=Policy())[HOST]
+    states = {KEY: state}
+    return apply_outcomes(states, [(KEY, rules.DOWN)] * times, now=_at(at), policy=Policy())[KEY]
 
 
 def _candidate(
     n: int, *, retry: bool = False, deferred_since: datetime | None = None, left: int = 3
 ) -> Candidate:
-    return Candidate((n,), HOST, retry, deferred_since, left, partition_id=0)
+    return Candidate((n,), 1, HOST, retry, deferred_since, left, partition_id=0)
 
 
 def test_host_key_is_scheme_host_and_port():
-    assert breakers.host_key("https://Example.COM/a?b") == "https://example.com:443"
-    assert breakers.host_key("http://example.com:8080/x") == "http://example.com:8080"
-    assert breakers.host_key("not a url") is None
+    assert rules.host_key("https://Example.COM/a?b") == "https://example.com:443"
+    assert rules.host_key("http://example.com:8080/x") == "http://example.com:8080"
+    assert rules.host_key("not a url") is None
 
 
 def test_five_failures_within_the_window_open_the_breaker():
-    state = _fail(HostState(HOST), 4, at=0)
-    assert state.state == breakers.CLOSED
+    state = _fail(HostState(1, HOST), 4, at=0)
+    assert state.state == rules.CLOSED
     state = _fail(state, 1, at=29)
-    assert state.state == breakers.OPEN and state.open_until == _at(34) and state.opened_at == _at(29)
+    assert state.state == rules.OPEN and state.open_until == _at(34) and state.opened_at == _at(29)
     # Spread wider than the window, failures start counting afresh.
-    spread = _fail(_fail(HostState(HOST), 4, at=0), 1, at=31)
-    assert spread.state == breakers.CLOSED and spread.failures == 1
+    spread = _fail(_fail(HostState(1, HOST), 4, at=0), 1, at=31)
+    assert spread.state == rules.CLOSED and spread.failures == 1
 
 
 def test_open_breaker_lets_one_probe_per_cooldown_and_doubles_it_on_failure():
-    state = _fail(HostState(HOST), 5, at=0)  # open until 5
+    state = _fail(HostState(1, HOST), 5, at=0)  # open until 5
     admission, states = decide_admission(
-        {HOST: state}, [_candidate(1), _candidate(2)], now=_at(1), policy=Policy()
+        {KEY: state}, [_candidate(1), _candidate(2)], now=_at(1), policy=Policy()
     )
     assert admission.send == [] and [d.until for d in admission.defer] == [_at(5), _at(5)]
     assert "circuit open since 09:00:00" in admission.defer[0].reason
     admission, states = decide_admission(states, [_candidate(1), _candidate(2)], now=_at(5), policy=Policy())
-    assert admission.send == [(1,)] and states[HOST].state == breakers.HALF_OPEN
-    assert [d.until for d in admission.defer] == [_at(10)]
-    failed = apply_outcomes(states, [(HOST, breakers.DOWN)], now=_at(6), policy=Policy())[HOST]
-    assert failed.state == breakers.OPEN and failed.cooldown_seconds == 10 and failed.open_until == _at(16)
-    capped = HostState(HOST, state=breakers.HALF_OPEN, cooldown_seconds=40)
+    assert admission.send == [(1,)] and states[KEY].state == rules.HALF_OPEN
+    # While the probe is out, the others look again soon, later the longer it takes
+    # (at most until the next probe is due): its answer is followed within a second or so.
+    assert [d.until for d in admission.defer] == [_at(6)]
+    waits = [decide_admission(states, [_candidate(2)], now=_at(t), policy=Policy())[0] for t in (6, 8, 9)]
+    assert [a.defer[0].until for a in waits] == [_at(7), _at(10), _at(10)]
+    failed = apply_outcomes(states, [(KEY, rules.DOWN)], now=_at(6), policy=Policy())[KEY]
+    assert failed.state == rules.OPEN and failed.cooldown_seconds == 10 and failed.open_until == _at(16)
+    capped = HostState(1, HOST, state=rules.HALF_OPEN, cooldown_seconds=40)
     assert _fail(capped, 1, at=0).cooldown_seconds == 60
-    closed = apply_outcomes({HOST: failed}, [(HOST, breakers.UP)], now=_at(17), policy=Policy())[HOST]
-    assert closed.state == breakers.CLOSED and closed.failures == 0
+    closed = apply_outcomes({KEY: failed}, [(KEY, rules.UP)], now=_at(17), policy=Policy())[KEY]
+    assert closed.state == rules.CLOSED and closed.failures == 0
 
 
 def test_the_probe_is_the_run_with_the_most_attempts_left():
-    state = _fail(HostState(HOST), 5, at=0)
+    state = _fail(HostState(1, HOST), 5, at=0)
     candidates = [_candidate(1, retry=True, left=1), _candidate(2, left=3), _candidate(3, retry=True, left=2)]
-    admission, _ = decide_admission({HOST: state}, candidates, now=_at(5), policy=Policy())
+    admission, _ = decide_admission({KEY: state}, candidates, now=_at(5), policy=Policy())
     assert admission.send == [(2,)]
 
 
 def test_a_run_deferred_past_the_limit_goes_back_to_normal_retries():
-    state = _fail(HostState(HOST), 5, at=0)
+    state = _fail(HostState(1, HOST), 5, at=0)
     policy = Policy(max_defer_seconds=60)
     fresh = _candidate(1, deferred_since=_at(0))
     overdue = _candidate(2, deferred_since=_at(-61))
-    admission, _ = decide_admission({HOST: state}, [fresh, overdue], now=_at(1), policy=policy)
+    admission, _ = decide_admission({KEY: state}, [fresh, overdue], now=_at(1), policy=policy)
     assert admission.send == [(2,)] and [d.key for d in admission.defer] == [(1,)]
 
 
 def test_retries_beyond_the_budget_are_deferred_to_the_next_window():
     policy = Policy(retry_budget_ratio=0.2, retry_budget_floor=2)
-    answered = apply_outcomes({HOST: HostState(HOST)}, [(HOST, breakers.UP)] * 20, now=_at(0), policy=policy)
-    assert answered[HOST].requests == 20
+    answered = apply_outcomes({KEY: HostState(1, HOST)}, [(KEY, rules.UP)] * 20, now=_at(0), policy=policy)
+    assert answered[KEY].requests == 20
     retries = [_candidate(100 + n, retry=True) for n in range(10)]
     firsts = [_candidate(n) for n in range(5)]
     admission, states = decide_admission(answered, retries + firsts, now=_at(1), policy=policy)
     # Retries at most 20% of the minute's 20 requests: 4; first attempts are not held back.
-    assert len(admission.send) == 9 and states[HOST].retries == 4
+    assert len(admission.send) == 9 and states[KEY].retries == 4
     assert {d.until for d in admission.defer} == {_at(60)}
     assert "retry budget" in admission.defer[0].reason
     # A new minute, a new budget (the floor at least).
@@ -99,33 +106,85 @@ def test_retries_beyond_the_budget_are_deferred_to_the_next_window():
     assert len(admission.send) == 2
 
 
+def test_one_tenants_open_breaker_holds_back_none_of_anothers_runs_to_the_host():
+    other = (2, HOST)
+    states = {KEY: _fail(HostState(1, HOST), 5, at=0), other: HostState(2, HOST)}
+    mine = Candidate((1,), 2, HOST, False, None, 3, partition_id=0)
+    retry = Candidate((2,), 2, HOST, True, None, 3, partition_id=0)
+    admission, after = decide_admission(states, [_candidate(3), mine, retry], now=_at(1), policy=Policy())
+    assert admission.send == [(1,), (2,)] and [d.key for d in admission.defer] == [(3,)]
+    assert after[other].state == rules.CLOSED and after[other].retries == 1
+
+
+def test_a_paused_jobs_run_never_probes():
+    state = _fail(HostState(1, HOST), 5, at=0)  # open until 5
+    paused = replace(_candidate(1, left=9), can_probe=False)
+    admission, states = decide_admission(
+        {KEY: state}, [paused, _candidate(2, left=1)], now=_at(5), policy=Policy()
+    )
+    assert admission.send == [(2,)] and [d.key for d in admission.defer] == [(1,)]
+    # Alone, it is held back a cool-down and the breaker stays open for the next probe.
+    admission, states = decide_admission({KEY: state}, [paused], now=_at(7), policy=Policy())
+    assert admission.send == [] and admission.defer[0].until == _at(12)
+    assert states[KEY].state == rules.OPEN and states[KEY].open_until == _at(5)
+
+
+def test_after_a_probe_succeeds_the_backlog_ramps_up_with_the_answers():
+    policy = Policy(retry_budget_ratio=0.2, retry_budget_floor=10)
+    state = _fail(HostState(1, HOST), 5, at=0)
+    backlog = [_candidate(n, retry=True) for n in range(100)]
+    admission, states = decide_admission({KEY: state}, backlog[:1], now=_at(5), policy=policy)
+    states = apply_outcomes(states, [(KEY, rules.UP)], now=_at(5.1), policy=policy)
+    assert states[KEY].state == rules.CLOSED and states[KEY].recovered_at == _at(5.1)
+    sent, rounds = 1, 0
+    while sent < 100:
+        rounds += 1
+        now = _at(5.1 + rounds)
+        admission, states = decide_admission(states, backlog[sent:], now=now, policy=policy)
+        # Held back only until the answers of what went out: a second, not the next minute.
+        assert {d.until for d in admission.defer} <= {now + rules.SHORT_WAIT}
+        states = apply_outcomes(states, [(KEY, rules.UP)] * len(admission.send), now=now, policy=policy)
+        sent += len(admission.send)
+    # 10 + 2 per answer: 12, 24, 48, then the rest (the budget's floor: 10 a minute).
+    assert rounds == 4
+    # A failure ends the ramp: the budget holds again, until the minute is over.
+    states = apply_outcomes(states, [(KEY, rules.DOWN)], now=_at(9.5), policy=policy)
+    assert states[KEY].recovered_at is None
+    admission, _ = decide_admission(states, backlog, now=_at(10), policy=policy)
+    assert admission.send == [] and {d.until for d in admission.defer} == {_at(65.1)}
+
+
 # --- real executors, real HTTP ---------------------------------------------------------------
 
 
-@pytest.mark.processes
-def test_an_outage_ends_in_success_without_hammering_the_host(processes, http_target):
+def _behind_an_outage(http_target, *, slug: str, count: int):
+    """A new tenant's `count` runs (3 attempts, backoff 1-2 s) to /flaky, which answers 503
+    for the next 20 s: (tenant, when the host is back, run keys)."""
     from jobs.tenant_services import create_tenant
 
-    tenant, _ = create_tenant(slug="breakers", max_concurrency=100)
+    tenant, _ = create_tenant(slug=slug, max_concurrency=100)
     recovered_at = http_target.outage("/flaky", 20)
     keys = queue_runs(
         tenant,
         http_spec(http_target.url("/flaky")),
-        count=50,
+        count=count,
         max_attempts=3,
         retry_backoff_seconds=1,
         retry_backoff_cap_seconds=2,
     )
+    return tenant, recovered_at, keys
+
+
+def _ended(keys) -> int:
+    return JobRun.objects.filter(job_id__in=[k[0] for k in keys], status__in=["succeeded", "dead"]).count()
+
+
+@pytest.mark.processes
+def test_an_outage_ends_in_success_without_hammering_the_host(processes, http_target):
+    tenant, recovered_at, keys = _behind_an_outage(http_target, slug="breakers", count=50)
     # The budget is not under test here: a high floor leaves the breaker alone.
     processes.start("run_executor", env={"EXECUTOR_RETRY_BUDGET_FLOOR": "100000"})
-    wait_for(
-        lambda: (
-            JobRun.objects.filter(job_id__in=[k[0] for k in keys], status__in=["succeeded", "dead"]).count()
-            == 50
-        ),
-        timeout=150,
-        what="all 50 runs to finish",
-    )
+    wait_for(lambda: _ended(keys) == 50, timeout=150, what="all 50 runs to finish")
     runs = [row(k) for k in keys]
     assert sorted({r.status for r in runs}) == ["succeeded"], [(r.status, r.last_error) for r in runs]
     during = [r for r in http_target.received("/flaky") if r.at < recovered_at]
@@ -134,8 +193,32 @@ def test_an_outage_ends_in_success_without_hammering_the_host(processes, http_ta
     assert any(r.deferrals > 0 for r in runs)
     # A deferral used no attempt: none of them needed more than its 3.
     assert all(r.attempt - r.deferrals <= 3 for r in runs)
-    host = TargetHost.objects.get(host=breakers.host_key(http_target.url("/flaky")))
-    assert host.state == breakers.CLOSED
+    host = TargetHost.objects.get(tenant_id=tenant.id, host=rules.host_key(http_target.url("/flaky")))
+    assert host.state == rules.CLOSED
+
+
+@pytest.mark.processes
+def test_after_a_short_outage_the_backlog_drains_as_fast_as_the_host_answers(processes, http_target):
+    """Two executors, default breaker and budget: the runs deferred during a 20 s outage
+    go out as the host answers once a probe succeeds, not at the budget's floor (10 a
+    minute: 40 runs took minutes), and the host is still spared during the outage."""
+    _, recovered_at, keys = _behind_an_outage(http_target, slug="recovery", count=40)
+    processes.start("run_executor")
+    processes.start("run_executor")
+    wait_for(
+        lambda: _ended(keys) == 40,
+        timeout=recovered_at + 60 - time.time(),
+        what="all 40 runs to end within 60 s of the host's recovery",
+    )
+    runs = [row(k) for k in keys]
+    assert sorted({r.status for r in runs}) == ["succeeded"], [(r.status, r.last_error) for r in runs]
+    during = [r for r in http_target.received("/flaky") if r.at < recovered_at]
+    last = max(r.finished_at for r in runs).timestamp() - recovered_at
+    print(
+        f"requests during the outage: {len(during)} for 40 runs; last run ended {last:.1f} s after recovery"
+    )
+    assert len(during) < 2 * 40
+    assert any(r.deferrals > 0 for r in runs)
 
 
 @pytest.mark.processes
@@ -241,7 +324,12 @@ def test_only_retries_after_the_host_failed_a_call_spend_its_retry_budget(tenant
     replay_run(job_id=replayed[0], scheduled_at=replayed[1], actor="test")
     # This minute's budget is spent: a retry the host asked for must wait for the next.
     TargetHost.objects.create(
-        host="http://127.0.0.1:9", window_start=now, requests=0, retries=5, updated_at=now
+        tenant_id=tenant.id,
+        host="http://127.0.0.1:9",
+        window_start=now,
+        requests=0,
+        retries=5,
+        updated_at=now,
     )
 
     claimed = claim_now()
@@ -260,16 +348,35 @@ def test_only_retries_after_the_host_failed_a_call_spend_its_retry_budget(tenant
 
 @pytest.fixture
 def circuits(db):
+    """Breakers are per tenant: alpha's down.example is open, beta's is closed."""
     from django.utils import timezone
 
+    from jobs.tenant_services import create_tenant
+
+    alpha, _ = create_tenant(slug="alpha")
+    beta, _ = create_tenant(slug="beta")
     now = timezone.now()
     TargetHost.objects.create(
-        host="https://down.example:443", state="open", opened_at=now, open_until=now, updated_at=now
+        tenant_id=alpha.id,
+        host="https://down.example:443",
+        state="open",
+        opened_at=now,
+        open_until=now,
+        updated_at=now,
     )
     TargetHost.objects.create(
-        host="https://probing.example:443", state="half_open", opened_at=now, updated_at=now
+        tenant_id=beta.id, host="https://down.example:443", state="closed", updated_at=now
     )
-    TargetHost.objects.create(host="https://fine.example:443", state="closed", updated_at=now)
+    TargetHost.objects.create(
+        tenant_id=beta.id,
+        host="https://probing.example:443",
+        state="half_open",
+        opened_at=now,
+        updated_at=now,
+    )
+    TargetHost.objects.create(
+        tenant_id=alpha.id, host="https://fine.example:443", state="closed", updated_at=now
+    )
 
 
 def test_metrics_show_open_circuits(client, circuits):
@@ -282,14 +389,15 @@ def test_metrics_show_open_circuits(client, circuits):
         for f in text_string_to_metric_families(response.content.decode())
         if f.name == "cronyard_circuit_open"
     ]
-    assert {s.labels["host"]: s.value for s in family.samples} == {
-        "https://down.example:443": 1,
-        "https://probing.example:443": 1,
+    assert {(s.labels["tenant"], s.labels["host"]): s.value for s in family.samples} == {
+        ("alpha", "https://down.example:443"): 1,
+        ("beta", "https://probing.example:443"): 1,
     }
 
 
 def test_dashboard_lists_open_circuits(admin_client, circuits):
     page = admin_client.get("/admin/runs/jobrun/dashboard/").content.decode()
-    assert 'data-host="https://down.example:443"' in page
-    assert 'data-host="https://probing.example:443"' in page
+    assert 'data-tenant="alpha" data-host="https://down.example:443"' in page
+    assert 'data-tenant="beta" data-host="https://probing.example:443"' in page
+    assert 'data-tenant="beta" data-host="https://down.example:443"' not in page
     assert "fine.example" not in page

@@ -24,7 +24,7 @@ import pytest
 from jobs.models import Job
 from jobs.services import create_job, partition_for
 from jobs.tenant_services import create_tenant
-from runs import breakers, claims, connections, heartbeats, outcomes, reaping, rows
+from runs import breaker_rules, breakers, claims, connections, heartbeats, outcomes, reaping, rows
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, set_running, task_target
@@ -139,9 +139,10 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
         conn.statements = sent
         try:
             await conn.execute(
-                "INSERT INTO target_hosts (host, state, failures, cooldown_seconds, requests, retries,"
-                " updated_at, opened_at, open_until) VALUES (%s, 'open', 5, 5, 0, 0, now(), now(), %s)",
-                ["http://127.0.0.1:9", datetime.now(UTC) + timedelta(minutes=5)],
+                "INSERT INTO target_hosts (tenant_id, host, state, failures, cooldown_seconds, requests,"
+                " retries, updated_at, opened_at, open_until)"
+                " VALUES (%s, %s, 'open', 5, 5, 0, 0, now(), now(), %s)",
+                [tenant.id, "http://127.0.0.1:9", datetime.now(UTC) + timedelta(minutes=5)],
             )
             reaped = await reaping.reap_expired_leases(conn)
             assert [r.job_id for r in reaped] == [orphan_key[0]]
@@ -151,8 +152,9 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
             admission = await breakers.admit(
                 conn,
                 [
-                    breakers.Candidate(
+                    breaker_rules.Candidate(
                         (r.job_id, r.scheduled_at, r.attempt),
+                        r.tenant_id,
                         "http://127.0.0.1:9",
                         False,
                         None,
@@ -161,7 +163,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
                     )
                     for r in http
                 ],
-                policy=breakers.Policy(),
+                policy=breaker_rules.Policy(),
             )
             assert len(admission.defer) == 1
             rest = [r for r in claimed if r not in http]

@@ -1,18 +1,26 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand
+from django.db import connection
 
+from runs.breakers import prune_idle
 from runs.partitions import maintain
 
 
 class Command(BaseCommand):
-    help = "Create job_runs day partitions ahead and drop days older than RUN_RETENTION_DAYS."
+    help = (
+        "Create job_runs day partitions ahead, drop days older than RUN_RETENTION_DAYS and"
+        " prune idle circuit-breaker rows."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--days-ahead", type=int, default=7)
 
     def handle(self, days_ahead, **options):
         report = maintain(days_ahead=days_ahead, retention_days=settings.RUN_RETENTION_DAYS)
+        with connection.cursor() as cursor:
+            pruned = prune_idle(cursor)
         self.stdout.write(
             f"created {len(report.created)} partition(s), dropped {len(report.dropped)}, "
-            f"moved {report.moved_rows} row(s) out of the default partition"
+            f"moved {report.moved_rows} row(s) out of the default partition, "
+            f"pruned {pruned} idle circuit-breaker row(s)"
         )
