@@ -13,6 +13,10 @@ row per slot that did not run:
   `overdue` once late by SCHEDULER_OVERDUE_ALERT_SECONDS), `skipped`/`paused` while
   the job is paused.
 
+Only that third source is bounded by the job's life as it is now (created_at,
+start_at, end_at, retention): runs and ranges are what happened, so a later start_at
+or a backfill of a window before the job existed never hides them.
+
 A page merges the first `limit + 1` keys after the cursor from each source, so its
 cost is bounded by the page size, not by the length of the job's history.
 """
@@ -44,7 +48,7 @@ class Occurrence:
 
 
 def life_start(job: Job, *, now: datetime) -> datetime:
-    """Oldest instant the ledger speaks for: creation or start_at, and no older than retention."""
+    """Oldest instant of the job's computed slots: creation or start_at, and no older than retention."""
     oldest = now - timedelta(days=settings.RUN_RETENTION_DAYS)
     return max(t for t in (job.created_at, job.start_at, oldest) if t is not None)
 
@@ -53,10 +57,8 @@ def occurrences(
     *, job: Job, start: datetime, end: datetime, now: datetime, after: datetime | None, limit: int
 ) -> tuple[list[Occurrence], bool]:
     """Up to `limit` occurrences in [start, end) after the cursor `after`, and whether more follow."""
-    lo = max(start - _TICK, life_start(job, now=now) - _TICK, after or start - _TICK)  # exclusive
-    hi = min(end - _TICK, now)  # inclusive: due slots only
-    if job.end_at is not None:
-        hi = min(hi, job.end_at)
+    lo = max(start - _TICK, after or start - _TICK)  # exclusive
+    hi = end - _TICK  # inclusive
     if hi <= lo:
         return [], False
     want = limit + 1
@@ -69,12 +71,15 @@ def occurrences(
             :want
         ]
     }
-    era_start = max(lo, (job.schedule_since or job.created_at) - _TICK)
-    current = slots_between(job, after=era_start, until=hi, limit=want) if era_start < hi else []
+    # Slots nobody recorded are computed from the current schedule, within the job's
+    # life as it is now and due by now.
+    era_start = max(lo, life_start(job, now=now) - _TICK, (job.schedule_since or job.created_at) - _TICK)
+    due = min(hi, now, job.end_at or hi)
+    current = slots_between(job, after=era_start, until=due, limit=want) if era_start < due else []
 
     # Ranges can only contribute keys up to the furthest key the page can still need.
     keys = sorted({*runs, *current})
-    horizon = keys[want - 1] if len(keys) >= want else hi
+    horizon = keys[want - 1] if len(keys) >= want else min(hi, now)
     ranged: dict[datetime, SlotRange] = {}
     since = job.schedule_since or job.created_at
     for rng in SlotRange.objects.filter(job=job, last_at__gt=lo, first_at__lte=horizon).order_by("first_at")[
