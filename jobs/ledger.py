@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 
@@ -45,6 +45,25 @@ class Occurrence:
     outcome: str  # fired | skipped | missed | pending
     reason: str | None
     run: JobRun | None = None
+
+
+# A window is clamped to this range: nothing in Cronyard predates the Unix epoch, so
+# `from=0001-01-01T00:00:00Z` means "from the beginning" (and `to` of that day, an empty
+# window) instead of overflowing the window's arithmetic at the ends of the calendar.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 12, 31, tzinfo=UTC)
+
+
+def window(*, start: datetime | None, end: datetime | None, now: datetime) -> tuple[datetime, datetime]:
+    """[from, to) of a request: `to` defaults to now (included), `from` to 24 h before `to`;
+    both clamped to [EARLIEST, LATEST]."""
+    end = _clamp(end) if end is not None else now + _TICK
+    start = _clamp(start) if start is not None else end - timedelta(days=1)
+    return start, end
+
+
+def _clamp(moment: datetime) -> datetime:
+    return min(max(moment, EARLIEST), LATEST)
 
 
 def life_start(job: Job, *, now: datetime) -> datetime:

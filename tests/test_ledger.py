@@ -286,3 +286,30 @@ def test_runs_backfilled_before_the_job_existed_are_listed(api, tenant):
     assert [(i["scheduled_at"], i["outcome"], i["run"]["trigger"]) for i in items] == [
         (t, "fired", "backfill") for t in backfilled
     ]
+
+
+@pytest.mark.parametrize(
+    ("query", "whole"),
+    [
+        ({"from": "0001-01-01T00:00:00Z"}, True),  # from the beginning
+        ({"from": "0001-01-01T00:00:00Z", "to": "9999-12-31T23:59:59.999999Z"}, True),
+        ({"to": "0001-01-01T12:00:00Z"}, False),  # a window before anything: empty
+        ({"from": "0001-01-01T00:00:00Z", "to": "0001-01-01T12:00:00Z"}, False),
+        ({"from": "9999-12-31T23:59:59.999999Z"}, False),
+    ],
+)
+def test_windows_at_the_ends_of_the_calendar_are_clamped_not_500(api, tenant, query, whole):
+    from jobs.planning import run_for
+    from runs.queue import enqueue_runs
+
+    now = db_now()
+    first = now.replace(second=0, microsecond=0) - 3 * MINUTE
+    job = make_job(tenant, next_run_at=now + MINUTE)
+    backdate(job, first)
+    enqueue_runs([run_for(job, scheduled_at=first + k * MINUTE, trigger="schedule") for k in range(3)])
+    everything = outcomes(ledger(api, job.id, **{"from": first - MINUTE, "to": now + MINUTE}))
+    assert everything[:3] == [(format_utc(first + k * MINUTE), "fired", None) for k in range(3)]
+    api.raise_request_exception = False  # a crash must show as the 500 a client would get
+    response = api.get(f"/api/v1/jobs/{job.id}/occurrences", {"page_size": 1000, **query})
+    assert response.status_code == 200, response.content
+    assert outcomes(response.json()["results"]) == (everything if whole else [])
