@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from jobs.field_rules import NAME_MAX, is_int
+from jobs.nesting import MAX_VALUE_NESTING, nesting, too_deep_message
 from runs import tasks
 from runs.netguard import UnsafeTarget, check_url
 
@@ -48,6 +49,15 @@ def check_target(target: Any, *, allow_private: bool) -> dict:
     """Return the target with defaults filled in, or raise ValueError with all problems."""
     if not isinstance(target, dict):
         raise ValueError('Target must be an object with a "type" of "http" or "task".')
+    # First: what follows (and the audit log, jsonb, every run's copy) walks the values
+    # recursively. Every key is bounded, not only body and kwargs, which need the depth.
+    deep = [
+        f"{key}: {too_deep_message(MAX_VALUE_NESTING)}"
+        for key, value in target.items()
+        if nesting(value, limit=MAX_VALUE_NESTING) > MAX_VALUE_NESTING
+    ]
+    if deep:
+        raise ValueError(*deep)
     bad = _unstorable_text(target)
     if bad:
         # PostgreSQL jsonb cannot hold NUL, and a lone surrogate cannot even be encoded
