@@ -51,6 +51,7 @@ def nested(levels: int, leaf: object = 1) -> object:
         value = {"a": value}
     return value
 
+
 BAD_BODIES = [
     # (case id, body, field that must carry the error)
     ("cron-syntax", body(cron="61 * * * *"), "cron"),
@@ -98,6 +99,11 @@ BAD_BODIES = [
     ("target-header-int-value", body(target=http(headers={"X-A": 1})), "target"),
     ("target-header-newline", body(target=http(headers={"X-A": "a\r\nX-Evil: 1"})), "target"),
     ("target-header-reserved", body(target=http(headers={"Idempotency-Key": "mine"})), "target"),
+    # Control characters the HTTP client refuses to send (every run would die).
+    ("target-header-vertical-tab", body(target=http(headers={"X-A": "a\x0bb"})), "target"),
+    ("target-header-form-feed", body(target=http(headers={"X-A": "a\x0cb"})), "target"),
+    ("target-header-del", body(target=http(headers={"X-A": "a\x7fb"})), "target"),
+    ("target-header-escape", body(target=http(headers={"X-A": "\x1b[31m"})), "target"),
     ("target-timeout-zero", body(target=http(timeout_seconds=0)), "target"),
     ("target-timeout-big", body(target=http(timeout_seconds=301)), "target"),
     ("target-timeout-string", body(target=http(timeout_seconds="30")), "target"),
@@ -151,7 +157,11 @@ BAD_BODIES = [
     ("target-body-too-deep", body(target=http(body=nested(33))), "target"),
     ("target-body-470-deep", body(target=http(body=nested(470))), "target"),
     ("task-kwargs-too-deep", body(target={"type": "task", "name": "echo", "kwargs": nested(33)}), "target"),
-    ("task-kwarg-too-deep", body(target={"type": "task", "name": "echo", "kwargs": {"k": nested(32)}}), "target"),
+    (
+        "task-kwarg-too-deep",
+        body(target={"type": "task", "name": "echo", "kwargs": {"k": nested(32)}}),
+        "target",
+    ),
     ("dst-policy-too-deep", body(dst_policy=nested(100)), "dst_policy"),
 ]
 
@@ -360,7 +370,9 @@ def test_a_hashed_cron_gets_the_same_answer_whatever_id_the_server_picks(api):
 def test_a_target_nested_too_deep_names_the_field_and_the_limit(api, target, field):
     response = api.post(JOBS, body(target=target), format="json")
     assert response.status_code == 400, response.content
-    assert response.json() == {"target": [f"{field}: nested more than 32 levels deep; the limit is 32 levels."]}
+    assert response.json() == {
+        "target": [f"{field}: nested more than 32 levels deep; the limit is 32 levels."]
+    }
     at_the_limit = {**target, field: nested(32)}
     assert api.post(JOBS, body(target=at_the_limit), format="json").status_code == 201
 
@@ -423,3 +435,43 @@ def test_the_real_server_answers_a_body_too_deep_to_parse_with_a_400(web_server,
         assert response.status_code == 400, (levels, response.text[:300])
         assert "nested more than 64 levels deep" in response.text, response.text[:300]
     assert Job.objects.count() == 0
+
+
+def test_header_values_are_refused_exactly_when_the_http_client_refuses_them():
+    """The rule is aiohttp's (it raises "Forbidden control character" when it writes the
+    request): compared on every ASCII character and a few that look like line breaks."""
+    from aiohttp.http_writer import _serialize_headers
+    from multidict import CIMultiDict
+
+    from jobs.target_rules import check_target
+
+    def client_sends(value: str) -> bool:
+        try:
+            _serialize_headers("POST /hook HTTP/1.1", CIMultiDict({"X-A": value}))
+        except ValueError:
+            return False
+        return True
+
+    def accepted(value: str) -> bool:
+        try:
+            check_target(http(headers={"X-A": value}), allow_private=False)
+        except ValueError as exc:
+            assert all("'X-A'" in str(p) for p in exc.args), exc.args
+            return False
+        return True
+
+    for char in [*map(chr, range(128)), "\x85", "\u2028", "\u2029", "\ufeff", "\xa0", "é"]:
+        if char == "\x00":
+            continue  # NUL: jsonb cannot store it; refused earlier, with its own message
+        value = f"a{char}b"
+        assert accepted(value) == client_sends(value), repr(char)
+
+
+@pytest.mark.parametrize("char", ["\x0b", "\x0c", "\x7f"])
+def test_a_header_the_client_cannot_send_is_a_400_naming_it_at_edit_too(api, job, char):
+    url = f"{JOBS}{job['id']}/"
+    response = api.patch(url, {"target": http(headers={"X-Signature": f"v1{char}x"})}, format="json")
+    assert response.status_code == 400, response.content
+    (message,) = response.json()["target"]
+    assert "X-Signature" in message and "control character" in message, message
+    assert api.get(url).json()["target"].get("headers") in ({}, None)
