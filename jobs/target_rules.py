@@ -56,7 +56,8 @@ def check_target(target: Any, *, allow_private: bool) -> dict:
     # First: what follows (and the audit log, jsonb, every run's copy) walks the values
     # recursively. Every key is bounded, not only body and kwargs, which need the depth.
     deep = [
-        f"{key}: {too_deep_message(MAX_VALUE_NESTING)}"
+        # The key as UTF-8 can carry it (a lone surrogate cannot be answered).
+        f"{str(key).encode(errors='replace').decode()}: {too_deep_message(MAX_VALUE_NESTING)}"
         for key, value in target.items()
         if nesting(value, limit=MAX_VALUE_NESTING) > MAX_VALUE_NESTING
     ]

@@ -475,3 +475,12 @@ def test_a_header_the_client_cannot_send_is_a_400_naming_it_at_edit_too(api, job
     (message,) = response.json()["target"]
     assert "X-Signature" in message and "control character" in message, message
     assert api.get(url).json()["target"].get("headers") in ({}, None)
+
+
+def test_a_too_deep_value_under_a_key_that_is_not_unicode_is_still_a_400(api):
+    raw = '{"name": "s", "interval_seconds": 60, "target": {"type": "http", "url": "https://example.com/", '
+    raw += '"\\ud800": ' + "[" * 40 + "]" * 40 + "}}"
+    api.raise_request_exception = False
+    response = api.generic("POST", JOBS, raw.encode(), content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+    assert "nested more than 32 levels deep" in response.json()["target"][0]
