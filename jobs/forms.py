@@ -8,7 +8,7 @@ from typing import Any
 
 from django import forms
 
-from jobs import edits
+from jobs import edits, nesting
 from jobs.dst_form import DstPolicyMenusField
 from jobs.models import Job
 from jobs.validation import SCHEDULE_KEY, TRIGGER_FIELDS, JobInvalid
@@ -45,6 +45,27 @@ _KWARG_PROBLEM = re.compile(r"^target\.kwargs\.([^.\[:\s]+)")
 _TARGET_EXAMPLE = json.dumps({"type": "http", "url": "https://example.com/hook", "method": "POST"})
 
 
+class TargetJSONField(forms.JSONField):
+    """The target's JSON text, decoded within the bound of an API body (jobs.nesting)."""
+
+    def to_python(self, value):
+        try:
+            with nesting.decoding():
+                value = super().to_python(value)
+            nesting.check_document(value)
+        except nesting.TooDeep as exc:
+            raise forms.ValidationError(str(exc), code="too_deep") from None
+        return value
+
+    def bound_data(self, data, initial):
+        # The form shown again with its errors: text too deep to decode is shown as typed.
+        try:
+            with nesting.decoding():
+                return super().bound_data(data, initial)
+        except nesting.TooDeep:
+            return forms.fields.InvalidJSONInput(data)
+
+
 class JobAdminForm(forms.ModelForm):
     # Two menus, not the model's JSON textarea (jobs/dst_form.py).
     dst_policy = DstPolicyMenusField(
@@ -59,6 +80,7 @@ class JobAdminForm(forms.ModelForm):
         fields = FORM_FIELDS
         # The API's names (`cron`, `timezone`) as labels; the columns keep their names.
         labels = {"cron_expr": "cron", "time_zone": "timezone", "interval_seconds": "interval (seconds)"}
+        field_classes = {"target": TargetJSONField}
         help_texts = {
             "cron_expr": "5 fields, names (MON, JAN), @daily-style aliases, H hashed per job. "
             "Set exactly one of cron, interval and run at.",

@@ -13,6 +13,10 @@ row per slot that did not run:
   `overdue` once late by SCHEDULER_OVERDUE_ALERT_SECONDS), `skipped`/`paused` while
   the job is paused.
 
+Only that third source is bounded by the job's life as it is now (created_at,
+start_at, end_at, retention): runs and ranges are what happened, so a later start_at
+or a backfill of a window before the job existed never hides them.
+
 A page merges the first `limit + 1` keys after the cursor from each source, so its
 cost is bounded by the page size, not by the length of the job's history.
 """
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 
@@ -43,8 +47,27 @@ class Occurrence:
     run: JobRun | None = None
 
 
+# A window is clamped to this range: nothing in Cronyard predates the Unix epoch, so
+# `from=0001-01-01T00:00:00Z` means "from the beginning" (and `to` of that day, an empty
+# window) instead of overflowing the window's arithmetic at the ends of the calendar.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 12, 31, tzinfo=UTC)
+
+
+def window(*, start: datetime | None, end: datetime | None, now: datetime) -> tuple[datetime, datetime]:
+    """[from, to) of a request: `to` defaults to now (included), `from` to 24 h before `to`;
+    both clamped to [EARLIEST, LATEST]."""
+    end = _clamp(end) if end is not None else now + _TICK
+    start = _clamp(start) if start is not None else end - timedelta(days=1)
+    return start, end
+
+
+def _clamp(moment: datetime) -> datetime:
+    return min(max(moment, EARLIEST), LATEST)
+
+
 def life_start(job: Job, *, now: datetime) -> datetime:
-    """Oldest instant the ledger speaks for: creation or start_at, and no older than retention."""
+    """Oldest instant of the job's computed slots: creation or start_at, and no older than retention."""
     oldest = now - timedelta(days=settings.RUN_RETENTION_DAYS)
     return max(t for t in (job.created_at, job.start_at, oldest) if t is not None)
 
@@ -53,10 +76,8 @@ def occurrences(
     *, job: Job, start: datetime, end: datetime, now: datetime, after: datetime | None, limit: int
 ) -> tuple[list[Occurrence], bool]:
     """Up to `limit` occurrences in [start, end) after the cursor `after`, and whether more follow."""
-    lo = max(start - _TICK, life_start(job, now=now) - _TICK, after or start - _TICK)  # exclusive
-    hi = min(end - _TICK, now)  # inclusive: due slots only
-    if job.end_at is not None:
-        hi = min(hi, job.end_at)
+    lo = max(start - _TICK, after or start - _TICK)  # exclusive
+    hi = end - _TICK  # inclusive
     if hi <= lo:
         return [], False
     want = limit + 1
@@ -69,12 +90,15 @@ def occurrences(
             :want
         ]
     }
-    era_start = max(lo, (job.schedule_since or job.created_at) - _TICK)
-    current = slots_between(job, after=era_start, until=hi, limit=want) if era_start < hi else []
+    # Slots nobody recorded are computed from the current schedule, within the job's
+    # life as it is now and due by now.
+    era_start = max(lo, life_start(job, now=now) - _TICK, (job.schedule_since or job.created_at) - _TICK)
+    due = min(hi, now, job.end_at or hi)
+    current = slots_between(job, after=era_start, until=due, limit=want) if era_start < due else []
 
     # Ranges can only contribute keys up to the furthest key the page can still need.
     keys = sorted({*runs, *current})
-    horizon = keys[want - 1] if len(keys) >= want else hi
+    horizon = keys[want - 1] if len(keys) >= want else min(hi, now)
     ranged: dict[datetime, SlotRange] = {}
     since = job.schedule_since or job.created_at
     for rng in SlotRange.objects.filter(job=job, last_at__gt=lo, first_at__lte=horizon).order_by("first_at")[

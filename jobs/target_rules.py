@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from jobs.field_rules import NAME_MAX, is_int
+from jobs.nesting import MAX_VALUE_NESTING, nesting, too_deep_message
 from runs import tasks
 from runs.netguard import UnsafeTarget, check_url
 
@@ -39,6 +40,10 @@ RESERVED_HEADERS = frozenset(
     }
 )
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+# What aiohttp refuses in a header value when it writes the request ("Forbidden control
+# character", aiohttp/http_writer.py, after RFC 9110 section 5.5): every C0 control but
+# tab, and DEL. Accepted here, every run of the job would die of it.
+_HEADER_VALUE_FORBIDDEN_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _TASK_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:[.:][A-Za-z_][A-Za-z0-9_]*)*$")
 _HTTP_KEYS = frozenset({"type", "url", "method", "headers", "body", "timeout_seconds", "secret_headers"})
 _TASK_KEYS = frozenset({"type", "name", "kwargs", "timeout_seconds"})
@@ -48,6 +53,16 @@ def check_target(target: Any, *, allow_private: bool) -> dict:
     """Return the target with defaults filled in, or raise ValueError with all problems."""
     if not isinstance(target, dict):
         raise ValueError('Target must be an object with a "type" of "http" or "task".')
+    # First: what follows (and the audit log, jsonb, every run's copy) walks the values
+    # recursively. Every key is bounded, not only body and kwargs, which need the depth.
+    deep = [
+        # The key as UTF-8 can carry it (a lone surrogate cannot be answered).
+        f"{str(key).encode(errors='replace').decode()}: {too_deep_message(MAX_VALUE_NESTING)}"
+        for key, value in target.items()
+        if nesting(value, limit=MAX_VALUE_NESTING) > MAX_VALUE_NESTING
+    ]
+    if deep:
+        raise ValueError(*deep)
     bad = _unstorable_text(target)
     if bad:
         # PostgreSQL jsonb cannot hold NUL, and a lone surrogate cannot even be encoded
@@ -124,8 +139,12 @@ def _http_target(target: dict, allow_private: bool, problems: list[str]) -> dict
                 problems.append(f"headers: {key!r} is not a valid header name.")
             elif key.lower() in RESERVED_HEADERS:
                 problems.append(f"headers: {key} is set by the executor and cannot be overridden.")
-            if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
-                problems.append(f"headers: the value of {key!r} must be a single-line string.")
+            if not isinstance(value, str):
+                problems.append(f"headers: the value of {key!r} must be a string.")
+            elif _HEADER_VALUE_FORBIDDEN_RE.search(value):
+                problems.append(
+                    f"headers: the value of {key!r} contains a control character (only tab is allowed)."
+                )
     secret_headers = target.get("secret_headers")
     if secret_headers is not None and (
         not isinstance(secret_headers, list)

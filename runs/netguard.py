@@ -8,6 +8,10 @@ Two checks, one classification (`address_refusal`):
   string would let them through;
 - at connect time (runs.targets.GuardedConnector) on every address about to be
   dialled, literals included, so DNS (rebinding, `localhost`) cannot sneak past.
+
+A host the client reads as an address (`literal_refusal`) is judged as the address it
+denotes in any spelling (`[::ffff:127.1]` is 127.0.0.1), and refused whatever the
+switch when the client cannot dial it as written: no run of it could ever start.
 """
 
 from __future__ import annotations
@@ -87,11 +91,13 @@ def parse_ip_host(host: str) -> IPAddress | None:
     or without a trailing dot. A host that is not such a literal is a name: None.
     Raises UnsafeTarget for a numeric host whose value does not fit an address.
     """
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    bare = _bare(host)
     try:
         return ipaddress.ip_address(bare)
     except ValueError:
         pass
+    if ":" in bare:
+        return _ipv6_with_legacy_ipv4(bare)
     parts = bare.split(".")
     if len(parts) > 1 and parts[-1] == "":
         parts.pop()  # a trailing dot (FQDN form) does not make it a name
@@ -110,6 +116,65 @@ def parse_ip_host(host: str) -> IPAddress | None:
     for index, number in enumerate(head):
         value += number << (8 * (3 - index))
     return ipaddress.IPv4Address(value)
+
+
+def _bare(host: str) -> str:
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def _ipv6_with_legacy_ipv4(bare: str) -> ipaddress.IPv6Address | None:
+    """`::ffff:127.1`: IPv6 whose trailing IPv4 part is in a legacy form (the address it
+    denotes, which the socket layer will not parse), else None."""
+    head, _, tail = bare.rpartition(":")
+    embedded = parse_ip_host(tail) if "." in tail else None
+    if not isinstance(embedded, ipaddress.IPv4Address):
+        return None
+    try:
+        return ipaddress.IPv6Address(f"{head}:{embedded}")
+    except ValueError:
+        return None
+
+
+def _read_as_address(bare: str) -> bool:
+    """Whether aiohttp takes the host for an address and dials it without a lookup
+    (aiohttp.helpers.is_ip_address, mirrored: tests/test_ssrf.py compares them)."""
+    return ":" in bare or bare.replace(".", "").isdigit()
+
+
+def literal_refusal(host: str, *, allow_private: bool) -> str | None:
+    """Why a host written as an IP address must not be dialled, or None (a name, or an
+    address that may be): refused by the SSRF rule (unless allowed), or spelt in a form
+    the client cannot dial (whatever the switch)."""
+    bare = _bare(host)
+    shown = f"[{bare}]" if ":" in bare else bare
+    try:
+        literal = parse_ip_host(bare)
+    except UnsafeTarget as exc:
+        return str(exc)
+    if literal is None:
+        return f"host {shown} is not a valid IP address" if _read_as_address(bare) else None
+    written = bare.lower()
+    if not allow_private:
+        reason = address_refusal(literal)
+        if reason is not None:
+            note = "" if written == str(literal) else f" (host {shown})"
+            return refusal_message(f"{reason}{note}")
+    if not _dialable_as_written(written, literal):
+        canonical = f"[{literal}]" if literal.version == 6 else str(literal)
+        return f"host {shown} is a non-canonical form of {literal}; write it as {canonical}"
+    return None
+
+
+def _dialable_as_written(written: str, literal: IPAddress) -> bool:
+    # aiohttp refuses every IPv4 form but the dotted quad; the socket layer takes any
+    # IPv6 spelling ipaddress does, but no legacy IPv4 part inside one.
+    if literal.version == 4:
+        return written == str(literal)
+    try:
+        ipaddress.IPv6Address(written)
+    except ValueError:
+        return False
+    return True
 
 
 def _ipv4_number(part: str) -> int | None:
@@ -147,20 +212,10 @@ def check_url(url: str, *, allow_private: bool) -> str:
         raise UnsafeTarget("must be an http:// or https:// URL with a host")
     if port == 0:
         raise UnsafeTarget("port 0 is not a valid target port")
-    if allow_private:
-        return host
+    problem = literal_refusal(host, allow_private=allow_private)
+    if problem is not None:
+        raise UnsafeTarget(problem)
     name = host.rstrip(".").lower()
-    if name == "localhost" or name.endswith(_LOCAL_NAMES):
+    if not allow_private and (name == "localhost" or name.endswith(_LOCAL_NAMES)):
         raise UnsafeTarget(refusal_message(f"host '{name}' is a local name"))
-    literal = parse_ip_host(host)
-    if literal is None:
-        return host
-    written = host.strip("[]").lower()
-    reason = address_refusal(literal)
-    if reason is not None:
-        shown = "" if written == str(literal) else f" (host {host})"
-        raise UnsafeTarget(refusal_message(f"{reason}{shown}"))
-    if isinstance(literal, ipaddress.IPv4Address) and written != str(literal):
-        # aiohttp refuses non-canonical IPv4 forms at connect time; say so now.
-        raise UnsafeTarget(f"host {host} is a non-canonical form of {literal}; write it as {literal}")
     return host

@@ -22,7 +22,7 @@ from aiohttp.abc import ResolveResult
 from runs import retry, tasks
 from runs.errors import PermanentError
 from runs.keys import format_utc, run_key
-from runs.netguard import address_refusal, parse_ip_host, refusal_message
+from runs.netguard import address_refusal, literal_refusal, parse_ip_host, refusal_message
 from runs.rows import ClaimedRun
 
 DEFAULT_TIMEOUT_SECONDS = 30
@@ -53,6 +53,11 @@ class GuardedConnector(aiohttp.TCPConnector):
         self._allow_private = allow_private
 
     async def _resolve_host(self, host: str, port: int, traces=None) -> list[ResolveResult]:
+        # A host aiohttp reads as an address is not looked up: judged as written, in
+        # any spelling, and refused for good when it cannot be dialled at all.
+        problem = literal_refusal(host, allow_private=self._allow_private)
+        if problem is not None:
+            raise RefusedAddress(problem)
         results = await super()._resolve_host(host, port, traces=traces)
         if self._allow_private:
             return results
@@ -177,6 +182,10 @@ async def call_http(
         return retry.CallResult(retry.PERMANENT, error=f"invalid URL: {exc}")
     except (aiohttp.ClientError, OSError) as exc:
         return retry.CallResult(retry.RETRY, error=retry.truncate(f"{type(exc).__name__}: {exc}"))
+    except ValueError as exc:
+        # The request cannot even be built from the stored target (aiohttp refuses a
+        # header value with a control character): waiting changes nothing.
+        return retry.CallResult(retry.PERMANENT, error=retry.truncate(f"invalid request: {exc}"))
 
 
 async def call_task(run: ClaimedRun) -> retry.CallResult:

@@ -6,6 +6,10 @@ list[T] / tuple[T, ...], dict[str, T], Optional[T] / T | None, Literal[...], Any
 Any other annotation (a class of the task's own) is left open (`{}`) rather than
 guessed at. The checker understands exactly the subset this module emits, which is
 also what `@register(schema=...)` may declare.
+
+The executor calls `fn(context, **kwargs)`: a kwarg named like the context parameter
+would be a TypeError on every run, so a schema that takes other kwargs reserves that
+name (`"propertyNames": {"not": {"const": "context"}}`, `reserve_context`).
 """
 
 from __future__ import annotations
@@ -67,6 +71,26 @@ def kwargs_schema(fn: Callable) -> dict:
     return schema
 
 
+def context_parameter(fn: Callable) -> str | None:
+    """The name the executor's TaskContext binds to (the first parameter), if a kwarg
+    could also be passed under it."""
+    params = list(inspect.signature(fn).parameters.values())
+    if params and params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        return params[0].name
+    return None
+
+
+def reserve_context(schema: dict, fn: Callable) -> dict:
+    """`schema` with the context parameter's name refused as a kwarg, where it takes
+    other kwargs; ValueError if it declares that name as one."""
+    name = context_parameter(fn)
+    if name is None or schema.get("additionalProperties", True) is False:
+        return schema
+    if name in (schema.get("properties") or {}):
+        raise ValueError(f"the kwargs schema declares {name!r}, which the task receives its run context as")
+    return {**schema, "propertyNames": {"not": {"const": name}}}
+
+
 def type_schema(hint: Any) -> dict:
     """JSON Schema of one annotation; `{}` (any JSON value) for what JSON cannot express."""
     if hint is Any or hint is inspect.Parameter.empty:
@@ -103,8 +127,14 @@ def errors(schema: Mapping, kwargs: Mapping, *, task: str, path: str = "target.k
         if name not in kwargs:
             problems.append(f"{path}.{name}: required by task {task!r}.")
     extra = schema.get("additionalProperties", True)
+    reserved = ((schema.get("propertyNames") or {}).get("not") or {}).get("const")
     for key, value in kwargs.items():
-        if key in properties:
+        if key == reserved:
+            problems.append(
+                f"{path}.{key}: reserved: task {task!r} receives its run context as {key!r}, "
+                "so no kwarg may have that name."
+            )
+        elif key in properties:
             problems.extend(value_errors(properties[key], value, f"{path}.{key}"))
         elif extra is False:
             takes = ", ".join(properties) or "no kwargs"

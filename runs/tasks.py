@@ -53,9 +53,11 @@ def register(name: str | Callable | None = None, *, schema: dict | None = None) 
         task_name = name if isinstance(name, str) else fn.__name__
         if task_name in _TASKS and _TASKS[task_name] is not fn:
             raise ValueError(f"task {task_name!r} is already registered")
-        _TASKS[task_name] = fn
         if schema is not None:
-            _SCHEMAS[task_name] = schema
+            # A declared schema is final here (a derived one on first use): refuse one
+            # that names the context parameter as a kwarg before the task is registered.
+            _SCHEMAS[task_name] = task_schema.reserve_context(schema, fn)
+        _TASKS[task_name] = fn
         return fn
 
     if callable(name):
@@ -75,7 +77,7 @@ def schema(name: str) -> dict:
     """JSON Schema of the kwargs of a registered task (KeyError if it is not)."""
     fn = _TASKS[name]
     if name not in _SCHEMAS:
-        _SCHEMAS[name] = task_schema.kwargs_schema(fn)
+        _SCHEMAS[name] = task_schema.reserve_context(task_schema.kwargs_schema(fn), fn)
     return _SCHEMAS[name]
 
 

@@ -124,6 +124,13 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["jobs.api.auth.IsTenant"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # DRF's three, the JSON one bounded in depth (jobs.nesting): a body nested too deep
+    # to decode, or for anything after to walk, is a 400 rather than a RecursionError.
+    "DEFAULT_PARSER_CLASSES": [
+        "jobs.api.parsers.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "EXCEPTION_HANDLER": "jobs.api.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
 }

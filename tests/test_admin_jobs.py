@@ -240,3 +240,23 @@ def test_misfire_and_node_admins_are_read_only_lists(admin_client, jobs):
     assert response.status_code == 200 and "node-a" in response.content.decode()
     assert admin_client.get("/admin/jobs/misfire/add/").status_code == 403
     assert admin_client.get("/admin/jobs/schedulernode/add/").status_code == 403
+
+
+def _nested_body(levels: int) -> str:
+    return '{"type": "http", "url": "https://example.com/hook", "body": ' + "[" * levels + "]" * levels + "}"
+
+
+@pytest.mark.parametrize(
+    ("levels", "message"),
+    [
+        (33, "body: nested more than 32 levels deep; the limit is 32 levels."),
+        (470, "nested more than 64 levels deep; the limit is 64 levels."),
+        (100_000, "nested more than 64 levels deep; the limit is 64 levels."),
+    ],
+)
+def test_add_form_refuses_a_target_nested_too_deep(admin_client, tenant, levels, message):
+    admin_client.raise_request_exception = False  # a crash must show as the 500 a user would get
+    response = admin_client.post(f"{CHANGELIST}add/", form_data(tenant, target=_nested_body(levels)))
+    assert response.status_code == 200, response.content[:300]
+    assert response.context["adminform"].form.errors["target"] == [message]
+    assert Job.objects.count() == 0

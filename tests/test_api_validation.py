@@ -43,6 +43,15 @@ def past() -> str:
 
 BIG = "x" * (64 * 1024 + 1)
 
+
+def nested(levels: int, leaf: object = 1) -> object:
+    """`leaf` inside `levels` objects: {"a": {"a": ... leaf}}."""
+    value = leaf
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
 BAD_BODIES = [
     # (case id, body, field that must carry the error)
     ("cron-syntax", body(cron="61 * * * *"), "cron"),
@@ -90,6 +99,11 @@ BAD_BODIES = [
     ("target-header-int-value", body(target=http(headers={"X-A": 1})), "target"),
     ("target-header-newline", body(target=http(headers={"X-A": "a\r\nX-Evil: 1"})), "target"),
     ("target-header-reserved", body(target=http(headers={"Idempotency-Key": "mine"})), "target"),
+    # Control characters the HTTP client refuses to send (every run would die).
+    ("target-header-vertical-tab", body(target=http(headers={"X-A": "a\x0bb"})), "target"),
+    ("target-header-form-feed", body(target=http(headers={"X-A": "a\x0cb"})), "target"),
+    ("target-header-del", body(target=http(headers={"X-A": "a\x7fb"})), "target"),
+    ("target-header-escape", body(target=http(headers={"X-A": "\x1b[31m"})), "target"),
     ("target-timeout-zero", body(target=http(timeout_seconds=0)), "target"),
     ("target-timeout-big", body(target=http(timeout_seconds=301)), "target"),
     ("target-timeout-string", body(target=http(timeout_seconds="30")), "target"),
@@ -139,6 +153,16 @@ BAD_BODIES = [
     ("target-nul-in-header", body(target=http(headers={"X-A": "a\x00"})), "target"),
     ("target-port-too-big", body(target=http(url="https://example.com:99999/hook")), "target"),
     ("target-port-zero", body(target=http(url="https://example.com:0/hook")), "target"),
+    # Nesting: a target's body and kwargs at most 32 levels, a request body at most 64.
+    ("target-body-too-deep", body(target=http(body=nested(33))), "target"),
+    ("target-body-470-deep", body(target=http(body=nested(470))), "target"),
+    ("task-kwargs-too-deep", body(target={"type": "task", "name": "echo", "kwargs": nested(33)}), "target"),
+    (
+        "task-kwarg-too-deep",
+        body(target={"type": "task", "name": "echo", "kwargs": {"k": nested(32)}}),
+        "target",
+    ),
+    ("dst-policy-too-deep", body(dst_policy=nested(100)), "dst_policy"),
 ]
 
 
@@ -220,6 +244,8 @@ def job(api):
         ({"overlap_policy": "maybe"}, "overlap_policy"),
         ({"start_at": "2099-02-01T00:00:00Z", "end_at": "2099-01-01T00:00:00Z"}, "end_at"),
         ({"paused": "false"}, "paused"),
+        ({"target": http(body=nested(470))}, "target"),
+        ({"target": {"type": "task", "name": "echo", "kwargs": nested(33)}}, "target"),
     ],
 )
 def test_bad_patch_is_400_and_leaves_the_job_as_it_was(api, job, patch, field):
@@ -332,3 +358,129 @@ def test_a_hashed_cron_gets_the_same_answer_whatever_id_the_server_picks(api):
         response = api.post("/api/v1/jobs/", refused, format="json")
         assert response.status_code == 400 and "cron" in response.json(), response.content
     assert Job.objects.count() == 40
+
+
+@pytest.mark.parametrize(
+    ("target", "field"),
+    [
+        (http(body=nested(33)), "body"),
+        ({"type": "task", "name": "echo", "kwargs": nested(33)}, "kwargs"),
+    ],
+)
+def test_a_target_nested_too_deep_names_the_field_and_the_limit(api, target, field):
+    response = api.post(JOBS, body(target=target), format="json")
+    assert response.status_code == 400, response.content
+    assert response.json() == {
+        "target": [f"{field}: nested more than 32 levels deep; the limit is 32 levels."]
+    }
+    at_the_limit = {**target, field: nested(32)}
+    assert api.post(JOBS, body(target=at_the_limit), format="json").status_code == 201
+
+
+def raw_with(field: str, value: str, **fields) -> bytes:
+    """A JSON object whose `field` is the raw JSON text `value` (too deep to build and dump)."""
+    return json.dumps({**fields, field: "@@"}).replace('"@@"', value).encode()
+
+
+def deep_text(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize("levels", [63, 64, 1000, 100_000])
+def test_a_body_nested_too_deep_is_a_400_on_every_body_endpoint(api, job, levels):
+    """Deeper than 64 levels a request body is refused whole, by the JSON parser, also when
+    it is too deep for the decoder itself: a 400 saying so, never a 500."""
+    stored = Job.objects.values().get(pk=job["id"])
+    run = f"/api/v1/runs/{job['id']}/2026-01-01T00:00:00Z"
+    calls = [
+        ("POST", JOBS, raw_with("target", deep_text(levels), **body())),
+        ("PATCH", f"{JOBS}{job['id']}/", raw_with("target", deep_text(levels))),
+        ("POST", f"{JOBS}{job['id']}/resume", raw_with("catch_up", deep_text(levels))),
+        ("POST", f"{JOBS}{job['id']}/backfill", raw_with("start", deep_text(levels))),
+        ("POST", f"{run}/replay", raw_with("dry_run", deep_text(levels))),
+    ]
+    api.raise_request_exception = False  # a crash must show as the 500 a client would get
+    for method, path, raw in calls:
+        response = api.generic(method, path, raw, content_type="application/json")
+        assert response.status_code == 400, (method, path, response.content[:300])
+        errors = response.json()
+        if levels == 63:  # the object is the first level: 64 in all, within the bound
+            assert "nested" not in str(errors), errors
+        else:
+            problem = errors.get("detail") or next(iter(errors.values()))
+            assert "nested more than 64 levels deep" in str(problem), errors
+    assert Job.objects.count() == 1 and Job.objects.values().get(pk=job["id"]) == stored
+
+
+@pytest.mark.parametrize("field", ["target", "dst_policy"])
+def test_a_form_encoded_json_field_nested_too_deep_is_a_400(api, field):
+    """Form posts carry a JSON field as text that the field itself decodes."""
+    fields = {"name": "form", "cron": "* * * * *", "target": json.dumps(http()), field: deep_text(1000)}
+    api.raise_request_exception = False
+    response = api.post(JOBS, fields, format="multipart")
+    assert response.status_code == 400, response.content[:300]
+    assert "nested more than 64 levels deep" in str(response.json()[field]), response.json()
+    assert Job.objects.count() == 0
+
+
+def test_the_real_server_answers_a_body_too_deep_to_parse_with_a_400(web_server, transactional_db):
+    """Through gunicorn, whose stack is not the test client's: the bound does not depend on it."""
+    import requests
+
+    _, token = create_tenant(slug="deep")
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    for levels in (1000, 100_000, 100):
+        raw = raw_with("target", deep_text(levels), **body())
+        response = requests.post(f"{web_server.url}{JOBS}", data=raw, headers=headers, timeout=60)
+        assert response.status_code == 400, (levels, response.text[:300])
+        assert "nested more than 64 levels deep" in response.text, response.text[:300]
+    assert Job.objects.count() == 0
+
+
+def test_header_values_are_refused_exactly_when_the_http_client_refuses_them():
+    """The rule is aiohttp's (it raises "Forbidden control character" when it writes the
+    request): compared on every ASCII character and a few that look like line breaks."""
+    from aiohttp.http_writer import _serialize_headers
+    from multidict import CIMultiDict
+
+    from jobs.target_rules import check_target
+
+    def client_sends(value: str) -> bool:
+        try:
+            _serialize_headers("POST /hook HTTP/1.1", CIMultiDict({"X-A": value}))
+        except ValueError:
+            return False
+        return True
+
+    def accepted(value: str) -> bool:
+        try:
+            check_target(http(headers={"X-A": value}), allow_private=False)
+        except ValueError as exc:
+            assert all("'X-A'" in str(p) for p in exc.args), exc.args
+            return False
+        return True
+
+    for char in [*map(chr, range(128)), "\x85", "\u2028", "\u2029", "\ufeff", "\xa0", "é"]:
+        if char == "\x00":
+            continue  # NUL: jsonb cannot store it; refused earlier, with its own message
+        value = f"a{char}b"
+        assert accepted(value) == client_sends(value), repr(char)
+
+
+@pytest.mark.parametrize("char", ["\x0b", "\x0c", "\x7f"])
+def test_a_header_the_client_cannot_send_is_a_400_naming_it_at_edit_too(api, job, char):
+    url = f"{JOBS}{job['id']}/"
+    response = api.patch(url, {"target": http(headers={"X-Signature": f"v1{char}x"})}, format="json")
+    assert response.status_code == 400, response.content
+    (message,) = response.json()["target"]
+    assert "X-Signature" in message and "control character" in message, message
+    assert api.get(url).json()["target"].get("headers") in ({}, None)
+
+
+def test_a_too_deep_value_under_a_key_that_is_not_unicode_is_still_a_400(api):
+    raw = '{"name": "s", "interval_seconds": 60, "target": {"type": "http", "url": "https://example.com/", '
+    raw += '"\\ud800": ' + "[" * 40 + "]" * 40 + "}}"
+    api.raise_request_exception = False
+    response = api.generic("POST", JOBS, raw.encode(), content_type="application/json")
+    assert response.status_code == 400, response.content[:300]
+    assert "nested more than 32 levels deep" in response.json()["target"][0]

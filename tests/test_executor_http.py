@@ -131,3 +131,23 @@ def test_private_target_is_refused_at_connect_time_when_not_allowed(processes, h
         assert "refused target" in run.last_error and "not allowed" in run.last_error, run.last_error
     assert http_target.received("/private") == []
     assert row(by_name).result_code is None
+
+
+def test_a_request_the_client_cannot_build_fails_once_not_on_every_retry(processes, http_target, tenant):
+    """Targets stored before create refused them (the validator bypassed here): a header
+    value aiohttp will not send, an address it cannot dial. Waiting changes neither: the
+    run is dead after its first attempt, not retried to max_attempts."""
+    bad_header = http_spec(http_target.url("/hook"))
+    bad_header["headers"] = {"X-Signature": "v1\x0bx"}
+    bad_address = http_spec(f"http://[::ffff:127.1]:{http_target.port}/hook")
+    keys = [
+        queue_runs(tenant, target, max_attempts=3, retry_backoff_seconds=0, retry_backoff_cap_seconds=0)[0]
+        for target in (bad_header, bad_address)
+    ]
+    processes.start("run_executor")
+    header_run, address_run = (wait_status(key, "dead") for key in keys)
+    assert header_run.attempt == 1 and "Forbidden control character" in header_run.last_error
+    assert address_run.attempt == 1 and address_run.last_error.startswith(
+        "refused target: host [::ffff:127.1]"
+    )
+    assert http_target.received("/hook") == []

@@ -233,3 +233,84 @@ def test_bad_ledger_queries_are_400_naming_the_parameter(api, tenant, query, fie
     job = make_job(tenant, next_run_at=db_now() + MINUTE)
     response = api.get(f"/api/v1/jobs/{job.id}/occurrences", query)
     assert response.status_code == 400 and field in response.json(), response.content
+
+
+def listed_runs(api, job_id) -> list[str]:
+    """The slots /runs/?job= lists for a job, oldest first."""
+    response = api.get("/api/v1/runs/", {"job": str(job_id), "page_size": 500})
+    assert response.status_code == 200, response.content
+    return sorted(r["scheduled_at"] for r in response.json()["results"])
+
+
+def test_runs_stay_listed_when_start_at_moves_into_the_future(api, tenant):
+    """Fired runs are history: a later start_at (the job's life as it is now) never hides them."""
+    from jobs.planning import run_for
+    from runs.queue import enqueue_runs
+
+    now = db_now()
+    base = now.replace(second=0, microsecond=0) - 10 * MINUTE
+    job = make_job(tenant, next_run_at=now + MINUTE, overlap_policy="allow")
+    backdate(job, base - MINUTE)
+    fired = [base + k * MINUTE for k in range(4)]
+    enqueue_runs([run_for(job, scheduled_at=t, trigger="schedule") for t in fired])
+    response = api.patch(
+        f"/api/v1/jobs/{job.id}/", {"start_at": format_utc(now + timedelta(days=1))}, format="json"
+    )
+    assert response.status_code == 200, response.content
+
+    items = ledger(api, job.id, **{"from": base - MINUTE})
+    assert listed_runs(api, job.id) == [format_utc(t) for t in fired]
+    # Exactly the runs: no computed slot before the new start_at, every run once.
+    assert outcomes(items) == [(format_utc(t), "fired", None) for t in fired]
+
+
+def test_runs_backfilled_before_the_job_existed_are_listed(api, tenant):
+    """A backfill may fill a window before the job's creation: those runs exist, so the
+    ledger lists them; the unfired slots of that window are not the job's (it did not exist)."""
+    created = api.post(
+        "/api/v1/jobs/",
+        {"name": "late", "cron": "* * * * *", "target": {"type": "task", "name": "noop"}},
+        format="json",
+    )
+    assert created.status_code == 201, created.content
+    job_id = created.json()["id"]
+    now = db_now()
+    start = now.replace(second=0, microsecond=0) - 30 * MINUTE
+    window = {"start": format_utc(start), "end": format_utc(start + 3 * MINUTE)}
+    response = api.post(f"/api/v1/jobs/{job_id}/backfill", window, format="json")
+    assert response.status_code == 200 and response.json()["created"] == 4, response.content
+
+    items = ledger(api, job_id, **{"from": start - MINUTE, "to": now - timedelta(seconds=1)})
+    backfilled = [format_utc(start + k * MINUTE) for k in range(4)]
+    assert listed_runs(api, job_id) == backfilled
+    assert [(i["scheduled_at"], i["outcome"], i["run"]["trigger"]) for i in items] == [
+        (t, "fired", "backfill") for t in backfilled
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "whole"),
+    [
+        ({"from": "0001-01-01T00:00:00Z"}, True),  # from the beginning
+        ({"from": "0001-01-01T00:00:00Z", "to": "9999-12-31T23:59:59.999999Z"}, True),
+        ({"to": "0001-01-01T12:00:00Z"}, False),  # a window before anything: empty
+        ({"from": "0001-01-01T00:00:00Z", "to": "0001-01-01T12:00:00Z"}, False),
+        ({"from": "9999-12-31T23:59:59.999999Z"}, False),
+    ],
+)
+def test_windows_at_the_ends_of_the_calendar_are_clamped_not_500(api, tenant, query, whole):
+    from jobs.planning import run_for
+    from runs.queue import enqueue_runs
+
+    now = db_now()
+    first = now.replace(second=0, microsecond=0) - 3 * MINUTE
+    # Ended after its last run: no slot falls due while the test runs.
+    job = make_job(tenant, next_run_at=now + MINUTE, end_at=first + 2 * MINUTE)
+    backdate(job, first)
+    enqueue_runs([run_for(job, scheduled_at=first + k * MINUTE, trigger="schedule") for k in range(3)])
+    everything = outcomes(ledger(api, job.id, **{"from": first - MINUTE, "to": now + MINUTE}))
+    assert everything == [(format_utc(first + k * MINUTE), "fired", None) for k in range(3)]
+    api.raise_request_exception = False  # a crash must show as the 500 a client would get
+    response = api.get(f"/api/v1/jobs/{job.id}/occurrences", {"page_size": 1000, **query})
+    assert response.status_code == 200, response.content
+    assert outcomes(response.json()["results"]) == (everything if whole else [])

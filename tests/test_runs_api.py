@@ -132,6 +132,16 @@ def test_bad_filters_are_field_level_400s(api, tenant, query, field):
     assert dead_letter.status_code == 400 and list(dead_letter.json()) == [field]
 
 
+@pytest.mark.parametrize("path", ["/api/v1/runs/", "/api/v1/dead-letter/"])
+def test_run_filters_read_times_like_every_other_parameter(api, tenant, path):
+    """One RFC 3339 reading for every time the API takes: a zone is required."""
+    naive = api.get(path, {"scheduled_after": "2026-03-08T07:00:00"})
+    assert naive.status_code == 400 and "UTC offset" in naive.json()["scheduled_after"][0], naive.content
+    for value in ("0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z", "2026-03-08T07:00:00+05:30"):
+        assert api.get(path, {"scheduled_after": value}).status_code == 200, value
+        assert api.get(path, {"scheduled_before": value}).status_code == 200, value
+
+
 def test_mangled_cursor_is_a_400(api, tenant):
     response = api.get("/api/v1/runs/?cursor=bz1ub3QtYW4taW50")
     assert response.status_code == 400 and list(response.json()) == ["cursor"]

@@ -74,6 +74,12 @@ PRIVATE_HOSTS = [
     ("nat64-loopback", "[64:ff9b::7f00:1]"),
     ("nat64-metadata", "[64:ff9b::169.254.169.254]"),
     ("ipv4-compatible", "[::127.0.0.1]"),
+    # IPv6 with the IPv4 part in a legacy form: judged as the address it maps to.
+    ("ipv4-mapped-short", "[::ffff:127.1]"),
+    ("ipv4-mapped-hex-part", "[::ffff:0x7f.1]"),
+    ("ipv4-mapped-short-metadata", "[::ffff:169.254.43518]"),
+    ("ipv4-compatible-short", "[::127.1]"),
+    ("nat64-short", "[64:ff9b::127.1]"),
     ("ipv6-loopback", "[::1]"),
     ("unspecified", "0.0.0.0"),
     ("unspecified-short", "0"),
@@ -133,6 +139,37 @@ def test_public_targets_are_still_accepted(api, settings, url):
     assert response.status_code == 201, response.content
 
 
+# Hosts the HTTP client reads as an IP address (a colon, or only digits and dots) and
+# never looks up, but cannot dial as written: whatever the switch, no run could start.
+UNDIALLABLE_HOSTS = [
+    ("ipv4-mapped-short", "[::ffff:127.1]", "::ffff:7f00:1"),
+    ("ipv4-mapped-short-public", "[::ffff:8.8.2056]", "::ffff:808:808"),
+    ("not-ipv6", "[zz::1]", None),
+    ("five-parts", "[::ffff:1.2.3.4.5]", None),
+    ("five-parts-ipv4", "1.2.3.4.5", None),
+    ("ipv4-short", "127.1", "127.0.0.1"),
+]
+
+
+@pytest.mark.parametrize("allow_private", [False, True])
+@pytest.mark.parametrize(
+    ("host", "canonical"), [(h, c) for _, h, c in UNDIALLABLE_HOSTS], ids=[i for i, _, _ in UNDIALLABLE_HOSTS]
+)
+def test_an_address_the_client_cannot_dial_is_a_400_whatever_the_switch(
+    api, settings, host, canonical, allow_private
+):
+    settings.SCHEDULER_ALLOW_PRIVATE_TARGETS = allow_private
+    response = api.post(JOBS, job_body(f"http://{host}:8080/x"), format="json")
+    assert response.status_code == 400, response.content
+    (message,) = response.json()["target"]
+    if not allow_private and canonical and address_refusal(canonical):
+        assert SWITCH in message, message  # judged as the address it maps to
+    elif canonical:
+        assert f"non-canonical form of {canonical}" in message, message
+    else:
+        assert "is not a valid IP address" in message, message
+
+
 def test_the_switch_allows_private_spellings(api, settings):
     settings.SCHEDULER_ALLOW_PRIVATE_TARGETS = True
     response = api.post(JOBS, job_body(f"http://{fullwidth('127.0.0.1')}:8080/x"), format="json")
@@ -180,6 +217,17 @@ def test_the_connector_hooks_exist_in_the_pinned_aiohttp():
     assert {"addr_infos", "req", "timeout"} <= set(wrap)
 
 
+def test_hosts_are_read_as_addresses_exactly_as_the_client_reads_them():
+    """netguard mirrors aiohttp's rule for which hosts it dials without a lookup."""
+    from aiohttp.helpers import is_ip_address
+
+    from runs.netguard import _read_as_address
+
+    hosts = ["127.0.0.1", "127.1", "2130706433", "1.2.3.4.5", "0x7f.1", "::1", "zz::1", "example.com", "1e3"]
+    hosts += [h.strip("[]") for _, h in PRIVATE_HOSTS] + [h.strip("[]") for _, h, _ in UNDIALLABLE_HOSTS]
+    assert {h: _read_as_address(h) for h in hosts} == {h: is_ip_address(h) for h in hosts}
+
+
 # --- connect time: the validator bypassed, the executor's own check must hold -----------
 
 
@@ -225,6 +273,29 @@ def test_no_spelling_of_a_private_address_reaches_the_server_at_connect_time(htt
         if "canonical" not in run.last_error:
             assert run.last_error.startswith("refused target: "), (case, run.last_error)
             assert SWITCH in run.last_error and "address " in run.last_error, (case, run.last_error)
+
+
+@pytest.mark.parametrize("allow_private", [False, True])
+def test_an_address_the_client_cannot_dial_fails_permanently_at_connect_time(
+    http_target, big_tenant, allow_private
+):
+    """Stored before the rule existed (the validator bypassed): the connector refuses it
+    at once, a permanent failure, not a retry of a bare ValueError."""
+    keys = {}
+    for case, host, _ in UNDIALLABLE_HOSTS:
+        (keys[case],) = queue_runs(
+            big_tenant,
+            http_spec(f"http://{host}:{http_target.port}/x", timeout_seconds=3),
+            max_attempts=3,
+            retry_backoff_seconds=0,
+            retry_backoff_cap_seconds=0,
+        )
+    runs = execute(list(keys.values()), allow_private=allow_private)
+    for case, key in keys.items():
+        run = runs[key]
+        assert (run.status, run.attempt) == ("dead", 1), (case, run.status, run.last_error)
+        assert run.last_error.startswith("refused target: "), (case, run.last_error)
+    assert http_target.received() == []
 
 
 def test_unicode_loopback_reports_the_normalised_address(http_target, big_tenant):

@@ -41,6 +41,11 @@ def declared(context: TaskContext, **kwargs) -> None:
     """Declares its schema instead of deriving it."""
 
 
+@register("tests.ctx_named")
+def ctx_named(ctx: TaskContext, **kwargs) -> None:
+    """Takes its run context under another name."""
+
+
 def job(target: dict) -> dict:
     return {"name": "t", "interval_seconds": 60, "target": target}
 
@@ -91,6 +96,46 @@ def test_bad_task_target_is_a_400_naming_the_field(api, target, named):
 def test_good_task_targets_are_accepted(api, target):
     response = api.post(JOBS, job(target), format="json")
     assert response.status_code == 201, response.content
+
+
+@pytest.mark.parametrize(
+    ("target", "reserved"),
+    [
+        (task("echo", context={"job": "mine"}), "context"),
+        (task("tests.declared", to="ops@example.com", context=1), "context"),
+        (task("tests.ctx_named", ctx=1), "ctx"),
+    ],
+)
+def test_the_run_context_parameter_is_reserved_in_kwargs(api, target, reserved):
+    """fn(context, **kwargs) with a kwarg named like the context parameter is a TypeError
+    on every run: refused when the target is saved, naming the kwarg."""
+    response = api.post(JOBS, job(target), format="json")
+    assert response.status_code == 400, response.content
+    messages = response.json()["target"]
+    assert any(m.startswith(f"target.kwargs.{reserved}: reserved") for m in messages), messages
+    assert not Job.objects.exists()
+    created = api.post(JOBS, job(task("echo", note="fine")), format="json").json()
+    response = api.patch(f"{JOBS}{created['id']}/", {"target": target}, format="json")
+    assert response.status_code == 400 and f"target.kwargs.{reserved}" in str(response.json()), (
+        response.content
+    )
+    # Another name is an ordinary kwarg of a task whose context is called `ctx`.
+    assert api.post(JOBS, job(task("tests.ctx_named", context=1)), format="json").status_code == 201
+
+
+def test_the_reserved_name_is_in_the_published_schema():
+    from runs import tasks
+
+    assert tasks.schema("echo")["propertyNames"] == {"not": {"const": "context"}}
+    assert tasks.schema("tests.declared")["propertyNames"] == {"not": {"const": "context"}}
+    assert tasks.schema("tests.ctx_named")["propertyNames"] == {"not": {"const": "ctx"}}
+    # A task that takes no **kwargs cannot be given its context's name anyway.
+    assert "propertyNames" not in tasks.schema("sleep")
+    with pytest.raises(ValueError, match="context"):
+
+        @register("tests.declares_context", schema={"type": "object", "properties": {"context": {}}})
+        def declares_context(context: TaskContext, **kwargs) -> None:
+            pass
 
 
 def test_patch_to_an_unknown_task_is_refused(api):

@@ -16,7 +16,13 @@ from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
 from runs.api.fields import RejectUnknownMixin
 from runs.target_secrets import redact_target
 
-from .fields import StrictBooleanField, StrictCharField, StrictIntegerField, UtcDateTimeField
+from .fields import (
+    BoundedJSONField,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    UtcDateTimeField,
+)
 
 # API name -> model field name, where they differ.
 API_TO_MODEL = {"cron": "cron_expr", "timezone": "time_zone"}
@@ -27,7 +33,7 @@ def api_errors(errors: dict[str, list[str]]) -> dict[str, list[str]]:
     return {MODEL_TO_API.get(key, key): messages for key, messages in errors.items()}
 
 
-class TargetField(serializers.JSONField):
+class TargetField(BoundedJSONField):
     """`{"type": "http", "url", "method", "headers", "body", "timeout_seconds", "secret_headers"}` or
     `{"type": "task", "name", "kwargs", "timeout_seconds"}`; validated in jobs.target_rules.check_target.
 
@@ -62,7 +68,7 @@ _DST_POLICY_SCHEMA = {
 
 
 @extend_schema_field(_DST_POLICY_SCHEMA)
-class DstPolicyField(serializers.JSONField):
+class DstPolicyField(BoundedJSONField):
     """Validated in jobs.field_rules.check_dst_policy; shown with both keys (null = not chosen)."""
 
     def to_representation(self, value):

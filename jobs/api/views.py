@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -255,7 +253,10 @@ class JobViewSet(
         ),
         parameters=[
             OpenApiParameter(
-                "from", OpenApiTypes.DATETIME, description="Inclusive; default 24 h before `to`."
+                "from",
+                OpenApiTypes.DATETIME,
+                description="Inclusive; default 24 h before `to`. Both are clamped to "
+                "1970-01-01T00:00:00Z..9999-12-31T00:00:00Z.",
             ),
             OpenApiParameter("to", OpenApiTypes.DATETIME, description="Exclusive; default now."),
             OpenApiParameter("cursor", str, description="From the `next` link."),
@@ -276,8 +277,7 @@ class JobViewSet(
         query.is_valid(raise_exception=True)
         params = query.validated_data
         now = db.now()
-        end = params.get("to") or now + timedelta(microseconds=1)
-        start = params.get("from") or end - timedelta(days=1)
+        start, end = ledger.window(start=params.get("from"), end=params.get("to"), now=now)
         after = None
         if "cursor" in params:
             try:

@@ -28,8 +28,9 @@ class RunFilterSerializer(serializers.Serializer):
 
     job = serializers.UUIDField(required=False)
     status = serializers.ChoiceField(choices=RunStatus.choices, required=False)
-    scheduled_after = serializers.DateTimeField(required=False, help_text="Inclusive, RFC 3339.")
-    scheduled_before = serializers.DateTimeField(required=False, help_text="Exclusive, RFC 3339.")
+    # The one RFC 3339 reading (a zone required), as every other time the API takes.
+    scheduled_after = UtcDateTimeField(required=False, help_text="Inclusive, RFC 3339.")
+    scheduled_before = UtcDateTimeField(required=False, help_text="Exclusive, RFC 3339.")
 
     def validate(self, attrs: dict) -> dict:
         after, before = attrs.get("scheduled_after"), attrs.get("scheduled_before")
