@@ -37,7 +37,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMESPACE = 0x43524F4E  # jobs.leases.NAMESPACE (not imported: Django is set up later)
+NAMESPACE = 0x43524F4E  # jobs.dispatch.partition_leases.NAMESPACE (not imported: Django is set up later)
 
 
 def scratch_url(base: str, name: str) -> str:

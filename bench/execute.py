@@ -6,7 +6,7 @@
 
 The top-of-the-hour shape: N jobs, each with one queued run (not N runs of one job),
 each job last succeeded an hour ago (make_jobs), so a success leaves its health row
-alone, as in production (runs/outcomes.py).
+alone, as in production (runs/execution/outcomes.py).
 Executors are started first and the clock starts when the runs commit (one INSERT
 plus NOTIFY) after every executor has registered, so process start-up is not
 measured. `task` runs the builtin `noop` task (database cost only); `http` POSTs to
@@ -16,7 +16,7 @@ before each scenario and removed after it.
 
 `--tenants N` spreads the same runs round-robin over N bench tenants (weights 1, 2, 3
 cycling, caps out of reach): every claim batch then ranks tenants for fair share
-(runs/claim_order.py), where one tenant makes the rank trivial. `make bench` compares
+(runs/execution/fair_share.py), where one tenant makes the rank trivial. `make bench` compares
 1 and 20 to show what fair share costs.
 """
 
@@ -84,7 +84,7 @@ def make_jobs(
 
     Each has a history, as recurring jobs at the top of the hour do: its last run
     succeeded an hour ago. (A job's first outcome ever, or one after a failure, also
-    writes its health row; a success after a success does not: runs/outcomes.py.)"""
+    writes its health row; a success after a success does not: runs/execution/outcomes.py.)"""
     from jobs.models import Job
     from jobs.services import partition_for
 
@@ -197,7 +197,7 @@ def rss_mb(pid: int, field: str = "VmRSS") -> float:
 
 def wait_registered(count: int, *, since: datetime, timeout: float = 120) -> None:
     """Until `count` executors started after `since` have their executor_nodes row:
-    each registers just before its first claim (runs/executor_steps.open)."""
+    each registers just before its first claim (runs/execution/executor.Executor.open)."""
     from django.db import connection
 
     deadline = time.monotonic() + timeout

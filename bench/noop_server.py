@@ -4,7 +4,7 @@
 
 Every method and path answers 200 "ok" after reading the body. With --record it also
 keeps, per request, the wall-clock arrival time and the X-Scheduled-At header the
-executor sends (runs/targets.run_headers), so bench/lag.py can compute arrival -
+executor sends (runs/execution/targets.run_headers), so bench/lag.py can compute arrival -
 scheduled_at; `GET /__arrivals` returns them as JSON, `GET /__count` how many, and `POST /__reset`
 forgets them.
 Recording is two list appends: parsing the header waits until the numbers are read.

@@ -69,7 +69,7 @@ WHERE j.partition_id = %b AND j.id = v.id
 def _cron_after(expanded: str, zone: str, due: datetime) -> datetime:
     from cronsim import CronSim
 
-    from jobs.dst import load_zone
+    from jobs.schedule.dst import load_zone
 
     return next(CronSim(expanded, due.astimezone(load_zone(zone)))).astimezone(UTC)
 
@@ -79,9 +79,9 @@ def next_time(cron: str, zone: str, interval: int | None, job_id, due: datetime)
 
     As cheap as an expert's loop would make it, so the limit stays a limit: the job id
     seeds only `H`, and jobs that share an expanded expression, a zone and a due time
-    share one cronsim search (what jobs.planning does too).
+    share one cronsim search (what jobs.dispatch.planning does too).
     """
-    from jobs.cron import expand_cron
+    from jobs.schedule.cron import expand_cron
 
     if interval:
         return due + timedelta(seconds=interval)

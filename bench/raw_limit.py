@@ -71,7 +71,7 @@ def worker(conninfo: str, tenant: int, batch: int, start, done, finish) -> None:
 
 def measure(tenant: int, runs: int, batch: int, workers: int) -> dict:
     from bench.execute import clear, enqueue, finished, postgres_cpu, postgres_cpu_since
-    from runs.connections import database_conninfo
+    from runs.execution.connections import database_conninfo
 
     clear([tenant])
     enqueue([tenant], runs, {"type": "task", "name": "noop", "kwargs": {}})

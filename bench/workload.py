@@ -13,7 +13,7 @@ same expressions, zones, targets and snapshot columns. Jobs are written with COP
 1,000,000 ORM instances would take longer than dispatching them.
 
 `verify` is what every dispatch round ends with: 0 duplicates, 0 missing, and the
-new next_run_at of a sample of jobs equal to what `jobs.planning.next_slot` says.
+new next_run_at of a sample of jobs equal to what `jobs.dispatch.planning.next_slot` says.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ def make_due(conn: psycopg.Connection) -> datetime:
 
 def verify(conn: psycopg.Connection, *, n: int, moment: datetime) -> dict:
     """Duplicates, missing runs and next times that differ from the product's, after a round."""
+    from jobs.dispatch.planning import next_slot
     from jobs.models import Job
-    from jobs.planning import next_slot
 
     duplicates = conn.execute(
         "SELECT count(*) FROM (SELECT 1 FROM job_runs GROUP BY job_id, scheduled_at HAVING count(*) > 1) d"

@@ -8,9 +8,9 @@ from uuid import UUID
 from cron_descriptor import Options, get_description
 
 from jobs import schedule
-from jobs.field_rules import check_cron, check_interval, check_zone
 from jobs.models import Job
-from jobs.validation import SCHEDULE_KEY, JobInvalid
+from jobs.rules.fields import check_cron, check_interval, check_zone
+from jobs.rules.job import SCHEDULE_KEY, JobInvalid
 from runs.keys import format_utc
 
 _UNITS = ((86_400, "day"), (3_600, "hour"), (60, "minute"), (1, "second"))

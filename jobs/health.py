@@ -1,7 +1,7 @@
 """Job health: the "overdue" rule, the time of the last success, and the alert sweep.
 
 Health counters (last outcome, last failure, consecutive failures) are written by the
-executors' outcome statement (runs/outcomes.py) when they change; this module reads
+executors' outcome statement (runs/execution/outcomes.py) when they change; this module reads
 them. A success of a healthy job changes nothing but the time of its last success, so
 that time is read from the job's runs (`last_success_at()`). Alerts:
 
@@ -30,13 +30,13 @@ from django.db import connection, transaction
 from django.db.models import Count, F, OuterRef, Subquery
 from django.db.models.functions import Greatest
 
-from jobs.leases import NAMESPACE
+from jobs.dispatch.partition_leases import NAMESPACE
 from jobs.models import Job
 from runs.models import JobRun
 
 log = logging.getLogger(__name__)
 
-SWEEP_LOCK_KEY = -2  # with jobs.leases.NAMESPACE; partitions are >= 0, maintenance is -1
+SWEEP_LOCK_KEY = -2  # with jobs.dispatch.partition_leases.NAMESPACE; partitions are >= 0, maintenance is -1
 SWEEP_LIMIT = 1000  # alerts per sweep; the rest wait for the next one
 WEBHOOK_ATTEMPTS = 3
 WEBHOOK_TIMEOUT_SECONDS = 10
@@ -170,7 +170,7 @@ def last_success_at() -> Greatest:
     """An annotation: when a job last succeeded. The finish of its newest succeeded run
     (its index on (partition_id, job_id, scheduled_at), read backwards: a probe per job),
     or what the job row kept, whichever is later. The row keeps the time of every success
-    this read would miss (runs/outcomes.py): one that changed the job's health (its first,
+    this read would miss (runs/execution/outcomes.py): one that changed the job's health (its first,
     the end of a failure streak) and one of an older slot than a success already recorded
     (a replay, a backfill, a late retry). A success refreshes it at most once a day, so
     once retention has dropped a job's runs the answer is at most a day early. For a job

@@ -29,8 +29,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 
+from jobs.dispatch.planning import schedule_columns, slots_between
 from jobs.models import Job, SlotRange, SlotReason
-from jobs.planning import schedule_columns, slots_between
 from runs.models import JobRun
 
 _TICK = timedelta(microseconds=1)
@@ -130,7 +130,7 @@ def _classify(
             return Occurrence(at, "skipped", _OVERLAP_REASON.get(run.overlap_policy, "overlap_skip"), run)
         if run.rate_limited_to is not None:
             # Fired, but its start was pushed to a later minute by the tenant's
-            # max_runs_per_minute (jobs/rate_limits.py); the run's dispatch_note says when.
+            # max_runs_per_minute (jobs/dispatch/rate_limits.py); the run's dispatch_note says when.
             return Occurrence(at, "fired", RATE_LIMITED, run)
         return Occurrence(at, "fired", None, run)
     if rng is not None:

@@ -16,13 +16,13 @@ class Tenant(models.Model):
         default=10, help_text="Most runs of this tenant executing at the same moment."
     )
     # Fair share: below their caps, tenants with due runs get executor slots in
-    # proportion to their weight (see runs/claims.py, the claim).
+    # proportion to their weight (see runs/execution/claims.py, the claim).
     weight = models.PositiveIntegerField(
         default=1,
         validators=[MinValueValidator(1)],
         help_text="Share of executor slots relative to other tenants with due runs.",
     )
-    # Dispatch rate limit (jobs/rate_limits.py): runs beyond it in a minute are not
+    # Dispatch rate limit (jobs/dispatch/rate_limits.py): runs beyond it in a minute are not
     # dropped, their not_before moves to a later minute. NULL = unlimited.
     max_runs_per_minute = models.PositiveIntegerField(
         null=True,
@@ -50,7 +50,7 @@ class Tenant(models.Model):
 
 
 class TenantDispatchWindow(models.Model):
-    """Runs of a rate-limited tenant dispatched to start in one minute (jobs/rate_limits.py).
+    """Runs of a rate-limited tenant dispatched to start in one minute (jobs/dispatch/rate_limits.py).
 
     Shared by every scheduler: written only in dispatch transactions, under the row of
     the tenant's lock window (`window_start = '-infinity'`), which serialises the
@@ -133,7 +133,7 @@ class Job(PartitionKeyed):
         default=0, validators=[MinValueValidator(0), MaxValueValidator(9)]
     )
     # Runs start up to this many seconds after their slot (a stable per-slot offset,
-    # jobs/jitter.py); the slot itself, and so the run key, does not move.
+    # jobs/schedule/jitter.py); the slot itself, and so the run key, does not move.
     jitter_seconds = models.PositiveIntegerField(default=0)
 
     partition_id = models.PositiveSmallIntegerField(editable=False)
@@ -147,7 +147,7 @@ class Job(PartitionKeyed):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    # Health: written by the executors' outcome statement (runs.claims._COMPLETE_SQL),
+    # Health: written by the executors' outcome statement (runs.execution.claims._COMPLETE_SQL),
     # never by Django; a run's final or retried attempt counts, a hand-back does not.
     last_outcome = models.CharField(max_length=16, blank=True, default="", editable=False)
     last_success_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -1,10 +1,10 @@
 """Writes to jobs and tenants. Each function is one transaction; arguments are keyword-only.
 
-Slot arithmetic lives in jobs/planning.py; what these functions decide about slots
+Slot arithmetic lives in jobs/dispatch/planning.py; what these functions decide about slots
 that will never run is recorded as ledger ranges (jobs/ledger.py reads them).
 
 `create_job` and `update_job` own what a create or an edit means (defaults, the
-PATCH rules, jobs.validation on the merged state: jobs/edits.py) and raise JobInvalid
+PATCH rules, jobs.rules.job on the merged state: jobs/rules/edits.py) and raise JobInvalid
 with field-level messages; the API serializers and the admin form only parse shapes.
 """
 
@@ -21,9 +21,11 @@ from uuid import UUID
 from django.conf import settings
 from django.db import transaction
 
-from jobs import audit, edits, planning
+from jobs import audit
+from jobs.dispatch import planning
+from jobs.dispatch.planning import latest_slot, missed_slots, next_slot, run_for, slots_between
 from jobs.models import AuditAction, Job, Misfire, MisfirePolicy, SlotOutcome, SlotReason, Tenant
-from jobs.planning import latest_slot, missed_slots, next_slot, run_for, slots_between
+from jobs.rules import edits
 from runs.models import JobRun
 from runs.queue import enqueue_runs, notify_executors
 from scheduler_project import db
@@ -94,7 +96,7 @@ def _insert_job(*, tenant: Tenant, job_id: UUID, values: dict, actor: str, now: 
 def update_job(
     *, job: Job, changes: Mapping[str, Any], actor: str = audit.SYSTEM, now: datetime | None = None
 ) -> Job:
-    """Apply an edit (PATCH semantics, jobs/edits.py) to the locked row; raises JobInvalid.
+    """Apply an edit (PATCH semantics, jobs/rules/edits.py) to the locked row; raises JobInvalid.
 
     The rules are judged on the locked row, not on the caller's copy: an edit that was
     valid against a stale read (a jitter another edit raised meanwhile) is refused.

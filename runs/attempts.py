@@ -2,7 +2,7 @@
 
 Three writers build it: the executor (an answered or handed-back call, in Python), an
 operator's cancel (runs/services.py, in Python) and two SQL statements (a reaped lease
-and a cancel by a newer run, runs/claims.py). Python writers use `AttemptRecord.to_json()`,
+and a cancel by a newer run, runs/execution/claims.py). Python writers use `AttemptRecord.to_json()`,
 SQL writers use `sql_entry()`; both give the same keys with the same formats:
 
 - timestamps: RFC 3339 UTC, always with microseconds ("2026-03-08T07:00:00.000000Z"),
@@ -29,7 +29,7 @@ def format_moment(moment: datetime) -> str:
 
 # Outcomes the run comes back to the queue after. Only RETRIED says the target failed
 # the call (or it could not be sent) and the run retries on its own: what a host's retry
-# budget counts (runs/inflight.is_retry). The others are our side's doing: the executor
+# budget counts (runs/execution/inflight.is_retry). The others are our side's doing: the executor
 # stopped heartbeating (its lease was reaped) or shut down mid-call; an operator's
 # replay follows whatever ended the run.
 RETRIED = "retry"
@@ -89,7 +89,7 @@ def sql_entry(
     retry_in_s: str,
 ) -> str:
     """The `jsonb_build_object(...)` of one entry, from SQL expressions (trusted constants
-    of runs/claims.py, never user input). Timestamps are timestamptz expressions and are
+    of runs/execution/claims.py, never user input). Timestamps are timestamptz expressions and are
     formatted here; every key must be given, so a new field cannot be forgotten in SQL."""
     values = {
         "attempt": attempt,

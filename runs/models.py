@@ -77,7 +77,7 @@ class JobRun(PartitionKeyed):
     deferrals = models.PositiveIntegerField(db_default=0, editable=False)
     deferred_since = models.DateTimeField(null=True, blank=True, editable=False)
     # Set by dispatch when the tenant's max_runs_per_minute pushed not_before to a later
-    # minute (jobs/rate_limits.py): the occurrence ledger and the run detail say so.
+    # minute (jobs/dispatch/rate_limits.py): the occurrence ledger and the run detail say so.
     rate_limited_to = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
@@ -101,7 +101,7 @@ class JobRun(PartitionKeyed):
 
 
 class TargetHost(models.Model):
-    """Circuit breaker and retry budget of one tenant's target host (runs/breakers.py).
+    """Circuit breaker and retry budget of one tenant's target host (runs/execution/breakers.py).
 
     Keyed by tenant too: one tenant's failures never hold back another's runs to the
     same host. No foreign key to tenants: rows are pruned once idle (breakers.prune_idle),
@@ -142,7 +142,7 @@ class DeadRun(JobRun):
 
 
 class ExecutorNode(models.Model):
-    """Heartbeat row of a running executor (runs/nodes.py writes it), shown on the dashboard.
+    """Heartbeat row of a running executor (runs/execution/nodes.py writes it), shown on the dashboard.
 
     Its own table rather than a `kind` column on scheduler_nodes: the schedulers'
     rebalancing reads scheduler_nodes to split partitions, and an executor must never

@@ -8,7 +8,7 @@ partition, pipelined. Plain PostgreSQL has no such limit, and a statement per
 partition costs it a plan and an execution each: there the batch is one statement
 that names no partitions (EVERY). Both forms come from one SQL template, whose
 `{partition_filter}` is filled once at import (`Forms.of`), so there is one SQL source.
-Which form a connection uses: runs/connections.one_partition_per_statement.
+Which form a connection uses: runs/execution/connections.one_partition_per_statement.
 
 Why no partition list on plain PostgreSQL: every statement finds its rows by their
 key, each with its own partition (`r.partition_id = x.partition_id AND r.job_id = ...`).
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from runs import connections
+from runs.execution import connections
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """The run queue's insert side in SQL: new occurrences (`enqueue_runs`) and the wake-up
 of executors. Runs inside the caller's transaction (the dispatch transaction, or a
-service's). The executor's side (claim, heartbeat, complete, reap) is runs/claims.py.
+service's). The executor's side (claim, heartbeat, complete, reap) is runs/execution/claims.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import psycopg
 from django.db import connection
 from psycopg.types.json import JsonbLoader
 
-from runs.connections import NOTIFY_CHANNEL
+from runs.execution.connections import NOTIFY_CHANNEL
 from runs.rows import InsertedRun, NewRun
 
 _INSERT_SQL = """

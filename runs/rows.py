@@ -1,7 +1,7 @@
 """The shapes of run rows passed between the dispatcher, the queue and the executor.
 
 Plain frozen dataclasses with no SQL and no Django: the scheduler builds `NewRun`s,
-`runs/queue.py` inserts them, `runs/claims.py` hands out `ClaimedRun`s and takes
+`runs/queue.py` inserts them, `runs/execution/claims.py` hands out `ClaimedRun`s and takes
 `Completion`s back.
 """
 
@@ -62,7 +62,7 @@ class ClaimedRun:
     retry_backoff_cap_seconds: int
     lease_seconds: int
     started_at: datetime
-    # Claims that put the run back unsent (runs/breakers.py): they used no attempt.
+    # Claims that put the run back unsent (runs/execution/breakers.py): they used no attempt.
     deferrals: int = 0
     deferred_since: datetime | None = None
     # How the previous attempt ended (its history entry's outcome); None on a first attempt.

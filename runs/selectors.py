@@ -25,7 +25,7 @@ from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
 from scheduler_project import liveness
 
 # The outcome the executor's reaper records for an attempt whose lease ran out
-# (runs/reaping.py _REAP_SQL); the underscore spelling is accepted too.
+# (runs/execution/run_leases.py _REAP_SQL); the underscore spelling is accepted too.
 LEASE_EXPIRED_OUTCOMES = (LEASE_EXPIRED, "lease_expired")
 
 
@@ -236,7 +236,7 @@ class ExecutorHealth:
 
 
 def executor_nodes() -> list[ExecutorHealth]:
-    """Registered executors (runs/nodes.py), alive by the same rule as the schedulers."""
+    """Registered executors (runs/execution/nodes.py), alive by the same rule as the schedulers."""
     return [
         _health(ExecutorHealth, node)
         for node in liveness.with_alive(ExecutorNode.objects.order_by("node_id"))

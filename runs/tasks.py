@@ -3,7 +3,7 @@
 A task is `fn(context: TaskContext, **kwargs)`, sync (run on a thread of its own)
 or async (awaited on the event loop). Each call is bounded by the target's
 `timeout_seconds`: an async task is cancelled, a sync one abandoned (see
-runs.targets.call_task). Modules listed in
+runs.execution.targets.call_task). Modules listed in
 settings.EXECUTOR_TASK_MODULES are imported when an executor starts and when the web
 process starts (runs.apps.RunsConfig.ready); importing them runs their @register
 decorators. Both must list the same modules: the web process refuses a task target

@@ -104,7 +104,7 @@ def drop_database(*, nodes: list[str], db: str, user: str = SUPERUSER) -> None:
 
 # Whether the current database has the citus extension: the one test, asked by the
 # scheduler (citus_installed) and by the executor's async connections
-# (runs/connections.is_citus). The migrations carry their own copy: they are history.
+# (runs/execution/connections.is_citus). The migrations carry their own copy: they are history.
 INSTALLED_SQL = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
 
 

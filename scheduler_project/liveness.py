@@ -8,7 +8,7 @@ A node (a row of scheduler_nodes or executor_nodes) is alive when BOTH hold:
   the node id, as libpq truncates it to 63 bytes). A SIGKILLed node's socket is
   closed by the kernel, so it drops out at once instead of two leases later.
 
-The schedulers' rebalancing (jobs/leases.py), the admin lists, the dashboard and
+The schedulers' rebalancing (jobs/dispatch/partition_leases.py), the admin lists, the dashboard and
 /metrics all evaluate this SQL; nothing computes liveness in Python, so they
 cannot disagree (they once used three rules: 1 lease, 2 leases, 2 leases + session).
 """

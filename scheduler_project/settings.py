@@ -124,7 +124,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["jobs.api.auth.IsTenant"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    # DRF's three, the JSON one bounded in depth (jobs.nesting): a body nested too deep
+    # DRF's three, the JSON one bounded in depth (jobs.rules.nesting): a body nested too deep
     # to decode, or for anything after to walk, is a 400 rather than a RecursionError.
     "DEFAULT_PARSER_CLASSES": [
         "jobs.api.parsers.BoundedJSONParser",
@@ -149,14 +149,14 @@ SPECTACULAR_SETTINGS = {
 # Scheduler and executor knobs (docs/CONTRACT.md, "Commands and settings").
 SCHEDULER_PARTITIONS = env.int("SCHEDULER_PARTITIONS", default=256)
 SCHEDULER_POLL_SECONDS = env.float("SCHEDULER_POLL_SECONDS", default=1.0)
-# 0: the engine's default, 500 jobs on PostgreSQL and 2000 on Citus (jobs/scheduler.py).
+# 0: the engine's default, 500 jobs on PostgreSQL and 2000 on Citus (jobs/dispatch/scheduler.py).
 SCHEDULER_BATCH_SIZE = env.int("SCHEDULER_BATCH_SIZE", default=0)
 SCHEDULER_LEASE_SECONDS = env.int("SCHEDULER_LEASE_SECONDS", default=30)
 SCHEDULER_MISFIRE_THRESHOLD_SECONDS = env.int("SCHEDULER_MISFIRE_THRESHOLD_SECONDS", default=60)
 EXECUTOR_POLL_SECONDS = env.float("EXECUTOR_POLL_SECONDS", default=1.0)
 # A run waiting longer than this is claimed as if it had the highest priority (9).
 EXECUTOR_PRIORITY_AGING_SECONDS = env.float("EXECUTOR_PRIORITY_AGING_SECONDS", default=60.0)
-# Circuit breaker per tenant and target host (runs/breakers.py): this many failures within the
+# Circuit breaker per tenant and target host (runs/execution/breakers.py): this many failures within the
 # window open it; probes after a cool-down doubling up to the max; runs deferred longer
 # than EXECUTOR_CIRCUIT_MAX_DEFER_SECONDS go back to normal retries.
 EXECUTOR_CIRCUIT_FAILURES = env.int("EXECUTOR_CIRCUIT_FAILURES", default=5)

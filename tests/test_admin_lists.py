@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs.display import relative
+from jobs.admin.display import relative
 from jobs.models import Job
 from tests.support.runsapi import make_dead_run, make_job, make_run, minute_slots
 

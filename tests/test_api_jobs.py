@@ -14,8 +14,8 @@ import pytest
 import requests
 from rest_framework.test import APIClient
 
+from jobs.dispatch.planning import run_for
 from jobs.models import Job
-from jobs.planning import run_for
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
 from runs.queue import enqueue_runs

@@ -443,7 +443,7 @@ def test_header_values_are_refused_exactly_when_the_http_client_refuses_them():
     from aiohttp.http_writer import _serialize_headers
     from multidict import CIMultiDict
 
-    from jobs.target_rules import check_target
+    from jobs.rules.target import check_target
 
     def client_sends(value: str) -> bool:
         try:

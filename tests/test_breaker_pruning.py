@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from runs import breakers
+from runs.execution import breakers
 from runs.models import TargetHost
 from tests.conftest import database_url
 from tests.support.scheduler import in_process_schedulers

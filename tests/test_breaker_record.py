@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from runs import breaker_rules as rules
-from runs import breakers, connections
-from runs.breaker_rules import DOWN, UP, HostState, Policy, apply_outcomes
+from runs.execution import breaker_rules as rules
+from runs.execution import breakers, connections
+from runs.execution.breaker_rules import DOWN, UP, HostState, Policy, apply_outcomes
 from tests.conftest import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)

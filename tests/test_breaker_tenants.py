@@ -10,7 +10,7 @@ import pytest
 
 from jobs.services import pause_job
 from jobs.tenant_services import create_tenant
-from runs.breaker_rules import host_key
+from runs.execution.breaker_rules import host_key
 from runs.models import JobRun, TargetHost
 from tests.support.executor import http_spec, queue_runs, row, wait_for, wait_status
 from tests.support.http_target import Reply

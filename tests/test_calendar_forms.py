@@ -65,7 +65,7 @@ def cronsim_exprs(draw: st.DrawFn) -> str:
 
 
 # The oracle: the expression's wall times from a brute-force calendar written here from
-# the forms' definitions (not cronsim, which jobs/cron_calendar.py is built on), mapped
+# the forms' definitions (not cronsim, which jobs/schedule/cron_calendar.py is built on), mapped
 # to instants by Debian cron's DST rule, also written here. cronsim's own aware iteration
 # was the oracle before; it departs from that rule at a gap at midnight (America/Santiago,
 # "0 * ... 7#1": it drops 01:00, the first hour after the gap) and at a 30-minute overlap

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
-from jobs.planning import run_for
+from jobs.dispatch.planning import run_for
 from jobs.services import create_job
 from runs.models import JobRun
 from runs.partitions import maintain, partition_name

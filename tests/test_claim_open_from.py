@@ -1,4 +1,4 @@
-"""The claim's lower bound on scheduled_at (runs/claim_order.OpenFrom): the oldest day
+"""The claim's lower bound on scheduled_at (runs/execution/fair_share.OpenFrom): the oldest day
 that holds an open run. The probes leave out the day partitions before it, which hold
 only finished runs."""
 
@@ -9,7 +9,7 @@ from datetime import UTC, datetime, time, timedelta
 import pytest
 from django.db import connection
 
-from runs import claim_order, claims
+from runs.execution import claims, fair_share
 from runs.partitions import maintain, partition_name
 from tests.support.executor import on_executor_connection, queue_runs, row, set_running, task_target
 
@@ -37,7 +37,7 @@ def past_days():
 
 
 def read_open_from() -> datetime | None:
-    return on_executor_connection(claim_order.OpenFrom().get)
+    return on_executor_connection(fair_share.OpenFrom().get)
 
 
 @pytest.mark.usefixtures("past_days")
@@ -100,10 +100,10 @@ def test_the_bound_is_kept_for_a_second_unless_forgotten(monkeypatch):
     reads = []
 
     async def scenario(conn):
-        open_from = claim_order.OpenFrom()
+        open_from = fair_share.OpenFrom()
         reads.append(await open_from.get(conn))
         # A run of an older day would change nothing until the bound is read again.
-        monkeypatch.setattr(claim_order, "_OPEN_FROM_SQL", "SELECT NULL::timestamptz")
+        monkeypatch.setattr(fair_share, "_OPEN_FROM_SQL", "SELECT NULL::timestamptz")
         reads.append(await open_from.get(conn))  # kept
         open_from.forget()  # a NOTIFY, or an empty claim
         reads.append(await open_from.get(conn))  # read again

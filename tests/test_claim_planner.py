@@ -1,4 +1,4 @@
-"""claim_order.Planner: a claimer claims again from its last fair-share plan, without
+"""fair_share.Planner: a claimer claims again from its last fair-share plan, without
 reading a new one, while its claims with it come back full and it is younger than
 PLAN_REUSE_SECONDS; a short claim, its age or a forget() (the executor's NOTIFY) make
 the next claim read a new one. The claims themselves still decide caps and ranks."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.tenant_services import create_tenant
-from runs import claim_order, claims, connections
+from runs.execution import claims, connections, fair_share
 from runs.models import JobRun
 from tests.support.executor import on_executor_connection, queue_runs, task_target
 
@@ -19,19 +19,19 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def plan_reads(monkeypatch) -> list[int]:
     """The limit of every plan read from the database. The reuse window is a minute, so
     that a slow step of a test (each claim opens a connection) cannot end it."""
-    monkeypatch.setattr(claim_order, "PLAN_REUSE_SECONDS", 60.0)
+    monkeypatch.setattr(fair_share, "PLAN_REUSE_SECONDS", 60.0)
     reads: list[int] = []
-    real = claim_order.plan
+    real = fair_share.plan
 
     async def counting(conn, **kwargs):
         reads.append(kwargs["limit"])
         return await real(conn, **kwargs)
 
-    monkeypatch.setattr(claim_order, "plan", counting)
+    monkeypatch.setattr(fair_share, "plan", counting)
     return reads
 
 
-def claim(planner: claim_order.Planner, *, limit: int, one_per_statement: bool | None = None) -> list:
+def claim(planner: fair_share.Planner, *, limit: int, one_per_statement: bool | None = None) -> list:
     """Claim with `planner`, then finish what was claimed (as a quick call would), so the
     tenants' running counts are back where the plan found them."""
 
@@ -54,7 +54,7 @@ def backlog(count: int, *, slug: str = "busy"):
 
 def test_full_claims_reuse_the_plan_and_a_short_claim_reads_a_new_one(plan_reads):
     backlog(25)
-    planner = claim_order.Planner()
+    planner = fair_share.Planner()
 
     assert len(claim(planner, limit=10)) == 10
     assert len(claim(planner, limit=10)) == 10
@@ -66,7 +66,7 @@ def test_full_claims_reuse_the_plan_and_a_short_claim_reads_a_new_one(plan_reads
 
 def test_a_reused_plan_leaves_out_a_tenant_due_since_until_it_is_forgotten(plan_reads):
     busy = backlog(40)
-    planner = claim_order.Planner()
+    planner = fair_share.Planner()
     assert {r.tenant_id for r in claim(planner, limit=10)} == {busy.id}
 
     late = backlog(5, slug="late")
@@ -81,8 +81,8 @@ def test_a_reused_plan_leaves_out_a_tenant_due_since_until_it_is_forgotten(plan_
 
 def test_a_plan_older_than_its_reuse_window_is_read_again(plan_reads, monkeypatch):
     backlog(30)
-    monkeypatch.setattr(claim_order, "PLAN_REUSE_SECONDS", 0.0)
-    planner = claim_order.Planner()
+    monkeypatch.setattr(fair_share, "PLAN_REUSE_SECONDS", 0.0)
+    planner = fair_share.Planner()
     for _ in range(3):
         assert len(claim(planner, limit=10)) == 10
     assert plan_reads == [10, 10, 10]
@@ -92,13 +92,13 @@ def test_a_reused_plan_still_keeps_the_tenant_cap(plan_reads):
     """Caps are counted by the claim under the tenant's lock, whatever plan it was given."""
     capped, _ = create_tenant(slug="capped", max_concurrency=12)  # the cap, not the plan, stops it
     queue_runs(capped, task_target("noop"), count=30)
-    planner = claim_order.Planner()
+    planner = fair_share.Planner()
     first = on_executor_connection(
         lambda conn: claims.claim_runs(conn, owner="me:1", limit=10, planner=planner)
     )
     assert len(first) == 10 and plan_reads == [10]
     # Still running: the cap leaves 2, whichever plan the claim uses.
-    planner._plan = claim_order.ClaimPlan(planner._plan.partitions, max_rank=1e9, aged=[])
+    planner._plan = fair_share.ClaimPlan(planner._plan.partitions, max_rank=1e9, aged=[])
     second = on_executor_connection(
         lambda conn: claims.claim_runs(conn, owner="me:1", limit=10, planner=planner)
     )
@@ -108,7 +108,7 @@ def test_a_reused_plan_still_keeps_the_tenant_cap(plan_reads):
 
 def test_a_plan_read_for_a_smaller_batch_is_not_reused_for_a_larger_one(plan_reads):
     backlog(30)
-    planner = claim_order.Planner()
+    planner = fair_share.Planner()
     assert len(claim(planner, limit=2)) == 2
     assert len(claim(planner, limit=2)) == 2
     assert len(claim(planner, limit=10)) == 10
@@ -117,23 +117,23 @@ def test_a_plan_read_for_a_smaller_batch_is_not_reused_for_a_larger_one(plan_rea
 
 def test_runs_announced_while_a_plan_is_read_make_the_next_claim_read_again(plan_reads, monkeypatch):
     backlog(30)
-    planner = claim_order.Planner()
-    counting = claim_order.plan
+    planner = fair_share.Planner()
+    counting = fair_share.plan
 
     async def announced_meanwhile(conn, **kwargs):
         planner.forget()  # the executor's listener, between the read's start and its end
         return await counting(conn, **kwargs)
 
-    monkeypatch.setattr(claim_order, "plan", announced_meanwhile)
+    monkeypatch.setattr(fair_share, "plan", announced_meanwhile)
     assert len(claim(planner, limit=10)) == 10
-    monkeypatch.setattr(claim_order, "plan", counting)
+    monkeypatch.setattr(fair_share, "plan", counting)
     assert len(claim(planner, limit=10)) == 10
     assert plan_reads == [10, 10]
 
 
 def test_one_partition_per_statement_reads_a_plan_for_every_claim(plan_reads):
     backlog(30)
-    planner = claim_order.Planner()
+    planner = fair_share.Planner()
     for _ in range(3):
         assert len(claim(planner, limit=10, one_per_statement=True)) == 10
     assert plan_reads == [10, 10, 10]

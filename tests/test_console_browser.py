@@ -16,7 +16,8 @@ from django.db import transaction
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from jobs import planning, services, tenant_services
+from jobs import services, tenant_services
+from jobs.dispatch import planning
 from jobs.models import AuditEntry, Job, SchedulerNode
 from runs.keys import format_utc
 from runs.models import JobRun

@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 
 import pytest
 
-from jobs import cron_calendar, schedule
+from jobs import schedule
+from jobs.dispatch.planning import next_slot
 from jobs.models import Job
-from jobs.planning import next_slot
+from jobs.schedule import cron_calendar
 
 DUE = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 

@@ -17,7 +17,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from jobs import planning, services
+from jobs import services
+from jobs.dispatch import planning
 from jobs.models import Job
 from jobs.schedule import fire_times
 from runs.keys import format_utc, parse_utc

@@ -9,9 +9,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from runs import breaker_rules as rules
-from runs import breakers
-from runs.breaker_rules import Candidate, HostState, Policy, apply_outcomes, decide_admission
+from runs.execution import breaker_rules as rules
+from runs.execution import breakers
+from runs.execution.breaker_rules import Candidate, HostState, Policy, apply_outcomes, decide_admission
 from runs.models import JobRun, TargetHost
 from tests.support.executor import http_spec, queue_runs, row, wait_for
 from tests.support.http_target import Reply
@@ -301,8 +301,8 @@ def test_only_retries_after_the_host_failed_a_call_spend_its_retry_budget(tenant
     host's budget of 10 a minute (it did: a chaos test's runs sat deferred for minutes)."""
     from django.utils import timezone
 
-    from runs import inflight
     from runs.attempts import AttemptRecord
+    from runs.execution import inflight
     from runs.services import replay_run
     from tests.support.executor import claim_now, on_executor_connection, reap_now, set_running
 

@@ -1,6 +1,6 @@
 """cancel_previous: the newest occurrence wins, whatever order the claims come in.
 
-The claim SQL is run directly (runs.claims.claim_runs on an executor connection)
+The claim SQL is run directly (runs.execution.claims.claim_runs on an executor connection)
 against the real database, with the other occurrence put in each state by hand.
 """
 

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
+from runs.execution.netguard import is_public_address
 from runs.keys import format_utc, run_key
-from runs.netguard import is_public_address
 from runs.services import replay_run
 from tests.support.executor import http_spec, queue_runs, row, wait_for, wait_status
 from tests.support.http_target import Reply

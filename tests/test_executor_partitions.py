@@ -24,7 +24,8 @@ import pytest
 from jobs.models import Job
 from jobs.services import create_job, partition_for
 from jobs.tenant_services import create_tenant
-from runs import breaker_rules, breakers, claims, connections, heartbeats, outcomes, reaping, rows
+from runs import rows
+from runs.execution import breaker_rules, breakers, claims, connections, outcomes, run_leases
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, set_running, task_target
@@ -144,7 +145,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
                 " VALUES (%s, %s, 'open', 5, 5, 0, 0, now(), now(), %s)",
                 [tenant.id, "http://127.0.0.1:9", datetime.now(UTC) + timedelta(minutes=5)],
             )
-            reaped = await reaping.reap_expired_leases(conn)
+            reaped = await run_leases.reap_expired_leases(conn)
             assert [r.job_id for r in reaped] == [orphan_key[0]]
             claimed = await claims.claim_runs(conn, owner="me:1", limit=50)
             assert len({r.partition_id for r in claimed}) >= 3
@@ -167,7 +168,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
             )
             assert len(admission.defer) == 1
             rest = [r for r in claimed if r not in http]
-            held = await heartbeats.heartbeat_runs(
+            held = await run_leases.heartbeat_runs(
                 conn, [(r.partition_id, (r.job_id, r.scheduled_at, r.attempt)) for r in rest]
             )
             assert len(held) == len(rest)
@@ -211,7 +212,7 @@ def test_plain_postgresql_claims_and_writes_a_batch_in_one_statement_each():
             assert not await connections.one_partition_per_statement(conn)
             claimed = await claims.claim_runs(conn, owner="me:1", limit=32)
             keys = [(r.partition_id, (r.job_id, r.scheduled_at, r.attempt)) for r in claimed]
-            held = await heartbeats.heartbeat_runs(conn, keys)
+            held = await run_leases.heartbeat_runs(conn, keys)
             written = await outcomes.complete_runs(conn, [completion(r, "succeeded") for r in claimed])
             return claimed, held, written
         finally:
@@ -274,7 +275,7 @@ def test_plan_cache_mode_follows_the_database():
 
 
 def test_the_plan_gives_the_batch_to_the_best_ranks_of_every_tenant():
-    from runs.claim_order import Pick, rank
+    from runs.execution.fair_share import Pick, rank
 
     at = datetime(2026, 1, 1, tzinfo=UTC)
     picks = [

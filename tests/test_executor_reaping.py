@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from runs import claims, connections
+from runs.execution import claims, connections
 from runs.keys import run_key
 from tests.conftest import database_url
 from tests.support.executor import (

@@ -1,4 +1,4 @@
-"""runs/retry.py: pure classification and timing, no database."""
+"""runs/execution/retry.py: pure classification and timing, no database."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from email.utils import format_datetime
 
 import pytest
 
-from runs import retry
-from runs.retry import PERMANENT, RETRY, SUCCESS, CallResult
+from runs.execution import retry
+from runs.execution.retry import PERMANENT, RETRY, SUCCESS, CallResult
 
 NOW = datetime(2026, 3, 8, 7, 0, tzinfo=UTC)
 

@@ -15,8 +15,8 @@ import pytest
 
 from jobs.tenant_services import create_tenant
 from runs import attempts
-from runs.executor import Executor
-from runs.inflight import Written
+from runs.execution.executor import Executor
+from runs.execution.inflight import Written
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, row, set_running, task_target

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runs.retry import truncate
+from runs.execution.retry import truncate
 from tests.support.executor import http_spec, queue_runs, row, task_target, wait_status
 from tests.support.http_target import Reply
 

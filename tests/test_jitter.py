@@ -10,9 +10,10 @@ from urllib.parse import urlencode
 
 import pytest
 
-from jobs import jitter, services
-from jobs.jitter import offset
+from jobs import services
 from jobs.models import Job
+from jobs.schedule import jitter
+from jobs.schedule.jitter import offset
 from runs.models import JobRun
 from tests.support.executor import wait_for
 from tests.support.scheduler import make_job

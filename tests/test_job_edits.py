@@ -1,4 +1,4 @@
-"""What a create or an edit means lives in jobs.services (jobs/edits.py), not in the API
+"""What a create or an edit means lives in jobs.services (jobs/rules/edits.py), not in the API
 serializer or the admin form: these call the services directly, as any caller would."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from jobs import services
 from jobs.models import AuditAction, AuditEntry, Job
-from jobs.validation import JobInvalid
+from jobs.rules.job import JobInvalid
 
 TARGET = {"type": "task", "name": "noop", "kwargs": {}}
 
@@ -93,8 +93,8 @@ def test_the_admin_and_api_previews_judge_a_schedule_alike(admin_client, api, ad
 def test_an_admin_edit_the_service_refuses_is_a_message_not_a_500(admin_client, tenant, monkeypatch):
     """The service judges an admin edit again on the locked row. If it refuses one the
     form accepted, the admin's transaction rolls back whole and the operator is told."""
-    from jobs import job_admin
-    from jobs.validation import JobInvalid
+    from jobs.admin import jobs
+    from jobs.rules.job import JobInvalid
     from tests.support.admin_form import job_form_data
 
     job = make_job(tenant, interval_seconds=3600, cron_expr="")
@@ -103,7 +103,7 @@ def test_an_admin_edit_the_service_refuses_is_a_message_not_a_500(admin_client, 
         Job.objects.filter(pk=job.pk).update(name="half-written")  # must roll back too
         raise JobInvalid({"interval_seconds": ["refused on the locked row"]})
 
-    monkeypatch.setattr(job_admin.services, "update_job", refuse_after_writing)
+    monkeypatch.setattr(jobs.services, "update_job", refuse_after_writing)
     url = f"/admin/jobs/job/{job.pk}/change/"
     response = admin_client.post(
         url, job_form_data(tenant, name="renamed", cron_expr="", interval_seconds="60")

@@ -1,7 +1,7 @@
 """Job health and its alerts (issue 10, items 2 and 3).
 
 Health is written by the executors' outcome statement: these tests drive that very
-statement (runs.outcomes.complete_runs) against the real database, then read the job
+statement (runs.execution.outcomes.complete_runs) against the real database, then read the job
 through the API; the alert sweep runs in a real Scheduler step and POSTs to a real
 HTTP server on 127.0.0.1.
 """
@@ -16,13 +16,14 @@ from datetime import datetime, timedelta
 import pytest
 from django.db import connection
 
+from jobs.dispatch.planning import run_for
+from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job
-from jobs.planning import run_for
-from jobs.scheduler import Scheduler
 from jobs.services import partition_for
-from runs import connections, queue, rows
+from runs import queue, rows
+from runs.execution import connections
+from runs.execution.outcomes import complete_runs
 from runs.models import JobRun
-from runs.outcomes import complete_runs
 from scheduler_project.citus import citus_installed
 from tests.conftest import database_url
 from tests.support.scheduler import make_job

@@ -13,7 +13,7 @@ import pytest
 from django.utils import timezone
 
 from jobs import services
-from jobs.display import in_zone
+from jobs.admin.display import in_zone
 from jobs.models import Job
 from runs.models import JobRun
 

@@ -12,10 +12,10 @@ from django.conf import settings
 from django.db import connection, connections
 from django.utils import timezone
 
-from jobs import leases
+from jobs.dispatch import partition_leases
 from jobs.models import SchedulerNode
 from runs import selectors
-from runs.executor import Executor
+from runs.execution.executor import Executor
 from runs.models import ExecutorNode
 from scheduler_project import db
 from tests.support import nodes
@@ -42,14 +42,14 @@ def test_every_reader_agrees_on_which_nodes_are_alive(admin_client):
     # admin list used to call it dead after one lease).
     _node("slow-connected", age_seconds=1.5 * lease)
     # Fresh heartbeat, but its session is gone (SIGKILL): dead at once (the dashboard and
-    # /metrics used to call it alive for two leases).
+    # /metrics used to call it alive for two partition_leases).
     _node("fresh-disconnected", age_seconds=1)
     _node("silent-connected", age_seconds=3 * lease)
     expected = {"fresh-connected", "slow-connected"}
 
     with nodes.sessions("fresh-connected", "slow-connected", "silent-connected"):
         # The schedulers' own view: a real lease manager's heartbeat + rebalance.
-        observer = leases.LeaseManager(
+        observer = partition_leases.LeaseManager(
             conninfo=db.conninfo(connection.settings_dict),
             node_id="observer",
             hostname="h",

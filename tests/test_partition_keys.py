@@ -9,8 +9,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from jobs.dispatch.planning import run_for
 from jobs.models import Job
-from jobs.planning import run_for
 from jobs.services import create_job, pause_job
 from runs.models import JobRun
 from runs.queue import enqueue_runs

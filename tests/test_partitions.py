@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from jobs.planning import run_for
+from jobs.dispatch.planning import run_for
 from jobs.services import create_job
 from runs.models import JobRun
 from runs.partitions import MAINTAINER_LOCK, maintain, partition_name
@@ -140,8 +140,8 @@ def test_retention_drops_old_days_and_old_default_rows(tenant):
 
 
 def test_retention_applies_to_the_ledger_ranges(tenant):
+    from jobs.dispatch.planning import skipped_range
     from jobs.models import SlotRange, SlotReason
-    from jobs.planning import skipped_range
 
     job = make_job(tenant)
     today = datetime.now(UTC).date()

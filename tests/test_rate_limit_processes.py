@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 
 from jobs import tenant_services
+from jobs.dispatch.rate_limits import window_of
 from jobs.models import TenantDispatchWindow
-from jobs.rate_limits import window_of
 from runs.models import JobRun
 from tests.support.scheduler import bulk_interval_jobs, locks_by_pid, parse_batches, wait_until
 

@@ -12,9 +12,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from jobs import tenant_services
+from jobs.dispatch.rate_limits import Wanted, allocate, window_of
+from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job, Tenant, TenantDispatchWindow
-from jobs.rate_limits import Wanted, allocate, window_of
-from jobs.scheduler import Scheduler
 from runs.keys import format_utc
 from runs.models import JobRun
 from scheduler_project import db
@@ -202,7 +202,7 @@ def test_the_ledger_and_run_detail_say_the_run_was_deferred(tenant, api, make_sc
 
 @pytest.mark.django_db(transaction=True)
 def test_limits_ride_on_the_due_jobs_read(settings):
-    from jobs import dispatch_sql
+    from jobs.dispatch import queries
     from runs.queue import raw_cursor
 
     limited, _ = tenant_services.create_tenant(slug="ride", max_runs_per_minute=7)
@@ -210,7 +210,7 @@ def test_limits_ride_on_the_due_jobs_read(settings):
     herd(limited, 2)
     herd(free, 2)
     with connection.wrap_database_errors:
-        rows = dispatch_sql.read_due(
+        rows = queries.read_due(
             raw_cursor(connection),
             owned=list(range(settings.SCHEDULER_PARTITIONS)),
             now=T,

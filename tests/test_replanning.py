@@ -1,11 +1,11 @@
-"""When an executor connection's generic plans are remade (runs/connections.Replanning)."""
+"""When an executor connection's generic plans are remade (runs/execution/connections.Replanning)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from runs import connections
+from runs.execution import connections
 
 
 class Recorder:

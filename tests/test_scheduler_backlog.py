@@ -15,10 +15,10 @@ import psycopg
 import pytest
 from django.db import connection
 
-from jobs import scheduler as scheduler_module
+from jobs.dispatch import scheduler as scheduler_module
+from jobs.dispatch.planning import MISFIRE_COUNT_CAP
+from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job, Misfire
-from jobs.planning import MISFIRE_COUNT_CAP
-from jobs.scheduler import Scheduler
 from jobs.services import partition_for
 from runs.models import JobRun
 from tests.conftest import database_url

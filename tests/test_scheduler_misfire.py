@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
+from jobs.dispatch.planning import MISFIRE_COUNT_CAP
+from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job, Misfire
-from jobs.planning import MISFIRE_COUNT_CAP
-from jobs.scheduler import Scheduler
 from runs.models import JobRun
 from tests.conftest import database_url
 from tests.support.scheduler import make_job

@@ -9,9 +9,9 @@ import pytest
 from django.conf import settings
 from django.db import connection, transaction
 
-from jobs import dispatch_sql, leases
+from jobs.dispatch import partition_leases, queries
+from jobs.dispatch.planning import run_for
 from jobs.models import Job, SchedulerNode
-from jobs.planning import run_for
 from runs.models import JobRun
 from runs.queue import enqueue_runs, raw_cursor
 from tests.conftest import database_url
@@ -223,7 +223,7 @@ def test_stale_heartbeat_stops_dispatch(tenant, make_scheduler):
     sched.start()
     snap = sched.lease.snapshot
     assert not snap.usable(now=snap.ok_at + 2.1, lease_seconds=3)
-    sched.lease.snapshot = leases.LeaseSnapshot(
+    sched.lease.snapshot = partition_leases.LeaseSnapshot(
         snap.session_pid, snap.owned, snap.ok_at - 2.1, snap.generation
     )
     sched.step()
@@ -240,7 +240,7 @@ def test_cas_refuses_stale_and_backward_writes(tenant, citus):
         cursor = raw_cursor(connection)
 
         def cas(*rows):
-            return dispatch_sql.advance_next_run(cursor, list(rows), citus=citus)
+            return queries.advance_next_run(cursor, list(rows), citus=citus)
 
         assert cas((p, job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))) == set()
         assert cas((p, job.id, T - timedelta(minutes=1), T)) == set()
@@ -293,7 +293,7 @@ def test_dead_session_is_not_a_live_node(make_scheduler):
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 255, 256, 300])
 def test_fair_shares_cover_all_partitions(n):
     ids = [f"node-{i:03}" for i in range(n)]
-    shares = [leases.fair_share(ids, me, 256) for me in ids]
+    shares = [partition_leases.fair_share(ids, me, 256) for me in ids]
     assert sum(shares) == 256 and max(shares) - min(shares) <= 1
 
 

@@ -15,7 +15,8 @@ import psycopg
 import pytest
 from django.db import connection
 
-from jobs import planning, services
+from jobs import services
+from jobs.dispatch import planning
 from jobs.models import Job
 from runs import partitions
 from runs.models import JobRun

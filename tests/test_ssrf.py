@@ -17,10 +17,10 @@ import aiohttp
 import pytest
 
 from jobs.tenant_services import create_tenant
-from runs import connections
-from runs.executor import Executor
-from runs.netguard import SWITCH, address_refusal
-from runs.targets import GuardedConnector
+from runs.execution import connections
+from runs.execution.executor import Executor
+from runs.execution.netguard import SWITCH, address_refusal
+from runs.execution.targets import GuardedConnector
 from tests.support.executor import http_spec, queue_runs, row
 from tests.support.http_target import Reply
 
@@ -221,7 +221,7 @@ def test_hosts_are_read_as_addresses_exactly_as_the_client_reads_them():
     """netguard mirrors aiohttp's rule for which hosts it dials without a lookup."""
     from aiohttp.helpers import is_ip_address
 
-    from runs.netguard import _read_as_address
+    from runs.execution.netguard import _read_as_address
 
     hosts = ["127.0.0.1", "127.1", "2130706433", "1.2.3.4.5", "0x7f.1", "::1", "zz::1", "example.com", "1e3"]
     hosts += [h.strip("[]") for _, h in PRIVATE_HOSTS] + [h.strip("[]") for _, h, _ in UNDIALLABLE_HOSTS]

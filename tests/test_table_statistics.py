@@ -1,5 +1,5 @@
 """The executor's ANALYZE of tables whose planner statistics are out of date
-(runs/table_statistics.py), on a real database and its own statistics views."""
+(runs/execution/table_statistics.py), on a real database and its own statistics views."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import psycopg
 import pytest
 from django.db import connection
 
-from runs.table_statistics import analyze_if_called_empty, keep_statistics, outgrown, understated
+from runs.execution.table_statistics import analyze_if_called_empty, keep_statistics, outgrown, understated
 from tests.conftest import database_url
 from tests.support.executor import day_partition_of, on_executor_connection, queue_runs, task_target, wait_for
 

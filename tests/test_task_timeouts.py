@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from runs import retry, targets
+from runs.execution import retry, targets
 from runs.rows import ClaimedRun
 from tests.support import tasks as test_tasks
 from tests.support.executor import queue_runs, row, task_target, wait_status

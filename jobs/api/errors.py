@@ -13,9 +13,9 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from jobs.rules.job import JobInvalid
 from jobs.schedule import ScheduleError
 from jobs.services import ServiceError
-from jobs.validation import JobInvalid
 
 from .serializers import api_errors
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from jobs import nesting
+from jobs.rules import nesting
 from runs.api.fields import UtcDateTimeField  # noqa: F401 - one UTC field for both APIs
 
 
@@ -44,7 +44,7 @@ class StrictCharField(serializers.CharField):
 
 
 class BoundedJSONField(serializers.JSONField):
-    """A JSON field whose text a form post carries is decoded within jobs.nesting's bound
+    """A JSON field whose text a form post carries is decoded within jobs.rules.nesting's bound
     (a JSON body was bounded by the parser already)."""
 
     def to_internal_value(self, data):

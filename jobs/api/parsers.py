@@ -5,11 +5,11 @@ from __future__ import annotations
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from jobs import nesting
+from jobs.rules import nesting
 
 
 class BoundedJSONParser(JSONParser):
-    """A body nested deeper than jobs.nesting.MAX_DOCUMENT_NESTING is a 400 naming the
+    """A body nested deeper than jobs.rules.nesting.MAX_DOCUMENT_NESTING is a 400 naming the
     top-level fields that are (or `detail` when it is too deep for the decoder itself
     or not an object), before any view or serializer walks it."""
 

@@ -1,5 +1,5 @@
 """Job API shapes. Serializers parse types; what a create or a PATCH means (defaults,
-the trigger rule, the merge, jobs.validation) is jobs.services' (jobs/edits.py), whose
+the trigger rule, the merge, jobs.rules.job) is jobs.services' (jobs/rules/edits.py), whose
 JobInvalid the error handler turns into field-level 400s with the API's names."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from rest_framework import serializers
 from jobs import schedule
 from jobs.describe import describe_job
 from jobs.health import overdue_seconds
-from jobs.jitter import JITTER_MAX_SECONDS
 from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
+from jobs.schedule.jitter import JITTER_MAX_SECONDS
 from runs.api.fields import RejectUnknownMixin
 from runs.target_secrets import redact_target
 
@@ -35,7 +35,7 @@ def api_errors(errors: dict[str, list[str]]) -> dict[str, list[str]]:
 
 class TargetField(BoundedJSONField):
     """`{"type": "http", "url", "method", "headers", "body", "timeout_seconds", "secret_headers"}` or
-    `{"type": "task", "name", "kwargs", "timeout_seconds"}`; validated in jobs.target_rules.check_target.
+    `{"type": "task", "name", "kwargs", "timeout_seconds"}`; validated in jobs.rules.target.check_target.
 
     Secret header values (Authorization, Cookie, names containing token/secret/key/
     password, and those listed in `secret_headers`) are write-only: they read back as
@@ -69,7 +69,7 @@ _DST_POLICY_SCHEMA = {
 
 @extend_schema_field(_DST_POLICY_SCHEMA)
 class DstPolicyField(BoundedJSONField):
-    """Validated in jobs.field_rules.check_dst_policy; shown with both keys (null = not chosen)."""
+    """Validated in jobs.rules.fields.check_dst_policy; shown with both keys (null = not chosen)."""
 
     def to_representation(self, value):
         value = value or {}

@@ -21,11 +21,11 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from jobs import health, jitter, ledger, services
+from jobs import health, ledger, services
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
 from jobs.models import Job, Misfire
-from jobs.schedule import ScheduleError
-from jobs.validation import SCHEDULE_KEY
+from jobs.rules.job import SCHEDULE_KEY
+from jobs.schedule import ScheduleError, jitter
 from runs.keys import format_utc, parse_utc
 from runs.selectors import dispatch_note
 from scheduler_project import db

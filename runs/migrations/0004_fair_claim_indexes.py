@@ -1,4 +1,4 @@
-"""Indexes of the fair-share claim (runs/claims.py): per tenant, its best runnable run
+"""Indexes of the fair-share claim (runs/execution/claims.py): per tenant, its best runnable run
 (priority order) and its longest-waiting one (not_before order, for aging and for
 finding the tenants with due runs). They replace the global claim-order index, which
 only the old "top N of the whole queue" claim walked."""

@@ -1,8 +1,8 @@
-"""The per-partition claim's index (runs/claims.py): a tenant's runnable runs in one
+"""The per-partition claim's index (runs/execution/claims.py): a tenant's runnable runs in one
 partition, best priority first. Without it the claim in one partition walked the
 tenant's runs in every partition (job_runs_tenant_claim_idx) and threw away those of
 other partitions: ~5,000 index entries and heap rows for 32 claimed runs at 10,000
-queued. The per-tenant indexes stay: the fair-share read (runs/claim_order.py) walks
+queued. The per-tenant indexes stay: the fair-share read (runs/execution/fair_share.py) walks
 them across partitions. The claim's age-ordered probe uses this index too: a tenant
 has few runnable runs in one partition, and sorting them is cheaper than one more
 index on every insert."""

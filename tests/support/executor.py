@@ -105,7 +105,7 @@ def set_running(key, *, attempt: int = 1, lease: timedelta = timedelta(seconds=3
 def on_executor_connection(work):
     """Run `work(conn)` on an executor-style psycopg AsyncConnection (needs transactional_db:
     it is another session, it sees only committed rows)."""
-    from runs import connections
+    from runs.execution import connections
 
     async def go():
         conn = await connections.connect_async(connections.database_conninfo())
@@ -118,15 +118,15 @@ def on_executor_connection(work):
 
 
 def claim_now(*, limit: int = 10, owner: str = "test-claimer"):
-    from runs import claims
+    from runs.execution import claims
 
     return on_executor_connection(lambda conn: claims.claim_runs(conn, owner=owner, limit=limit))
 
 
 def reap_now():
-    from runs import reaping
+    from runs.execution import run_leases
 
-    return on_executor_connection(reaping.reap_expired_leases)
+    return on_executor_connection(run_leases.reap_expired_leases)
 
 
 def day_partition_of(key: tuple[uuid.UUID, datetime]) -> str:

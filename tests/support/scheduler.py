@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from jobs.leases import NAMESPACE
+from jobs.dispatch.partition_leases import NAMESPACE
 from jobs.models import Job, Tenant
 from jobs.services import partition_for
 from runs.models import JobRun
@@ -196,7 +196,7 @@ def duplicates(pairs: Iterable[tuple]) -> list[tuple]:
 def in_process_schedulers(*, at: datetime):
     """A fixture body: a factory of in-process Schedulers on the test database, their
     clock fixed at `at`, no heartbeat thread or maintenance; all closed afterwards."""
-    from jobs.scheduler import Scheduler
+    from jobs.dispatch.scheduler import Scheduler
     from tests.conftest import database_url
 
     made: list[Scheduler] = []

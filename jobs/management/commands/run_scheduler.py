@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from jobs.scheduler import Scheduler
+from jobs.dispatch.scheduler import Scheduler
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connection
 
-from runs.breakers import prune_idle
+from runs.execution.breakers import prune_idle
 from runs.partitions import maintain
 
 

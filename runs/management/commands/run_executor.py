@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from runs.executor import Executor
+from runs.execution.executor import Executor
 
 
 class Command(BaseCommand):

@@ -1,0 +1,170 @@
+"""Admin console for tenants, misfires and scheduler nodes; importing it registers the
+jobs admin (jobs/admin/jobs.py) and the audit log (jobs/admin/audit.py) too. Writes go
+through jobs.services."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import admin, messages
+from django.db.models import Count, OuterRef, Subquery
+from django.db.models.functions import Coalesce
+
+from jobs import tenant_services
+from jobs.admin import audit as _audit_page  # noqa: F401 (importing registers the page)
+from jobs.admin import jobs as _job_pages  # noqa: F401 (importing registers the pages)
+from jobs.admin.base import ReadOnlyAdmin
+from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
+from scheduler_project import liveness
+
+
+class ApiTokenInline(admin.TabularInline):
+    model = ApiToken
+    extra = 0
+    can_delete = False
+    fields = ("prefix", "label", "created_at", "last_used_at", "revoked")
+    readonly_fields = ("prefix", "label", "created_at", "last_used_at")
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+
+def _count_of(rows) -> Coalesce:
+    """COUNT(*) of `rows` belonging to the outer tenant, as a scalar subquery."""
+    counted = rows.filter(tenant=OuterRef("pk")).order_by().values("tenant").annotate(n=Count("*"))
+    return Coalesce(Subquery(counted.values("n")), 0)
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = (
+        "slug",
+        "name",
+        "max_concurrency",
+        "weight",
+        "max_runs_per_minute",
+        "token_count",
+        "job_count",
+        "created_at",
+    )
+    search_fields = ("slug", "name")
+    actions = ("issue_new_token",)
+    inlines = (ApiTokenInline,)
+
+    def get_queryset(self, request):
+        # A correlated count (two Counts over one join would multiply jobs by tokens).
+        # Tokens only: `api_tokens` lives on the coordinator, whereas Citus refuses a
+        # subquery over the distributed `jobs` correlated with the `tenants` reference
+        # table, on every page that reads a tenant (the list, the edit page).
+        return (
+            super().get_queryset(request).annotate(_tokens=_count_of(ApiToken.objects.filter(revoked=False)))
+        )
+
+    def get_changelist_instance(self, request):
+        """The page's job counts in one grouped read over `jobs`, for the tenants shown."""
+        changelist = super().get_changelist_instance(request)
+        tenants = list(changelist.result_list)  # evaluates the page once; the template reuses it
+        counted = (
+            Job.objects.filter(tenant_id__in=[t.pk for t in tenants])
+            .order_by()
+            .values_list("tenant_id")
+            .annotate(n=Count("*"))
+        )
+        jobs = dict(counted)
+        for tenant in tenants:
+            tenant._jobs = jobs.get(tenant.pk, 0)
+        return changelist
+
+    @admin.display(description="active tokens", ordering="_tokens")
+    def token_count(self, tenant: Tenant) -> int:
+        return tenant._tokens
+
+    # Not sortable: ordering the list by it would need the correlated count back.
+    @admin.display(description="jobs")
+    def job_count(self, tenant: Tenant) -> int:
+        return tenant._jobs
+
+    def save_model(self, request, obj: Tenant, form, change: bool) -> None:
+        if change:
+            super().save_model(request, obj, form, change)
+            return
+        tenant, token = tenant_services.create_tenant(
+            slug=obj.slug,
+            name=obj.name,
+            max_concurrency=obj.max_concurrency,
+            weight=obj.weight,
+            max_runs_per_minute=obj.max_runs_per_minute,
+        )
+        obj.pk = tenant.pk
+        obj._state.adding = False
+        obj.refresh_from_db()
+        self._show_token(request, tenant, token)
+
+    @admin.action(description="Issue a new API token (shown once)")
+    def issue_new_token(self, request, queryset) -> None:
+        for tenant in queryset:
+            self._show_token(request, tenant, tenant_services.issue_token(tenant=tenant, label="admin"))
+
+    def _show_token(self, request, tenant: Tenant, token: str) -> None:
+        self.message_user(
+            request,
+            f"New API token for {tenant.slug} (shown once, store it now): {token}",
+            messages.WARNING,
+        )
+
+
+@admin.register(Misfire)
+class MisfireAdmin(ReadOnlyAdmin):
+    list_display = (
+        "job_link",
+        "detected_at",
+        "policy",
+        "missed",
+        "first_missed_at",
+        "last_missed_at",
+        "runs_created",
+    )
+    list_filter = ("policy",)
+    search_fields = ("job__name",)  # as a subquery, not a join: get_search_results
+    search_help_text = "Job name; a whole job id finds that job's misfires."
+    # No join to jobs: the foreign key is the job id alone, and Citus joins distributed
+    # tables only on partition_id. The page's jobs come in one read by id instead.
+    list_select_related = False
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("job")
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        try:
+            return queryset.filter(job_id=uuid.UUID(term)), False
+        except ValueError:
+            # A subquery, not a join: Citus plans it as its own multi-shard read.
+            return queryset.filter(job_id__in=Job.objects.filter(name__icontains=term).values("id")), False
+
+    @admin.display(description="job", ordering="job_id")
+    def job_link(self, obj: Misfire) -> str:
+        return str(obj.job)
+
+    @admin.display(description="missed", ordering="missed_count")
+    def missed(self, obj: Misfire) -> str:
+        return f"at least {obj.missed_count}" if obj.count_is_lower_bound else str(obj.missed_count)
+
+
+@admin.register(SchedulerNode)
+class SchedulerNodeAdmin(ReadOnlyAdmin):
+    list_display = ("node_id", "hostname", "pid", "started_at", "heartbeat_at", "alive", "partition_count")
+
+    def get_queryset(self, request):
+        # The one liveness rule (the schedulers' rebalancing evaluates the same SQL).
+        return liveness.with_alive(super().get_queryset(request))
+
+    @admin.display(boolean=True, description="alive", ordering="alive")
+    def alive(self, node: SchedulerNode) -> bool:
+        return node.alive
+
+    @admin.display(description="partitions")
+    def partition_count(self, node: SchedulerNode) -> int:
+        return len(node.partitions or [])

@@ -1,0 +1,304 @@
+"""Slot arithmetic and dispatch plans: pure functions of a job and an instant, no writes.
+
+The scheduler plans a batch with these before it locks anything; the services use
+them to decide what a resume, an edit or a backfill means; the occurrence ledger
+expands recorded ranges with them. Nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from uuid import UUID
+
+from jobs import schedule
+from jobs.models import Job, Misfire, MisfirePolicy, SlotOutcome, SlotRange, SlotReason
+from jobs.schedule import jitter
+from runs.rows import NewRun
+
+
+@dataclass(slots=True)
+class DueJob:
+    """The columns of a job that planning and the run snapshot read, as the dispatch read returns them.
+
+    The scheduler plans from these rather than ORM instances: building 500 Job models
+    per batch (from_db, init signals, field conversions) was a fifth of its time at
+    100k due jobs (docs/decisions/0029-dispatch-hot-path.md). Every function here takes a Job or a DueJob.
+    """
+
+    id: UUID
+    tenant_id: int
+    partition_id: int
+    name: str
+    cron_expr: str
+    time_zone: str
+    interval_seconds: int | None
+    run_at: datetime | None
+    dst_policy: dict
+    # The target as the JSON text the row holds: it only travels on to the run row,
+    # and parsing it here to dump it again there was a tenth of a batch (py-spy).
+    target: str
+    misfire_policy: str
+    max_catch_up: int
+    overlap_policy: str
+    max_attempts: int
+    retry_backoff_seconds: int
+    retry_backoff_cap_seconds: int
+    lease_seconds: int
+    priority: int
+    jitter_seconds: int
+    next_run_at: datetime | None
+    start_at: datetime | None
+    end_at: datetime | None
+    updated_at: datetime
+    # The tenant's dispatch rate limit (jobs/dispatch/rate_limits.py; None: unlimited), read with
+    # the job so that a batch of unlimited tenants costs no statement more.
+    tenant_max_runs_per_minute: int | None = None
+
+
+# The jobs columns of a DueJob, in order (the tenant's limit comes from a join).
+DUE_JOB_COLUMNS = tuple(DueJob.__dataclass_fields__)[:-1]
+
+
+# A misfire's missed slots are counted one by one up to this many (about 20 ms of
+# cron arithmetic); past it the count is recorded as a lower bound. Interval jobs
+# are counted exactly by arithmetic. This is what keeps a week-old backlog from
+# turning one dispatch batch into minutes of enumeration.
+MISFIRE_COUNT_CAP = 1_000
+_TICK = timedelta(microseconds=1)
+# Triggers whose runs start at their jittered offset. Manual runs, backfills and
+# replays were asked for by an operator, now: they start at once (not_before = now).
+JITTERED_TRIGGERS = frozenset({"schedule", "catch_up"})
+
+
+def next_slot(job: Job | DueJob, *, after: datetime, anchor: datetime | None = None) -> datetime | None:
+    """The job's first fire time strictly after `after`, inside [start_at, end_at]."""
+    if job.start_at and job.start_at > after:
+        after = job.start_at - timedelta(microseconds=1)
+        anchor = anchor or job.start_at
+    if (
+        job.cron_expr
+        and job.interval_seconds is None
+        and job.run_at is None
+        and after.utcoffset() is not None
+    ):
+        moment = schedule.next_cron_time(job.cron_expr, job.time_zone, after, job.id, job.dst_policy)
+    else:
+        moment = schedule.next_fire_time(
+            cron=job.cron_expr or None,
+            timezone=job.time_zone,
+            interval_seconds=job.interval_seconds,
+            run_at=job.run_at,
+            anchor=anchor or job.next_run_at or after,
+            after=after,
+            job_id=job.id,
+            dst_policy=job.dst_policy,
+        )
+    if moment is not None and job.end_at and moment > job.end_at:
+        return None
+    return moment
+
+
+def slots_between(job: Job | DueJob, *, after: datetime, until: datetime, limit: int) -> list[datetime]:
+    """Fire times in (after, until], oldest first, at most `limit` (misfires, backfill)."""
+    anchor = job.next_run_at or job.start_at or after
+    if job.interval_seconds and anchor > after:
+        # An interval grid extends backwards too (backfill before the anchor): move the
+        # anchor back by whole steps to at or before `after`, so the slots stay on it.
+        step = timedelta(seconds=job.interval_seconds)
+        anchor -= -((after - anchor) // step) * step
+    times = schedule.fire_times(
+        cron=job.cron_expr or None,
+        timezone=job.time_zone,
+        interval_seconds=job.interval_seconds,
+        run_at=job.run_at,
+        anchor=anchor,
+        after=after,
+        job_id=job.id,
+        until=until,
+        limit=limit,
+        dst_policy=job.dst_policy,
+    )
+    out = [t.utc for t in times]
+    if job.start_at:
+        out = [t for t in out if t >= job.start_at]
+    if job.end_at:
+        out = [t for t in out if t <= job.end_at]
+    return out
+
+
+# Growing look-back windows for latest_slot: dense schedules are found in the first,
+# sparse ones (yearly) in the last, and no window holds an unbounded number of slots.
+_LOOKBACK = (timedelta(hours=1), timedelta(days=1), timedelta(days=32), timedelta(days=366))
+
+
+def latest_slot(job: Job | DueJob, *, since: datetime, until: datetime) -> datetime:
+    """The last fire time in [since, until]; `since` is itself a slot (the job's next_run_at)."""
+    if job.interval_seconds:
+        step = timedelta(seconds=job.interval_seconds)
+        until = min(until, job.end_at) if job.end_at else until
+        return since + max(0, (until - since) // step) * step
+    for window in _LOOKBACK:
+        after = max(since - timedelta(microseconds=1), until - window)
+        slots = slots_between(job, after=after, until=until, limit=1_000_000)
+        if slots:
+            return slots[-1]
+        if after < since:
+            return since
+    slots = slots_between(job, after=since - timedelta(microseconds=1), until=until, limit=1_000_000)
+    return slots[-1] if slots else since
+
+
+@dataclass(frozen=True)
+class MissedSlots:
+    """The slots in [first, now] a scheduler found unfired, in bounded arithmetic."""
+
+    first: datetime
+    last: datetime
+    count: int
+    count_exact: bool  # False: `count` is a lower bound (MISFIRE_COUNT_CAP reached)
+    oldest: list[datetime]  # the oldest `want` slots, for catch_up
+
+
+def missed_slots(job: Job | DueJob, *, first: datetime, now: datetime, want: int = 0) -> MissedSlots:
+    """Describe the slots from `first` (itself a slot) to `now` without enumerating them all.
+
+    Cost is bounded by max(want, MISFIRE_COUNT_CAP) slot computations for cron jobs and
+    O(want) for interval jobs, however long the backlog.
+    """
+    if job.interval_seconds:
+        step = timedelta(seconds=job.interval_seconds)
+        last = latest_slot(job, since=first, until=now)
+        count = (last - first) // step + 1
+        return MissedSlots(first, last, count, True, [first + k * step for k in range(min(want, count))])
+    cap = max(want, MISFIRE_COUNT_CAP)
+    found = [first, *slots_between(job, after=first, until=now, limit=cap - 1)]
+    if len(found) < cap:
+        return MissedSlots(first, found[-1], len(found), True, found[:want])
+    return MissedSlots(first, latest_slot(job, since=first, until=now), len(found), False, found[:want])
+
+
+def run_for(job: Job | DueJob, *, scheduled_at: datetime, trigger: str, overlap_check: bool = True) -> NewRun:
+    """The run row for one occurrence, carrying the snapshot the executor needs.
+
+    Scheduled and catch-up runs get `not_before = scheduled_at + offset` (jobs/schedule/jitter.py):
+    a catch-up's slot is past, so a backlog after downtime is spread over the jitter
+    window from the slot on, and whatever part of the window is over starts at once.
+    """
+    start = None
+    if job.jitter_seconds and trigger in JITTERED_TRIGGERS:
+        start = jitter.not_before(job_id=job.id, scheduled_at=scheduled_at, jitter_seconds=job.jitter_seconds)
+    return NewRun(
+        job_id=job.id,
+        scheduled_at=scheduled_at,
+        tenant_id=job.tenant_id,
+        partition_id=job.partition_id,
+        target=job.target,
+        trigger=trigger,
+        priority=job.priority,
+        job_name=job.name,
+        overlap_policy=job.overlap_policy,
+        max_attempts=job.max_attempts,
+        retry_backoff_seconds=job.retry_backoff_seconds,
+        retry_backoff_cap_seconds=job.retry_backoff_cap_seconds,
+        lease_seconds=job.lease_seconds,
+        overlap_check=overlap_check,
+        not_before=start,
+    )
+
+
+# The columns that define a job's slots. A ledger range copies them, so the slots it
+# covers can be enumerated again with the schedule they belonged to.
+SCHEDULE_COLUMNS = ("cron_expr", "time_zone", "interval_seconds", "run_at", "dst_policy")
+
+
+def schedule_columns(source: Job | DueJob | SlotRange) -> dict:
+    return {name: getattr(source, name) for name in SCHEDULE_COLUMNS}
+
+
+def slot_range(job: Job | DueJob, *, first: datetime, last: datetime, outcome: str, reason: str) -> SlotRange:
+    """An unsaved ledger range of `job`'s slots in [first, last], with the job's schedule as it is now."""
+    return SlotRange(
+        job_id=job.id,
+        partition_id=job.partition_id,
+        first_at=first,
+        last_at=last,
+        outcome=outcome,
+        reason=reason,
+        anchor=job.next_run_at or first,
+        **schedule_columns(job),
+    )
+
+
+def skipped_range(job: Job | DueJob, *, first: datetime, last: datetime, reason: str) -> SlotRange | None:
+    if last < first:
+        return None
+    return slot_range(job, first=first, last=last, outcome=SlotOutcome.SKIPPED, reason=reason)
+
+
+@dataclass
+class Plan:
+    job: Job | DueJob
+    new_next: datetime | None
+    runs: list[NewRun] = field(default_factory=list)
+    misfire: Misfire | None = None
+    ranges: list[SlotRange] = field(default_factory=list)  # ledger: slots this plan leaves unfired
+
+
+def plan_job(job: Job | DueJob, *, now: datetime, threshold: timedelta) -> Plan:
+    """Runs to create for a due job and its new next_run_at (pure: no writes)."""
+    due = job.next_run_at
+    assert due is not None
+    if job.end_at is not None and due > job.end_at:
+        return Plan(job=job, new_next=None)  # end_at moved before the pending slot
+    if now - due <= threshold:
+        # On time (or a little late): fire exactly this slot. If more slots are
+        # already due the job comes back in the next batch, one slot per batch, so
+        # the overlap policy sees each earlier run when deciding the next.
+        return Plan(
+            job=job,
+            new_next=next_slot(job, after=due, anchor=due),
+            runs=[run_for(job, scheduled_at=due, trigger="schedule")],
+        )
+    return _plan_misfire(job, now=now)
+
+
+def _plan_misfire(job: Job | DueJob, *, now: datetime) -> Plan:
+    due = job.next_run_at
+    assert due is not None
+    policy = job.misfire_policy
+    want = job.max_catch_up if policy == MisfirePolicy.CATCH_UP else 0
+    missed = missed_slots(job, first=due, now=now, want=want)
+    if policy == MisfirePolicy.SKIP:
+        slots: list[datetime] = []
+        unfired = skipped_range(job, first=due, last=missed.last, reason=SlotReason.MISFIRE_SKIP)
+    elif policy == MisfirePolicy.CATCH_UP:
+        slots = missed.oldest
+        # Past the first max_catch_up slots; a microsecond on, as slots are whole seconds.
+        unfired = skipped_range(
+            job, first=slots[-1] + _TICK, last=missed.last, reason=SlotReason.CATCH_UP_LIMIT
+        )
+    else:  # run_once
+        slots = [missed.last]
+        unfired = skipped_range(job, first=due, last=missed.last - _TICK, reason=SlotReason.MISFIRE_COALESCED)
+    # run_once's single run stands for the current occurrence, so the job's overlap
+    # policy applies to it; a catch-up backlog was asked for run by run.
+    overlap_check = policy == MisfirePolicy.RUN_ONCE
+    runs = [run_for(job, scheduled_at=t, trigger="catch_up", overlap_check=overlap_check) for t in slots]
+    misfire = Misfire(
+        job_id=job.id,
+        partition_id=job.partition_id,
+        policy=policy,
+        missed_count=missed.count,
+        count_is_lower_bound=not missed.count_exact,
+        first_missed_at=due,
+        last_missed_at=missed.last,
+        runs_created=len(runs),
+    )
+    return Plan(
+        job=job,
+        new_next=next_slot(job, after=now, anchor=due),
+        runs=runs,
+        misfire=misfire,
+        ranges=[unfired] if unfired is not None else [],
+    )

@@ -1,0 +1,205 @@
+"""The dispatch transaction's SQL: the fence, the lock of unchanged rows, the next_run_at CAS.
+
+These statements run on Django's connection inside the one short transaction of
+``Scheduler.dispatch`` (jobs/dispatch/scheduler.py); partition leases themselves are
+jobs/dispatch/partition_leases.py.
+
+Why advisory locks are not the fence, and what is
+-------------------------------------------------
+A lease is checked at one instant and used at a later one: a node can check its
+lease, be SIGSTOPped, lose the lease, and resume to commit a dispatch transaction
+while another node owns the partition. No lease scheme closes that window on its
+own. Exactly-once therefore rests on the dispatch transaction itself:
+
+1. A batch is planned from a plain read, then the job rows are locked
+   (``SELECT ... FOR UPDATE SKIP LOCKED``) only where ``next_run_at`` and
+   ``updated_at`` still hold the values the plan was made from (``lock_unchanged``).
+   In READ COMMITTED a row locked FOR UPDATE is re-checked against the newest
+   committed version, so the slot we lock is the current one and nobody can advance
+   it until we commit: two transactions can never both act on the same (job, slot).
+   The other node simply skips the rows a stalled transaction holds. Planning
+   happens before the lock because it can be slow (a long backlog); a lock held
+   through it once outlived idle_in_transaction_session_timeout on every batch.
+2. ``next_run_at`` is advanced with a compare-and-set (``WHERE next_run_at = old
+   AND new > old``) BEFORE the runs are inserted, and runs are inserted only for
+   the jobs whose CAS succeeded: a stale write can neither insert a run for a slot
+   another node already advanced past nor move next_run_at backwards. Under (1) the
+   CAS always succeeds; it exists so that no future change of the read path can
+   silently break the guarantee.
+3. The run insert is ``ON CONFLICT DO NOTHING`` on (job_id, scheduled_at): the
+   unique key is the last line, also against manual triggers/backfills/resumes.
+
+On top of that, each dispatch transaction starts with one statement (``fence``)
+that (a) sets ``idle_in_transaction_session_timeout`` to the lease, so a
+transaction stalled longer than a lease is killed by the server and never commits
+(its row locks are freed for the new owner), and (b) reads from pg_locks which
+partitions the lease session holds *right now*; only those are dispatched. So a
+node whose lease session is gone dispatches nothing, even if its own bookkeeping
+has not noticed yet. That check is not a fence by itself (the lease can be lost
+right after it), which is why (1)-(3) carry the correctness; the check makes
+"a node that lost its lease stops dispatching" true and observable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from uuid import UUID
+
+from jobs.dispatch.partition_leases import HELD_SQL, NAMESPACE
+from jobs.dispatch.planning import DUE_JOB_COLUMNS, DueJob
+
+
+def fence(
+    cursor, *, session_pid: int, lease_seconds: float, namespace: int = NAMESPACE
+) -> tuple[datetime, set[int]]:
+    """First statement of a dispatch transaction: (transaction time, partitions the lease session holds now).
+
+    Also arms idle_in_transaction_session_timeout for this transaction only, so a
+    dispatch stalled longer than a lease is killed by the server and never commits.
+    """
+    cursor.execute(
+        f"""
+        SELECT now(), set_config('idle_in_transaction_session_timeout', %(ms)s, true),
+               ARRAY({HELD_SQL.format(pid="%(pid)s")})
+        """,
+        {"ms": str(int(lease_seconds * 1000)), "ns": namespace, "pid": session_pid},
+    )
+    now, _, held = cursor.fetchone()
+    return now, set(held or ())
+
+
+# target as text: see DueJob.target. The tenant's rate limit rides along (a primary-key
+# probe of the small tenants table per row), so an unlimited batch needs no query more.
+_READ_COLUMNS = ", ".join(
+    [
+        *("target::text" if c == "target" else c for c in DUE_JOB_COLUMNS),
+        "(SELECT t.max_runs_per_minute FROM tenants t WHERE t.id = jobs.tenant_id)",
+    ]
+)
+_READ_SQL = f"""
+(SELECT {_READ_COLUMNS} FROM jobs
+ WHERE partition_id = ANY(%(owned)s) AND NOT paused AND next_run_at > %(cutoff)s AND next_run_at <= %(now)s
+ ORDER BY next_run_at LIMIT %(limit)s)
+UNION ALL
+(SELECT {_READ_COLUMNS} FROM jobs
+ WHERE partition_id = ANY(%(owned)s) AND NOT paused AND next_run_at <= %(cutoff)s
+ ORDER BY next_run_at LIMIT %(limit)s)
+"""
+
+
+def read_due(cursor, *, owned: Sequence[int], now: datetime, cutoff: datetime, limit: int) -> list[DueJob]:
+    """Due jobs of `owned`, on-time ones (due after `cutoff`) first, then the oldest misfired ones.
+
+    A plain read, no lock and no open transaction: what it returns is only a proposal
+    that lock_unchanged re-checks row by row. On-time jobs go first so that a backlog
+    of misfired jobs (cheap to defer: their slots are already late) never makes
+    on-time jobs late too. One round trip (the two branches of a UNION ALL come back
+    in order); rows are plain DueJobs, not ORM instances.
+    """
+    cursor.execute(_READ_SQL, {"owned": list(owned), "now": now, "cutoff": cutoff, "limit": limit})
+    return [DueJob(*row) for row in cursor.fetchmany(limit)]
+
+
+# The earliest upcoming slot of the owned partitions. An idle scheduler sleeps until
+# then instead of a whole poll interval (docs/decisions/0030-idle-scheduler-sleeps.md). Walks
+# jobs_due_order_idx (next_run_at, not paused) from `now`: with k schedulers about k
+# entries until one of ours. On Citus each shard answers from its own copy of that
+# index and the coordinator takes the smallest (a per-partition LATERAL probe cannot
+# be pushed down there).
+_NEXT_DUE_SQL = """
+SELECT next_run_at FROM jobs
+WHERE partition_id = ANY(%(owned)s::smallint[]) AND NOT paused AND next_run_at > %(now)s
+ORDER BY next_run_at LIMIT 1
+"""
+
+
+def next_due(cursor, *, owned: Sequence[int], now: datetime) -> datetime | None:
+    """When the next job of `owned` falls due after `now` (None: none scheduled)."""
+    cursor.execute(_NEXT_DUE_SQL, {"owned": list(owned), "now": now})
+    row = cursor.fetchone()
+    return row[0] if row else None
+
+
+# Row-locking and writing statements name the partition. On plain PostgreSQL one
+# statement covers the batch (`partition_id = ANY(...)`, which the (partition_id, id)
+# primary key serves); on Citus, which runs FOR UPDATE and cheap writes only inside one
+# shard (docs/CONTRACT.md, "Beyond one server"), the same statement runs once per partition of the batch
+# with `partition_id = $n`. A sparse batch then costs a statement per partition: that
+# is the price of Citus, and single-server users do not pay it
+# (docs/decisions/0053-citus-dispatch.md).
+_ONE = "j.partition_id = %b::smallint"
+_MANY = "j.partition_id = ANY(%b::smallint[])"
+
+_LOCK_SQL = """
+SELECT j.id FROM jobs AS j
+JOIN unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, next_run_at, updated_at)
+  ON j.id = v.id
+WHERE {partitions} AND j.next_run_at = v.next_run_at AND j.updated_at = v.updated_at AND NOT j.paused
+FOR UPDATE OF j SKIP LOCKED
+"""
+
+_ADVANCE_SQL = """
+UPDATE jobs AS j SET next_run_at = v.new
+FROM unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, new, old)
+WHERE {partitions} AND j.id = v.id AND j.next_run_at = v.old AND (v.new IS NULL OR v.new > v.old)
+RETURNING j.id
+"""
+
+# (partition_id, id, a, b) per job: the partition, the job and the two values compared.
+Row = tuple[int, UUID, "datetime | None", "datetime | None"]
+
+
+def _by_partition(cursor, template: str, rows: Sequence[Row], *, citus: bool) -> set[UUID]:
+    if not rows:
+        return set()
+    if not citus:
+        sql = template.format(partitions=_MANY)
+        groups: list[tuple[object, Sequence[Row]]] = [(sorted({r[0] for r in rows}), rows)]
+    else:
+        by: dict[int, list[Row]] = {}
+        for r in rows:
+            by.setdefault(r[0], []).append(r)
+        sql = template.format(partitions=_ONE)
+        groups = sorted(by.items())
+    # Positional: the unnest's three arrays come before the partition in the text.
+    params = [[[r[1] for r in g], [r[2] for r in g], [r[3] for r in g], p] for p, g in groups]
+    # executemany sends the statements in one pipeline: on Citus a batch spans ~100
+    # partitions, and a round trip each (with a scheduler process that must be woken
+    # between them on a busy host) cost more than the statements.
+    if len(params) == 1:
+        cursor.execute(sql, params[0])
+        return {row[0] for row in cursor.fetchall()}
+    cursor.executemany(sql, params, returning=True)
+    out: set[UUID] = set()
+    while True:
+        out |= {row[0] for row in cursor.fetchall()}
+        if not cursor.nextset():
+            return out
+
+
+def lock_unchanged(cursor, rows: Sequence[Row], *, citus: bool = False) -> set[UUID]:
+    """Lock the planned jobs that nobody changed since they were read:
+    (partition_id, id, next_run_at, updated_at) -> ids locked.
+
+    The plan was made outside any transaction; this is where it is re-checked. In
+    READ COMMITTED a row locked FOR UPDATE is re-evaluated against its newest committed
+    version, so a job another node dispatched meanwhile (next_run_at moved), or that
+    was edited or paused (updated_at moved), is left out: its plan is stale and the
+    next batch plans it again. SKIP LOCKED leaves rows a stalled transaction holds.
+    """
+    return _by_partition(cursor, _LOCK_SQL, rows, citus=citus)
+
+
+def advance_next_run(cursor, rows: Sequence[Row], *, citus: bool = False) -> set[UUID]:
+    """Compare-and-set next_run_at for many jobs: (partition_id, id, new, old) -> ids advanced.
+
+    A row is written only if next_run_at still equals the value the plan was made
+    from and the new value is later (or NULL: finished), so a stale plan is a no-op.
+    The new values come from Python (no now() + column in an UPDATE).
+
+    lock_unchanged and this bind their arrays in binary (`%b`): text dumping of 500
+    UUIDs and timestamps took 5.5 ms a statement in Python, binary 0.5 ms. They need
+    a server-side-binding cursor (runs.queue.raw_cursor), not Django's.
+    """
+    return _by_partition(cursor, _ADVANCE_SQL, rows, citus=citus)

@@ -1,0 +1,285 @@
+"""The runs list and a run's page in the admin: read-only, filterable, searchable by job id
+or run key; replay/cancel come from runs/admin/run_actions.py.
+
+Run pages are read-only on purpose: a form save would rewrite every column of a row
+that executors update concurrently.
+"""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.core.paginator import Paginator
+from django.db.models import OuterRef, Subquery
+from django.http import HttpRequest, HttpResponse
+from django.urls import NoReverseMatch, path, reverse
+from django.utils import timezone
+from django.utils.functional import cached_property
+from django.utils.html import format_html, format_html_join
+
+from jobs.admin.display import moment_html
+from jobs.models import Job
+from runs import attempts, selectors, services
+from runs.admin import dashboard
+from runs.admin.html import cell, status_pill, target_html
+from runs.admin.run_actions import RunOperations
+from runs.keys import parse_utc
+from runs.models import JobRun
+
+COUNT_CAP = 10_000
+
+
+class JobFilter(admin.SimpleListFilter):
+    """Runs of one job (`?job=<id>`); the sidebar offers the first jobs by name, and any
+    job id works in the URL, e.g. from a job's page."""
+
+    title = "job"
+    parameter_name = "job"
+    SIDEBAR_JOBS = 50
+
+    def lookups(self, request, model_admin):
+        jobs = list(Job.objects.order_by("name").values_list("id", "name")[: self.SIDEBAR_JOBS])
+        chosen = self.value()
+        if chosen and all(str(pk) != chosen for pk, _ in jobs):
+            jobs += list(Job.objects.filter(pk=_uuid_or_none(chosen)).values_list("id", "name"))
+        return [(str(pk), name) for pk, name in jobs]
+
+    def queryset(self, request, queryset):
+        if not self.value():
+            return queryset
+        job_id = _uuid_or_none(self.value())
+        if job_id is None:
+            raise IncorrectLookupParameters(f"not a job id: {self.value()!r}")
+        return queryset.filter(job_id=job_id)
+
+
+def _uuid_or_none(text: str) -> UUID | None:
+    try:
+        return UUID(text)
+    except ValueError:
+        return None
+
+
+class CappedCountPaginator(Paginator):
+    """count(*) over a big partitioned table is slow; count at most COUNT_CAP + 1 rows
+    (`SELECT count(*) FROM (... LIMIT n)`), so the last pages of a huge unfiltered list
+    are reachable only by narrowing the filters."""
+
+    @cached_property
+    def count(self) -> int:
+        # Without the ordering the capped count stops after COUNT_CAP rows instead of sorting all.
+        return self.object_list.order_by()[: COUNT_CAP + 1].count()
+
+
+class JobRunAdmin(RunOperations, admin.ModelAdmin):
+    list_display = (
+        "job_name",
+        "scheduled",
+        "status_badge",
+        "trigger",
+        "attempt_text",
+        "ran",
+        "tenant",
+    )
+    list_filter = ("status", "trigger", "tenant", JobFilter)
+    list_select_related = ("tenant",)
+    # No date_hierarchy: its year/month queries scan every partition.
+    search_fields = ("job_name",)
+    search_help_text = "Job name (contains), job id, or a run key <job_id>/<scheduled_at>."
+    show_full_result_count = False
+    paginator = CappedCountPaginator
+    list_per_page = 50
+    # Newest created first: the primary key index of every partition serves it (a merge
+    # append, milliseconds), where scheduled_at, led by no index, means sorting the whole
+    # table. Sorting by the scheduled-at column stays one click away.
+    ordering = ("-id",)
+    actions = ("replay_selected", "replay_selected_dry_run", "cancel_selected")
+    change_form_template = "admin/runs/run_change_form.html"
+    change_list_template = "admin/runs/run_change_list.html"
+
+    fieldsets = (
+        (
+            "Run",
+            {"fields": ("run_key", "job_link", "tenant", "job_name", "scheduled", "status_badge", "trigger")},
+        ),
+        (
+            "Execution",
+            {
+                "fields": (
+                    "attempt_text",
+                    "max_attempts",
+                    "priority",
+                    "not_before",
+                    "dispatch_note",
+                    "lease_until",
+                    "owner",
+                    "started_at",
+                    "finished_at",
+                    "result_code",
+                    "last_error",
+                )
+            },
+        ),
+        ("Attempts", {"fields": ("attempts_table",)}),
+        (
+            "Snapshot",
+            {
+                "fields": (
+                    "target_snapshot",
+                    "overlap_policy",
+                    "retry_backoff_seconds",
+                    "retry_backoff_cap_seconds",
+                    "lease_seconds",
+                    "created_at",
+                )
+            },
+        ),
+    )
+    # Every field shown is read-only: a run is changed only by replay/cancel.
+    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+
+    # --- permissions: view and act, never edit through a form --------------------------
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+        # Retention drops whole day partitions; single-row deletes would only leave gaps.
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+        # Without an object this gates the replay/cancel actions; with one it makes the
+        # change page view-only (a POST to it is refused).
+        return obj is None and super().has_change_permission(request)
+
+    def can_operate(self, request: HttpRequest) -> bool:
+        return super().has_change_permission(request)
+
+    # --- columns ----------------------------------------------------------------------
+
+    def get_queryset(self, request: HttpRequest):
+        # The job's zone, for the wall time shown on hover (runs keep no FK to jobs: one
+        # key lookup per listed row, (partition_id, id): inside the run's shard on Citus).
+        zone = Job.objects.filter(partition_id=OuterRef("partition_id"), id=OuterRef("job_id")).values(
+            "time_zone"
+        )[:1]
+        return super().get_queryset(request).annotate(job_zone=Subquery(zone))
+
+    @admin.display(description="scheduled at (UTC)", ordering="scheduled_at")
+    def scheduled(self, run: JobRun) -> str:
+        return moment_html(run.scheduled_at, now=timezone.now(), zone=getattr(run, "job_zone", None))
+
+    @admin.display(description="started (UTC)", ordering="started_at")
+    def ran(self, run: JobRun) -> str:
+        # One column for start and length: the list must fit 1280 px beside the filters;
+        # finished_at and the result code are on the run's page.
+        started = moment_html(run.started_at, now=timezone.now(), zone=getattr(run, "job_zone", None))
+        if run.started_at is None or run.finished_at is None:
+            return started
+        took = (run.finished_at - run.started_at).total_seconds()
+        return format_html(
+            '{} <span class="cronyard-relative" style="font-size:11px">· took {} s</span>',
+            started,
+            f"{took:.1f}",
+        )
+
+    @admin.display(description="finished (UTC)", ordering="finished_at")
+    def finished(self, run: JobRun) -> str:
+        return moment_html(run.finished_at, now=timezone.now(), zone=getattr(run, "job_zone", None))
+
+    @admin.display(description="status", ordering="status")
+    def status_badge(self, run: JobRun) -> str:
+        return status_pill(run.status)
+
+    @admin.display(description="attempt", ordering="attempt")
+    def attempt_text(self, run: JobRun) -> str:
+        # "6 / 5" alone reads like a bug; past max_attempts only a replay can take a run.
+        note = selectors.attempt_note(run)
+        base = f"{run.attempt} / {run.max_attempts}"
+        return f"{base} ({note})" if note else base
+
+    @admin.display(description="dispatch")
+    def dispatch_note(self, run: JobRun) -> str:
+        return selectors.dispatch_note(run) or "started when due"
+
+    @admin.display(description="run key (Idempotency-Key)")
+    def run_key(self, run: JobRun) -> str:
+        return run.run_key
+
+    @admin.display(description="job")
+    def job_link(self, run: JobRun) -> str:
+        try:
+            url = reverse("admin:jobs_job_change", args=[run.job_id])
+        except NoReverseMatch:
+            return run.job_name or str(run.job_id)
+        return format_html('<a href="{}" title="{}">{}</a>', url, run.job_id, run.job_name or run.job_id)
+
+    @admin.display(description="attempts")
+    def attempts_table(self, run: JobRun) -> str:
+        entries = [e for e in map(attempts.from_stored, run.attempts or []) if e is not None]
+        if not entries:
+            return "no attempt recorded yet"
+        columns = attempts.FIELDS
+        head = format_html_join("", "<th>{}</th>", ((c,) for c in columns))
+        rows = format_html_join(
+            "",
+            "<tr>{}</tr>",
+            ((format_html_join("", "<td>{}</td>", ((cell(e.get(c)),) for c in columns)),) for e in entries),
+        )
+        return format_html(
+            '<table class="attempts"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, rows
+        )
+
+    @admin.display(description="target (secrets redacted)")
+    def target_snapshot(self, run: JobRun) -> str:
+        return target_html(run.target)
+
+    # --- search: job id or run key, else name ------------------------------------------
+
+    def get_search_results(self, request: HttpRequest, queryset, search_term: str):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        job_part, _, time_part = term.partition("/")
+        try:
+            job_id = UUID(job_part)
+        except ValueError:
+            return queryset.filter(job_name__icontains=term), False
+        queryset = queryset.filter(job_id=job_id)
+        if time_part:
+            try:
+                queryset = queryset.filter(scheduled_at=parse_utc(time_part))
+            except (ValueError, OverflowError):
+                return queryset.none(), False
+        return queryset, False
+
+    # --- single-run buttons and the dashboard ----------------------------------------
+
+    def get_urls(self):
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        wrap = self.admin_site.admin_view
+        own = [
+            path("<path:object_id>/replay/", wrap(self.replay_view), name=f"{info}_replay"),
+            path("<path:object_id>/cancel/", wrap(self.cancel_view), name=f"{info}_cancel"),
+        ]
+        if self.model is JobRun:
+            own.insert(0, path("dashboard/", wrap(self.dashboard_view), name="runs_dashboard"))
+        return own + super().get_urls()
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        return super().changelist_view(request, {"count_cap": COUNT_CAP, **(extra_context or {})})
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
+        run = self.get_object(request, object_id)
+        extra = {
+            "can_replay": run is not None and run.status in services.REPLAYABLE and self.can_operate(request),
+            "can_cancel": run is not None
+            and run.status in services.CANCELLABLE
+            and self.can_operate(request),
+        }
+        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+
+    def dashboard_view(self, request: HttpRequest) -> HttpResponse:
+        return dashboard.page(request, admin_site=self.admin_site)

@@ -1,0 +1,145 @@
+"""The planner's statistics of `jobs` and of `job_runs`' day partitions, kept close to
+the rows they describe.
+
+Why: the executor's hot statements run on generic plans (runs/execution/connections.py), and a
+plan made from statistics that call a table empty is not a little slower, it is a
+different plan. `ANALYZE` of a table whose rows are (nearly) all dead, after a mass
+delete and before `VACUUM` truncates it, records almost no rows in many pages; the
+planner scales rows per page by the current pages, so it estimates the table at next
+to nothing however full it gets, until the next `ANALYZE`. Autovacuum runs that within
+`autovacuum_naptime` (a minute) of enough changes; until then a claim joined its keys to
+such a partition by reading all of it once per key (1.15 s for a claim of 100 runs over
+20,000), and 20,000 runs drained at 302-449 runs/s instead of ~6,500
+(docs/decisions/0047-planner-statistics.md). A partition never
+analyzed is estimated from its size: the new day at 00:00 is not in that state, the
+day after a delete is.
+
+Two rules, each an `ANALYZE (SKIP_LOCKED)` of the table:
+- "called empty" (`understated`): its statistics count fewer rows than pages, and it now
+  holds at least a row a page. The executor checks it before the first claim of runs
+  announced after an empty claim, reading at most that many rows of the table (the
+  claim about to be planned must not see "empty"), and once a second beside the reaper
+  from the statistics views.
+- "outgrown" (`outgrown`): it holds at least twice the live rows its statistics
+  describe, and at least ANALYZE_MIN_ROWS; autovacuum reacts to a tenth of changes but
+  looks once a minute. Deletes never trigger it (see `outgrown`), and the steady state
+  is left to autovacuum.
+
+`ANALYZE` samples at most 30,000 rows and blocks neither reads nor writes; it updates
+`pg_class`, which invalidates the generic plans that read the table, so the executor's
+next statement is planned on the new statistics. Left out:
+- the default partition, whose `ANALYZE` would hold up the partition maintainer's
+  `CREATE TABLE ... PARTITION OF` while it holds the parent's lock (and every claim and
+  dispatch behind it); only backfills beyond the created days land there;
+- tables this session's role does not own (PostgreSQL would skip them with a warning);
+- Citus: the rows live in shards on the workers, whose own autovacuum keeps them, and a
+  read or `ANALYZE` of a distributed table would visit every shard.
+The statistics views trail the inserting sessions by a second or more (PostgreSQL
+flushes a busy session's counts every second, an idle one's within ten), which is why
+the check before a claim reads the table rather than the views.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+from psycopg import sql
+
+from runs.execution.connections import is_citus
+from runs.partitions import DEFAULT, PARENT
+
+log = logging.getLogger(__name__)
+
+# Tables with fewer live rows than this are never "outgrown" (autovacuum's job): plans of
+# tables this small are cheap whatever their shape.
+ANALYZE_MIN_ROWS = 1000
+
+# The watched tables: jobs and the day partitions of job_runs this role may analyze.
+_WATCHED = f"""
+    (c.oid = 'jobs'::regclass
+     OR (c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '{PARENT}'::regclass)
+         AND c.relname <> '{DEFAULT}'))
+    AND pg_has_role(c.relowner, 'USAGE')
+"""
+
+# Day partitions whose statistics count fewer rows than pages: ANALYZE ran when (nearly)
+# every row was dead. Never-analyzed tables (reltuples -1) are estimated from their size.
+_UNDERSTATED_SQL = f"""
+SELECT c.oid::regclass::text, c.relpages FROM pg_class c
+WHERE c.reltuples >= 0 AND c.reltuples < c.relpages AND c.oid <> 'jobs'::regclass AND {_WATCHED}
+"""
+
+_WATCHED_SQL = f"""
+SELECT c.oid::regclass::text, c.reltuples, c.relpages, s.n_live_tup
+FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE {_WATCHED}
+"""
+
+_ANALYZED_AT_SQL = "SELECT pg_stat_get_last_analyze_time(%s::regclass)"
+
+
+def outgrown(*, rows_when_analyzed: float, rows_now: int, min_rows: int) -> bool:
+    """The "outgrown" rule: a table that holds `rows_now` live rows and at least twice
+    the `rows_when_analyzed` its statistics describe (-1: never analyzed), and at least
+    `min_rows`. Deletes never trigger it: an ANALYZE right after a mass delete is what
+    leaves statistics that call a table empty."""
+    return rows_now >= max(min_rows, 2 * rows_when_analyzed)
+
+
+async def _analyze(conn, table: str) -> bool:
+    """ANALYZE `table` unless it is locked or gone; whether it ran (SKIP_LOCKED only
+    warns when it skips, so the table's last analyze time says)."""
+    try:
+        before = await (await conn.execute(_ANALYZED_AT_SQL, [table])).fetchone()
+        await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(sql.Identifier(*table.split("."))))
+        after = await (await conn.execute(_ANALYZED_AT_SQL, [table])).fetchone()
+    except psycopg.errors.UndefinedTable:
+        return False  # dropped by retention since the catalog was read
+    return after[0] is not None and after[0] != before[0]
+
+
+def understated(*, rows_when_analyzed: float, pages_when_analyzed: int, rows_now: int) -> bool:
+    """The "called empty" rule: statistics that count fewer rows than pages (a table
+    analyzed when nearly every row was dead), while it now holds at least a row a page.
+    The planner scales the analyzed rows per page by the current pages, so such a table
+    is estimated at next to nothing however full it gets."""
+    return 0 <= rows_when_analyzed < pages_when_analyzed <= rows_now
+
+
+async def analyze_if_called_empty(conn) -> tuple[str, ...]:
+    """Before a claim: ANALYZE the day partitions whose statistics call them (nearly)
+    empty while they hold a row a page. One catalog read when there is none."""
+    if await is_citus(conn):
+        return ()
+    cursor = await conn.execute(_UNDERSTATED_SQL)
+    analyzed = []
+    for table, pages in await cursor.fetchall():
+        # Counts at most `pages` rows: enough to tell, without reading a full table whole.
+        query = sql.SQL("SELECT count(*) FROM (SELECT FROM {} LIMIT %s) AS r").format(
+            sql.Identifier(*table.split("."))
+        )
+        try:
+            (rows,) = await (await conn.execute(query, [pages])).fetchone()
+        except psycopg.errors.UndefinedTable:
+            continue
+        if rows >= pages and await _analyze(conn, table):
+            analyzed.append(table)
+    return tuple(analyzed)
+
+
+async def keep_statistics(conn, *, min_rows: int = ANALYZE_MIN_ROWS) -> tuple[str, ...]:
+    """Once a second (autocommit `conn`): ANALYZE the watched tables that are "called
+    empty" by their statistics or outgrew them, by the statistics views' live row counts.
+    Returns the tables analyzed."""
+    if await is_citus(conn):
+        return ()
+    cursor = await conn.execute(_WATCHED_SQL)
+    analyzed = []
+    for table, rows_then, pages_then, rows_now in await cursor.fetchall():
+        stale = understated(rows_when_analyzed=rows_then, pages_when_analyzed=pages_then, rows_now=rows_now)
+        if (stale or outgrown(rows_when_analyzed=rows_then, rows_now=rows_now, min_rows=min_rows)) and (
+            await _analyze(conn, table)
+        ):
+            analyzed.append(table)
+    return tuple(analyzed)
