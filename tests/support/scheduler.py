@@ -164,7 +164,7 @@ class Batch:
 
 
 _BATCH = re.compile(
-    r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) DEBUG jobs\.scheduler batch node=(?P<node>\S+) "
+    r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) DEBUG jobs\.dispatch\.scheduler batch node=(?P<node>\S+) "
     r"session_pid=(?P<pid>\d+) generation=(?P<gen>\d+) db_now=(?P<db_now>\S+) .*?"
     r"inserted=(?P<inserted>\d+) conflicts=(?P<conflicts>\d+) .*?stale=(?P<stale>\d+)",
     re.M,
