@@ -4,32 +4,38 @@ BIN := $(VENV)/bin
 
 .PHONY: run test test-citus chaos bench lint db-stop clean
 
-# The stamp makes a second `make run` skip pip unless requirements changed.
+# The stamps make a second `make run` (or `make test`) skip pip unless requirements changed.
+# `make run` installs only what the product runs (requirements.txt); the tests, benchmarks
+# and tooling add requirements-dev.txt.
 $(VENV)/.installed: requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install -q --disable-pip-version-check --upgrade pip
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.txt
 	@touch $@
 
+$(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements-dev.txt
+	@touch $@
+
 run: $(VENV)/.installed
 	@$(BIN)/python scripts/dev.py run
 
 # The console tests drive Debian's headless Chromium; as root it is installed if missing.
-test: $(VENV)/.installed
+test: $(VENV)/.installed-dev
 	@bash scripts/ensure_chromium.sh
 	@$(BIN)/python scripts/dev.py test $(PYTEST_ARGS)
 
 # The database-facing tests, the exactly-once process test and a short bench on a local
 # Citus coordinator + 2 workers (var/citus/, stopped at the end); needs Citus installed
 # from its vendor's packages. PYTEST_ARGS replaces the list of test files.
-test-citus: $(VENV)/.installed
+test-citus: $(VENV)/.installed-dev
 	@$(BIN)/python scripts/dev.py test-citus $(PYTEST_ARGS)
 
 # About 15 minutes, not part of `make test` (which runs its short form, tests/test_chaos.py):
 # 2 schedulers, 3 executors, 5,000 interval jobs, kills, stalls and database outages on a
 # private cluster; prints the counts and writes them to var/chaos-report.json.
 # CHAOS_ARGS e.g. '--duration 300 --jobs 2000' (python -m tests.chaos --help).
-chaos: $(VENV)/.installed
+chaos: $(VENV)/.installed-dev
 	@$(BIN)/python -m tests.chaos --report var/chaos-report.json $(CHAOS_ARGS)
 
 # About 15 minutes (< 20), not part of `make test` (which runs its smoke form,
@@ -38,10 +44,10 @@ chaos: $(VENV)/.installed
 # docs/bench/*.png, raw numbers in var/bench/. With Citus installed it adds Citus rows
 # (bench/citus.py: a local 3-node cluster under var/citus/, a few minutes more).
 # BENCH_ARGS e.g. '--full' (adds 1M jobs), '--runs 30000', '--no-citus' (python -m bench --help).
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-dev
 	@$(BIN)/python scripts/dev.py bench $(BENCH_ARGS)
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed-dev
 	@$(BIN)/ruff check .
 	@$(BIN)/ruff format --check .
 

@@ -9,11 +9,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from scheduler_project import logs
+
 # gunicorn's control socket defaults to one path under the user's home, shared by every
 # gunicorn that user starts: two checkouts, the tests' server and `make run` would take
 # it from each other. Cronyard's web process is controlled by signals (HUP reloads the
 # workers, TERM stops), so the socket is off.
 control_socket_disable = True
+
+# Its error and access logs in the format and with the field names of every other process
+# (LOG_FORMAT, scheduler_project/logs.py). Plain keeps gunicorn's own access line.
+if os.environ.get("LOG_FORMAT", "plain") == "json":
+    logconfig_dict = logs.config(fmt="json", level=os.environ.get("LOG_LEVEL", "INFO"), gunicorn=True)
 
 
 def missing_static_files() -> str | None:

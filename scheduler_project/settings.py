@@ -5,6 +5,8 @@ from pathlib import Path
 
 import environ
 
+from scheduler_project import logs
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = environ.Env()
@@ -140,6 +142,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Distributed cron: recurring jobs fired exactly once, executed with retries.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Tags from the path segment after the version: jobs, runs, dead-letter, audit, ...
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
     # Self-hosted from drf-spectacular-sidecar's static files: the docs work offline.
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
@@ -179,10 +183,5 @@ METRICS_TOKEN = env("METRICS_TOKEN", default="")
 # Dotted paths of modules whose @register'ed tasks the executor loads at start.
 EXECUTOR_TASK_MODULES = env.list("EXECUTOR_TASK_MODULES", default=["runs.builtin_tasks"])
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", default="INFO")},
-}
+# LOG_FORMAT=plain|json, the same for every process (scheduler_project/logs.py).
+LOGGING = logs.config(fmt=env("LOG_FORMAT", default="plain"), level=env("LOG_LEVEL", default="INFO"))

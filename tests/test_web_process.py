@@ -59,3 +59,86 @@ def test_metrics_token_and_no_control_socket_in_home(tmp_path):
         assert list(home.iterdir()) == []
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/api/v1/nothing-here/", "/api/v2/jobs/", "/api/", "/api/v1/runs/only-a-job-id/"],
+)
+def test_unknown_api_paths_answer_json_404s(web_server, path):
+    answer = requests.get(web_server.url + path, timeout=10)
+    assert answer.status_code == 404
+    assert answer.headers["Content-Type"].startswith("application/json")
+    assert path in answer.json()["detail"] and "/api/v1/" in answer.json()["detail"]
+
+
+@pytest.mark.parametrize("path", ["/api/v1/", "/api/v1"])
+def test_the_api_root_lists_the_resources(web_server, path):
+    answer = requests.get(web_server.url + path, timeout=10)
+    assert answer.status_code == 200
+    resources = answer.json()["resources"]
+    assert {"jobs", "runs", "dead_letter", "audit", "tasks", "health"} <= set(resources)
+    # Every listed resource exists: without a token it is a 401/403, never a 404.
+    for name, url in resources.items():
+        status = requests.get(url, timeout=10).status_code
+        assert status in (200, 401, 403, 405), (name, url, status)
+
+
+def test_openapi_tags_name_resources(web_server):
+    schema = requests.get(web_server.url + "/api/schema/?format=json", timeout=30).json()
+    tags = {tag for op in schema["paths"].values() for spec in op.values() for tag in spec.get("tags", [])}
+    assert {"jobs", "runs", "audit", "tasks"} <= tags
+    assert "v1" not in tags
+
+
+@pytest.mark.parametrize("path", ["/api/docs", "/api/redoc", "/api/schema"])
+def test_the_docs_answer_without_the_trailing_slash_too(web_server, path):
+    assert requests.get(web_server.url + path, timeout=30).status_code == 200
+
+
+JSON_FIELDS = {"time", "level", "logger", "pid", "message"}
+
+
+def json_lines(text: str) -> list[dict]:
+    """Every line of a log as JSON objects; fails on a line that is not one."""
+    import json
+
+    lines = [line for line in text.splitlines() if line.strip()]
+    assert lines, "no log lines"
+    out = []
+    for line in lines:
+        record = json.loads(line)  # a plain line fails here
+        assert JSON_FIELDS <= set(record), record
+        out.append(record)
+    return out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_log_format_json_every_process(tmp_path, child_env):
+    """LOG_FORMAT=json: the web process (gunicorn's own lines and access log included),
+    a scheduler and an executor each write one JSON object per line, same field names."""
+    server = WebServer(
+        database_url=database_url(), workdir=tmp_path, env={"LOG_FORMAT": "json", "LOG_LEVEL": "INFO"}
+    )
+    server.workers = 1
+    server.start()
+    try:
+        assert requests.get(server.url + "/api/v1/", timeout=10).status_code == 200
+        assert requests.get(server.url + "/api/v1/nothing", timeout=10).status_code == 404
+    finally:
+        server.stop()
+    web = json_lines(server.log_path.read_text())
+    assert {"gunicorn.error", "gunicorn.access"} <= {r["logger"] for r in web}
+    env = {**child_env, "LOG_FORMAT": "json", "LOG_LEVEL": "DEBUG"}
+    for command in (["run_scheduler", "--once"], ["run_executor", "--once"]):
+        done = subprocess.run(
+            [sys.executable, "manage.py", *command],
+            cwd=serve.ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        records = json_lines(done.stderr + done.stdout)
+        assert any(r["logger"].startswith(("jobs.", "runs.")) for r in records), records[:5]
