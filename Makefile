@@ -20,9 +20,10 @@ $(VENV)/.installed-dev: $(VENV)/.installed requirements-dev.txt
 run: $(VENV)/.installed
 	@$(BIN)/python scripts/dev.py run
 
-# The console tests drive Debian's headless Chromium; as root it is installed if missing.
+# The console tests drive Debian's headless Chromium and /metrics is checked with promtool;
+# as root both are installed from Debian's packages if missing.
 test: $(VENV)/.installed-dev
-	@bash scripts/ensure_chromium.sh
+	@bash scripts/ensure_test_tools.sh
 	@$(BIN)/python scripts/dev.py test $(PYTEST_ARGS)
 
 # The database-facing tests, the exactly-once process test and a short bench on a local

@@ -200,3 +200,16 @@ def test_executor_gauges_per_node(client, tenant):
         (("node", "exec-b"),): 0.0,
     }
     assert value(families, "cronyard_executor_nodes") == 1.0
+
+
+def test_promtool_accepts_the_exposition(client, known_state):
+    """Prometheus's own linter (promtool check metrics, from Debian's prometheus
+    package, which `make test` installs) reads /metrics as a scraper would."""
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: scripts/ensure_test_tools.sh installs it"
+    text = client.get("/metrics").content
+    checked = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()

@@ -1,7 +1,7 @@
 """Headless Chromium (the Debian package) driven by Playwright, for the admin console tests.
 
 Playwright's own browser download cannot work here (closed network), so the system
-Chromium is launched by path; `scripts/ensure_chromium.sh` installs it.
+Chromium is launched by path; `scripts/ensure_test_tools.sh` installs it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost")
 def chromium_path() -> str:
     if not Path(CHROMIUM).is_file():
         raise RuntimeError(
-            f"{CHROMIUM} not found: the console tests need Debian's Chromium; run scripts/ensure_chromium.sh"
+            f"{CHROMIUM} not found: the console tests need Debian's Chromium; run scripts/ensure_test_tools.sh"
         )
     return CHROMIUM
 
