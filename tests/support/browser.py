@@ -34,7 +34,8 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost")
 def chromium_path() -> str:
     if not Path(CHROMIUM).is_file():
         raise RuntimeError(
-            f"{CHROMIUM} not found: the console tests need Debian's Chromium; run scripts/ensure_test_tools.sh"
+            f"{CHROMIUM} not found: the console tests need Debian's Chromium; "
+            "run scripts/ensure_test_tools.sh"
         )
     return CHROMIUM
 
