@@ -596,8 +596,8 @@ def main() -> None:
         processes, runs = [1, 2], args.runs
         task_executors, http_executors = [1, 2], [1, 2, 4]
         # Three pairs add about two minutes. Rounds of 5,000 runs took under a second and
-        # scattered by +-20% (stop 23: 20 tenants over 1 came out 0.68 in one make bench and
-        # 0.70-0.89 in three runs of the same pairs by hand): too short to show a cost of a
+        # scattered by +-20% (20 tenants over 1 came out 0.68 in one make bench and 0.70-0.89
+        # in three runs of the same pairs by hand): too short to show a cost of a
         # few percent.
         fair_runs, fair_pairs = 20_000, 3
         lag = []
@@ -639,7 +639,7 @@ def main() -> None:
     # The 1M round goes last: the autovacuum of its millions of rows, a minute after it,
     # took the CPU from the executor rounds that followed it (the 4-executor HTTP round and
     # the fair-share rounds ran at a quarter of their speed, with 6-10x the PostgreSQL CPU
-    # per run, in the first run of stop 20; neither reproduced alone).
+    # per run, when they came after it; neither reproduced alone).
     growth_rows = (
         growth.growth_part(
             bench,

@@ -1,4 +1,4 @@
-"""`make bench`'s Citus rows (issue 14): dispatch and execution on a local Citus
+"""`make bench`'s Citus rows (docs/CONTRACT.md, "Beyond one server"): dispatch and execution on a local Citus
 coordinator + 2 workers (scripts/citus_cluster.py, under var/citus/), each round right
 beside the same round on the plain PostgreSQL of the rest of the run.
 

@@ -1,4 +1,5 @@
-"""`make bench --full`: the dispatch growth curve, 10k to 1M due jobs (issue 12, target 2).
+"""`make bench --full`: the dispatch growth curve, 10k to 1M due jobs
+(docs/CONTRACT.md, "Benchmark workload").
 
 Target: 1,000,000 due jobs fully dispatched in < 90 s with 2 schedulers, the cost per
 run flat from 10k to 1M, each scheduler's peak RSS < 200 MB at 1M. One

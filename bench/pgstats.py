@@ -2,8 +2,8 @@
 
 The dispatch benchmark (bench/dispatch.py) takes a snapshot right before it makes
 the jobs due and one when the last run exists, and reports the difference per round,
-so the growth curve from 10k to 1M jobs says where the cost went (issue 12, target
-2): checkpoints forced by WAL volume, WAL bytes per run, HOT updates of `jobs`,
+so the growth curve from 10k to 1M jobs says where the cost went:
+checkpoints forced by WAL volume, WAL bytes per run, HOT updates of `jobs`,
 buffers read from disk, and the heaviest statements when pg_stat_statements is loaded.
 """
 

@@ -1,6 +1,7 @@
 """The run queue's insert side in SQL: new occurrences (`enqueue_runs`) and the wake-up
 of executors. Runs inside the caller's transaction (the dispatch transaction, or a
-service's). The executor's side (claim, heartbeat, complete, reap) is runs/execution/claims.py.
+service's). The executor's side is runs/execution: the claim (claims.py), heartbeats and
+reaping (run_leases.py), outcomes (outcomes.py); docs/state_machine.md lists every write.
 """
 
 from __future__ import annotations

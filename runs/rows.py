@@ -1,8 +1,9 @@
 """The shapes of run rows passed between the dispatcher, the queue and the executor.
 
 Plain frozen dataclasses with no SQL and no Django: the scheduler builds `NewRun`s,
-`runs/queue.py` inserts them, `runs/execution/claims.py` hands out `ClaimedRun`s and takes
-`Completion`s back.
+`runs/queue.py` inserts them, `runs/execution/claims.py` hands out `ClaimedRun`s,
+`runs/execution/outcomes.py` takes `Completion`s back and `runs/execution/run_leases.py`
+reports `ReapedRun`s.
 """
 
 from __future__ import annotations

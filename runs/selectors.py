@@ -1,8 +1,10 @@
-"""Reads of runs: tenant-scoped querysets for the API, redacted snapshots for display,
-and the operations overview shared by the admin dashboard and /metrics.
+"""Reads of runs: tenant-scoped querysets for the API, the notes a run's page shows
+(a rate-limited start, an attempt number past max_attempts after a replay), and the
+operations overview shared by the admin dashboard and /metrics. Secrets are redacted
+by runs/target_secrets.py, not here.
 
-The overview reads the jobs, tenants and scheduler_nodes tables too: it is the one
-place that looks across both apps, and it only reads.
+The overview reads the jobs, tenants and scheduler_nodes tables too (through
+jobs.models, which the operator side of runs may import), and only reads.
 """
 
 from __future__ import annotations

@@ -179,8 +179,9 @@ def test_change_form_edit_recomputes_next_run(admin_client, tenant):
 
 
 def test_change_form_cannot_move_a_job_to_another_tenant(admin_client, tenant, api):
-    # Issue 8 item 8: moving only the job left its runs with the old tenant, who could
-    # still read and cancel them. The tenant is read-only after creation.
+    # Moving only the job would leave its runs with the old tenant, who could still
+    # read and cancel them: the tenant is read-only after creation
+    # (docs/decisions/0058-tenant-fixed-at-creation.md).
     other, other_token = tenant_services.create_tenant(slug="other")
     job = services.create_job(tenant=tenant, fields=dict(name="mine", cron_expr="0 9 * * *", target=HOOK))
     scheduled_at = services.trigger_job(job=job)

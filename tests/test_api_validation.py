@@ -346,8 +346,8 @@ def test_lone_surrogate_in_target_is_400_not_500(api, where):
 
 
 def test_a_hashed_cron_gets_the_same_answer_whatever_id_the_server_picks(api):
-    # Issue 8 item 7: 12 identical POSTs of `1 0 H(29-31) 4 *` gave 9 x 201 and 3 x 400,
-    # because validation hashed with one id and the job got another.
+    # Identical POSTs of `1 0 H(29-31) 4 *` must all get the same answer: validation that
+    # hashed with one id while the job got another gave some 201s and some 400s.
     payload = {"name": "h", "cron": "1 0 H(29-31) 4 *", "target": {"type": "task", "name": "noop"}}
     codes = [api.post("/api/v1/jobs/", payload, format="json").status_code for _ in range(40)]
     assert codes == [201] * 40

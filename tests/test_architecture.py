@@ -276,7 +276,7 @@ def _calls(node: ast.AST, attr_or_name: str) -> bool:
 
 
 def test_small_helpers_have_one_home():
-    """Repeated blocks a newcomer tripped on (issue 13, item 5) stay folded."""
+    """Small helpers that were once repeated (each a trap for a newcomer) keep one home."""
     homes = {
         # the read-only admin page
         "read-only admin": {
@@ -332,7 +332,7 @@ def test_small_helpers_have_one_home():
 
 
 def test_next_fire_time_and_fire_times_share_one_path():
-    """One path from a trigger to its fire times (issue 13, item 5): `next_fire_time`
+    """One path from a trigger to its fire times: `next_fire_time`
     (the scheduler's next slot) and `fire_times` (previews, the ledger, backfill) both
     take them from `_fire_instants`; neither walks a trigger kind on its own."""
     defs = {name: list(_defs(ast.FunctionDef, name)) for name in ("next_fire_time", "fire_times")}

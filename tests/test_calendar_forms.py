@@ -1,4 +1,4 @@
-"""Calendar forms (issue 11 item 2): L, LW, nW in day-of-month, nL and n#k in day-of-week.
+"""Calendar forms: L, LW, nW in day-of-month, nL and n#k in day-of-week.
 
 Differential tests against independent implementations: cronsim's own aware iteration
 (which applies Debian cron's DST rule itself) for the forms it knows, and croniter for

@@ -1,4 +1,4 @@
-"""Retention on a distributed job_runs (issue 14): day partitions made after the table
+"""Retention on a distributed job_runs: day partitions made after the table
 was distributed are distributed with it, rows parked in the default partition move into
 their new day, and an old day is dropped. On plain PostgreSQL the same calls do the
 same to an ordinary partitioned table, so this file runs in both suites."""

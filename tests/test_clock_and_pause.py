@@ -1,6 +1,6 @@
 """Slot decisions use the database's clock; pausing never drops undispatched slots silently.
 
-Issue 8, items 11 and 12. The web host's clock is moved with time_machine (which
+The web host's clock is moved with time_machine (which
 cannot move PostgreSQL's `now()`): every service must still decide on the database's.
 """
 

@@ -1,4 +1,4 @@
-"""Per-job DST policy (issue 11 item 1): the table of every policy x zone vector, the
+"""Per-job DST policy: the table of every policy x zone vector, the
 notes previews show, the scheduler's slot arithmetic, and field-level 400s.
 
 Vectors (2026), worked out from the tz rules, not from the implementation:

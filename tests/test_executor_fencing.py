@@ -93,7 +93,7 @@ def test_once_runs_one_batch_and_exits(processes, tenant):
 
 
 def test_sigterm_hand_back_with_no_attempts_left_is_dead_not_retrying(processes, tenant, api):
-    """Handing back the last allowed attempt must not queue one more (issue 8, item 10)."""
+    """Handing back the last allowed attempt must not queue one more: the run is dead."""
     (last,) = queue_runs(tenant, task_target("sleep", seconds=60), max_attempts=2)
     (spare,) = queue_runs(tenant, task_target("sleep", seconds=60), max_attempts=2)
     # `last` already used attempt 1 (a lease expiry, say); its claim now makes attempt 2 of 2.

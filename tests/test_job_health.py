@@ -1,4 +1,4 @@
-"""Job health and its alerts (issue 10, items 2 and 3).
+"""Job health and its alerts (overdue and failing).
 
 Health is written by the executors' outcome statement: these tests drive that very
 statement (runs.execution.outcomes.complete_runs) against the real database, then read the job

@@ -1,4 +1,4 @@
-"""The occurrence ledger (issue 10, item 1): every due slot once, with one outcome.
+"""The occurrence ledger: every due slot once, with one outcome.
 
 Real database, the real scheduler step in-process on the database clock, the API
 through DRF's client.

@@ -1,4 +1,4 @@
-"""One schema for plain PostgreSQL and Citus (issue 14): every key of jobs and of the
+"""One schema for plain PostgreSQL and Citus: every key of jobs and of the
 tables hanging off a job starts with partition_id, the run key still forbids a second
 run of a slot, and Django's save() never rewrites partition_id. On a database with the
 citus extension (make test-citus) the tables are also distributed and co-located."""

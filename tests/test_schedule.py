@@ -518,9 +518,10 @@ def test_load_zone_ok() -> None:
     assert datetime(2026, 7, 1, 12, tzinfo=UTC).astimezone(zone).utcoffset() == timedelta(hours=1)
 
 
-# Issue 8 item 6: names the host's /usr/share/zoneinfo resolves but the tzdata
-# package does not list (leap-second "right/" zones, "posix/" copies, paths,
-# placeholders) would make a schedule depend on the machine.
+# Zones come from the tzdata package only (docs/decisions/0006-zones-from-tzdata.md):
+# names the host's /usr/share/zoneinfo resolves but the tzdata package does not list
+# (leap-second "right/" zones, "posix/" copies, paths, placeholders) would make a
+# schedule depend on the machine.
 @pytest.mark.parametrize(
     "name",
     [

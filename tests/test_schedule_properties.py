@@ -281,7 +281,7 @@ def test_hash_is_deterministic_and_in_range(job: str, expr: str) -> None:
         assert 0 <= int(dow) <= 6
 
 
-# Issue 8 item 7: `1 0 H(29-31) 4 *` was accepted for some job ids and refused for
+# `1 0 H(29-31) 4 *` must not be accepted for some job ids and refused for
 # others (day 31 never comes in April). Whether an expression is valid must not depend
 # on the id; a hashed term only chooses values that can fire.
 ID_SENSITIVE_EXPRS = [

@@ -1,4 +1,4 @@
-"""A long outage must not wedge dispatch (issue 8, item 1).
+"""A long outage must not wedge dispatch.
 
 After a week of downtime every minutely job has 10k missed slots. Planning them
 used to happen with the rows locked, outlived idle_in_transaction_session_timeout on

@@ -164,9 +164,10 @@ def restore_day_partitions(transactional_db):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("restore_day_partitions")
 def test_retention_does_not_drop_a_day_whose_run_is_being_replayed(tenant):
-    # Issue 8 item 4: maintain() checked "no active run" and then dropped the day with
-    # no lock between; a replay that had not committed yet was invisible to the check,
-    # the DROP waited for it, and the freshly queued run vanished with the day.
+    # Retention must not drop a day under a replay. A maintain() that checked "no active
+    # run" and then dropped the day with no lock between did: a replay that had not
+    # committed yet was invisible to the check, the DROP waited for it, and the freshly
+    # queued run vanished with the day.
     from django.db import transaction
 
     from runs.services import replay_run

@@ -1,4 +1,4 @@
-"""SSRF through Unicode and other spellings of private addresses (issue 8, item 2).
+"""SSRF through Unicode and other spellings of private addresses.
 
 Two layers, both with private targets NOT allowed:
 - create/update: the API answers 400 naming `target` for every spelling that yarl

@@ -115,7 +115,8 @@ def _hash_range(expr: str, field: int, match: re.Match[str]) -> tuple[int, int]:
 @dataclass(frozen=True)
 class _HashRule:
     """What a hashed term of one field may choose, so that no job id gets a value that
-    never fires while another id gets one that does (issue 8 item 7)."""
+    never fires while another id gets one that does: whether an expression is accepted
+    must not depend on the job id (docs/decisions/0007-hashed-values-independent-of-job-id.md)."""
 
     cap: int | None = None  # highest value allowed (day-of-month: shortest selected month)
     allowed: frozenset[int] | None = None  # a choice must contain one of these (months)

@@ -1,5 +1,6 @@
 """The executor's database connections: libpq conninfo of Django's database, and
-autocommit async connections tuned for the claim/complete statements (runs/execution/claims.py).
+autocommit async connections tuned for the claim and outcome statements
+(runs/execution/claims.py, runs/execution/outcomes.py).
 """
 
 from __future__ import annotations

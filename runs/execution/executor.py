@@ -33,7 +33,8 @@ step raises `psycopg.Error` when its connection fails; the driver logs the outag
 reconnects (`reconnect`), so a test sees the real error.
 
 The database is reached through psycopg AsyncConnections with the raw SQL of
-runs/execution/claims.py, never the ORM, each with its own job:
+runs/execution (claims.py, outcomes.py, run_leases.py, breakers.py, nodes.py), never
+the ORM, each with its own job:
 - claim connection: short claim transactions (never open during a call) and
   circuit-breaker admission;
 - write connection: outcomes of finished attempts, batched into one UPDATE;

@@ -2,7 +2,7 @@
 outcome writes it builds.
 
 No I/O here: the executor's steps (runs/execution/executor.py) keep these in memory and
-hand the `rows.Completion`s built here to runs/execution/claims.py.
+hand the `rows.Completion`s built here to runs/execution/outcomes.py.
 """
 
 from __future__ import annotations
