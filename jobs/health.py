@@ -12,17 +12,15 @@ that time is read from the job's runs (`last_success_at()`). Alerts:
 
 A scheduler runs `sweep()` every few seconds; a transaction-scoped advisory lock makes
 one node do it at a time, and the marks written in the same transaction make each
-episode alert once across nodes. When no scheduler is alive nobody can send the
-webhook: /metrics still shows `cronyard_jobs_overdue` and the schedulers' heartbeat
-age, which is what an external alert rule watches (README).
+episode alert once across nodes. The scheduler sends them after the commit through the
+one alert sender (runs/alerts.py, which also gives every alert its payload). When no
+scheduler is alive nobody can send the webhook: /metrics still shows
+`cronyard_jobs_overdue` and the schedulers' heartbeat age, which is what an external
+alert rule watches (README).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import threading
-import urllib.request
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -32,14 +30,11 @@ from django.db.models.functions import Greatest
 
 from jobs.dispatch.partition_leases import NAMESPACE
 from jobs.models import Job
+from runs.alerts import Alert
 from runs.models import JobRun
-
-log = logging.getLogger(__name__)
 
 SWEEP_LOCK_KEY = -2  # with jobs.dispatch.partition_leases.NAMESPACE; partitions are >= 0, maintenance is -1
 SWEEP_LIMIT = 1000  # alerts per sweep; the rest wait for the next one
-WEBHOOK_ATTEMPTS = 3
-WEBHOOK_TIMEOUT_SECONDS = 10
 
 
 def overdue_seconds(job: Job, *, now: datetime) -> float | None:
@@ -70,7 +65,7 @@ WHERE j.id IN (
       AND overdue_alerted_for IS DISTINCT FROM next_run_at
     ORDER BY next_run_at LIMIT %(limit)s
 ) AND t.id = j.tenant_id
-RETURNING j.id, j.name, t.slug, j.next_run_at
+RETURNING j.id, j.name, t.id, t.slug, j.next_run_at
 """
 
 # ORDER BY id walks jobs_failing_idx (jobs/migrations/0012), which holds only the jobs
@@ -88,12 +83,16 @@ WHERE j.id = ANY(ARRAY(
     WHERE NOT failure_alerted AND consecutive_failures >= alert_after_failures
     ORDER BY id LIMIT %(limit)s
 )) AND t.id = j.tenant_id
-RETURNING j.id, j.name, t.slug, j.consecutive_failures, j.last_failure_at
+RETURNING j.id, j.name, t.id, t.slug, j.consecutive_failures, j.last_failure_at
 """
 
 
-def sweep() -> list[dict]:
-    """Mark and return the alerts due now (one transaction); [] if another node sweeps."""
+def sweep() -> list[Alert]:
+    """Mark and return the alerts due now (one transaction); [] if another node sweeps.
+
+    The caller sends them after this returns, when the marks are committed and no row
+    is locked (jobs/dispatch/scheduler.py): a webhook that stays down loses these
+    alerts, it never repeats them or holds a lock."""
     with transaction.atomic(), connection.cursor() as cursor:
         # The database's clock, read once: Citus refuses now() in an UPDATE's RETURNING.
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s), now()", [NAMESPACE, SWEEP_LOCK_KEY])
@@ -104,66 +103,25 @@ def sweep() -> list[dict]:
             _OVERDUE_SQL, {"now": now, "late": settings.SCHEDULER_OVERDUE_ALERT_SECONDS, "limit": SWEEP_LIMIT}
         )
         alerts = [
-            {
-                "event": "job.overdue",
-                "job_id": str(job_id),
-                "job_name": name,
-                "tenant": tenant,
-                "scheduled_at": slot.isoformat().replace("+00:00", "Z"),
-                "overdue_seconds": round((now - slot).total_seconds(), 3),
-            }
-            for job_id, name, tenant, slot in cursor.fetchall()
+            Alert.job_overdue(
+                at=now, tenant_id=tenant_id, tenant_slug=slug, job_id=job_id, job_name=name, slot=slot
+            )
+            for job_id, name, tenant_id, slug, slot in cursor.fetchall()
         ]
         cursor.execute(_FAILING_SQL, {"limit": SWEEP_LIMIT})
         alerts += [
-            {
-                "event": "job.failing",
-                "job_id": str(job_id),
-                "job_name": name,
-                "tenant": tenant,
-                "consecutive_failures": failures,
-                "last_failure_at": last.isoformat().replace("+00:00", "Z") if last else None,
-            }
-            for job_id, name, tenant, failures, last in cursor.fetchall()
+            Alert.job_failing(
+                at=now,
+                tenant_id=tenant_id,
+                tenant_slug=slug,
+                job_id=job_id,
+                job_name=name,
+                consecutive_failures=failures,
+                last_failure_at=last,
+            )
+            for job_id, name, tenant_id, slug, failures, last in cursor.fetchall()
         ]
     return alerts
-
-
-def deliver(alerts: list[dict], *, webhook_url: str | None = None) -> threading.Thread | None:
-    """Log each alert and POST it to SCHEDULER_ALERT_WEBHOOK_URL in a background thread.
-
-    The sweep has already committed its marks: a webhook that stays down loses these
-    alerts (logged), it never repeats them; the scheduler loop never waits for it.
-    """
-    for alert in alerts:
-        log.error("alert %s", json.dumps(alert, sort_keys=True))
-    url = settings.SCHEDULER_ALERT_WEBHOOK_URL if webhook_url is None else webhook_url
-    if not alerts or not url:
-        return None
-    thread = threading.Thread(target=_post_all, args=(url, alerts), name="alert-webhook", daemon=True)
-    thread.start()
-    return thread
-
-
-def _post_all(url: str, alerts: list[dict]) -> None:
-    for alert in alerts:
-        for attempt in range(1, WEBHOOK_ATTEMPTS + 1):
-            request = urllib.request.Request(
-                url,
-                data=json.dumps(alert).encode(),
-                headers={"Content-Type": "application/json"},
-                method="POST",
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_SECONDS) as response:
-                    if response.status < 300:
-                        break
-                    problem = f"HTTP {response.status}"
-            except OSError as exc:  # URLError and HTTPError are OSErrors
-                problem = f"{type(exc).__name__}: {exc}"
-            log.warning("alert webhook attempt %d/%d failed: %s", attempt, WEBHOOK_ATTEMPTS, problem)
-        else:
-            log.error("alert webhook gave up on %s for job %s", alert["event"], alert["job_id"])
 
 
 def last_success_at() -> Greatest:

@@ -175,6 +175,8 @@ EXECUTOR_RETRY_BUDGET_FLOOR = env.int("EXECUTOR_RETRY_BUDGET_FLOOR", default=10)
 RUN_RETENTION_DAYS = env.int("RUN_RETENTION_DAYS", default=30)
 SCHEDULER_ALLOW_PRIVATE_TARGETS = env.bool("SCHEDULER_ALLOW_PRIVATE_TARGETS", default=False)
 SCHEDULER_ALERT_WEBHOOK_URL = env("SCHEDULER_ALERT_WEBHOOK_URL", default="")
+# Where operators reach the console: alerts link to the run or the job page under it.
+CRONYARD_PUBLIC_URL = env("CRONYARD_PUBLIC_URL", default="http://127.0.0.1:8000")
 # A job whose next slot is this late is "overdue": flagged in the API, /metrics, the
 # occurrence ledger, and alerted once per overdue slot.
 SCHEDULER_OVERDUE_ALERT_SECONDS = env.int("SCHEDULER_OVERDUE_ALERT_SECONDS", default=300)

@@ -81,6 +81,8 @@ def run() -> int:
         password = admin_password()
         manage("ensure_admin", "--username", "admin", "--password", password, stdout=subprocess.DEVNULL)
         port = os.environ.get("PORT", "8000")
+        # Alerts link to the console this command serves (runs/alerts.py).
+        os.environ.setdefault("CRONYARD_PUBLIC_URL", f"http://127.0.0.1:{port}")
         # Children get their own process group so a terminal Ctrl-C reaches only us;
         # we then stop them in order and wait, which is what makes shutdown clean.
         popen = {"cwd": ROOT, "start_new_session": True}

@@ -77,6 +77,22 @@ def http_target():
     server.stop()
 
 
+@pytest.fixture
+def steps():
+    """Executors whose steps a test awaits in-process (tests/support/executor.Steps)."""
+    from tests.support.executor import Steps
+
+    opened: list[Steps] = []
+
+    def make(**options) -> Steps:
+        opened.append(Steps(**options))
+        return opened[-1]
+
+    yield make
+    for s in opened:
+        s.close()
+
+
 @pytest.fixture(scope="session")
 def web_server(django_db_setup, django_db_blocker, tmp_path_factory):
     """gunicorn as `make run` starts it (DEBUG off, collectstatic, WhiteNoise) on the test

@@ -40,6 +40,7 @@ SQL_MODULES = {
     "jobs.dispatch.rate_limit_queries",
     "jobs.health",
     "runs.queue",
+    "runs.alerts",
     "runs.execution.claims",
     "runs.execution.run_leases",
     "runs.execution.fair_share",
@@ -248,6 +249,30 @@ def test_hand_written_sql_only_in_the_sql_modules():
             ):
                 offenders.append(f"{name}:{node.lineno} RawSQL")
     assert not offenders, f"cursor.execute outside {sorted(SQL_MODULES)}: {offenders}"
+
+
+# Outgoing HTTP clients. Only two modules call out: the targets' calls and the alert sender.
+HTTP_CLIENTS = ("aiohttp", "urllib.request", "http.client", "requests", "httpx", "urllib3")
+
+
+def test_one_module_sends_every_alert():
+    """Both processes alert through runs.alerts, the one webhook sender and payload: no
+    other module opens an HTTP client (but the targets' caller) or reads the webhook's
+    setting, and both the executor and the scheduler load it."""
+    clients = {
+        name
+        for name, tree in MODULES.items()
+        if any(m == c or m.startswith(f"{c}.") for m in imported(tree) for c in HTTP_CLIENTS)
+    }
+    assert clients == {"runs.alerts", "runs.execution.targets"}
+    readers = {
+        name
+        for name, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == "SCHEDULER_ALERT_WEBHOOK_URL"
+    }
+    assert readers == {"runs.alerts"}
+    assert "runs.alerts" in EXECUTOR_SIDE and "runs.alerts" in SCHEDULER_SIDE
 
 
 def _defs(kind: type, name: str | None):

@@ -114,4 +114,4 @@ def test_sigterm_hand_back_with_no_attempts_left_is_dead_not_retrying(processes,
     dead_letter = api.get("/api/v1/dead-letter/").json()["results"]
     assert [entry["scheduled_at"] for entry in dead_letter] == [format_utc(last[1])]
     log = processes.log_of(proc)
-    assert f'"run_key": "{run_key(*last)}"' in log and "1 of them dead" in log
+    assert f'"key": "{run_key(*last)}"' in log and '"type": "run.dead"' in log and "1 of them dead" in log

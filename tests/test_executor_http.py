@@ -102,10 +102,11 @@ def test_always_500_is_dead_after_exactly_max_attempts_and_alert_is_posted(proce
     assert len(run.last_error) <= 2048
     alerts = wait_for(lambda: http_target.json_bodies("/alerts"), what="the alert webhook POST")
     assert len(alerts) == 1
-    assert alerts[0]["run_key"] == run_key(*key)
-    assert alerts[0]["job_name"] == "nightly-report" and alerts[0]["attempt"] == 5
+    assert alerts[0]["type"] == "run.dead" and alerts[0]["run"]["key"] == run_key(*key)
+    assert alerts[0]["job"]["name"] == "nightly-report" and alerts[0]["run"]["attempt"] == 5
+    assert alerts[0]["tenant"] == {"id": tenant.id, "slug": tenant.slug}
     assert http_target.received("/alerts")[0].method == "POST"
-    assert '"event": "run.dead"' in processes.log_of(proc)
+    assert '"type": "run.dead"' in processes.log_of(proc)
 
     # Replay (the operator's fix is in): the same run goes again as attempt 6, same key.
     http_target.script("/down", then=Reply(200))

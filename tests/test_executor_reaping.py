@@ -41,7 +41,7 @@ def test_expired_leases_are_reaped_while_every_slot_is_busy(processes, tenant):
     assert reclaimed.attempts[-1]["outcome"] == "lease expired"
     dead = wait_status(last_chance, "dead", timeout=20)
     assert dead.finished_at is not None and "lease expired: attempt 3" in dead.last_error
-    wait_log(processes, proc, f'"run_key": "{run_key(*last_chance)}"')  # the death alert
+    wait_log(processes, proc, f'"key": "{run_key(*last_chance)}"')  # the death alert
     # All of that while the only slot stayed busy with the long call.
     assert row(busy).status == "running" and row(busy).attempt == 1
 

@@ -15,52 +15,14 @@ import pytest
 
 from jobs.tenant_services import create_tenant
 from runs import attempts
-from runs.execution.executor import Executor
 from runs.execution.inflight import Written
 from runs.models import JobRun
-from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, row, set_running, task_target
 from tests.support.http_target import Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LATER = datetime.now(UTC) + timedelta(days=1)  # queued, but not claimable
-
-
-class Steps:
-    """One Executor, opened on a private event loop that runs only inside run()."""
-
-    def __init__(self, **options) -> None:
-        self.runner = asyncio.Runner()
-        self.executor = Executor(conninfo=database_url(), allow_private=True, **options)
-        self.run(self.executor.open())
-
-    def run(self, awaitable):
-        return self.runner.run(awaitable)
-
-    def calls_done(self, timeout: float = 30) -> None:
-        """Wait (in the loop) until every call started so far has returned."""
-        calls = [e.task for e in self.executor.in_flight() if e.task is not None]
-        self.run(asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout))
-
-    def close(self) -> None:
-        try:
-            self.run(self.executor.close())
-        finally:
-            self.runner.close()
-
-
-@pytest.fixture
-def steps():
-    opened: list[Steps] = []
-
-    def make(**options) -> Steps:
-        opened.append(Steps(**options))
-        return opened[-1]
-
-    yield make
-    for s in opened:
-        s.close()
 
 
 def keys_of(claimed) -> set:

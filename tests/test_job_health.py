@@ -184,7 +184,7 @@ def test_overdue_shows_in_the_api_and_metrics_and_alerts_once_per_slot(api, tena
             time.sleep(0.1)
         time.sleep(0.5)
         bodies = http_target.json_bodies("/alerts")
-        assert [(b["event"], b["job_id"]) for b in bodies] == [("job.overdue", str(late.id))]
+        assert [(b["type"], b["job"]["id"]) for b in bodies] == [("job.overdue", str(late.id))]
 
         # The next late slot is a new episode.
         Job.objects.filter(pk=late.pk).update(next_run_at=now - 9 * MINUTE)
@@ -207,12 +207,12 @@ def test_failing_streak_alerts_once_and_again_after_recovery(tenant, settings):
     assert job_health.sweep() == []
     finish(job, ["dead"])
     (alert,) = job_health.sweep()
-    assert (alert["event"], alert["job_id"], alert["consecutive_failures"]) == ("job.failing", str(job.id), 2)
+    assert (alert.type, alert.job_id, alert.detail["consecutive_failures"]) == ("job.failing", job.id, 2)
     finish(job, ["retrying"])
     assert job_health.sweep() == []  # same streak
     finish(job, ["succeeded"])
     finish(job, ["retrying", "retrying"])
-    assert [a["event"] for a in job_health.sweep()] == ["job.failing"]
+    assert [a.type for a in job_health.sweep()] == ["job.failing"]
 
 
 def test_failing_sweep_probes_an_index_instead_of_scanning_every_job(tenant):
@@ -242,7 +242,7 @@ def test_failing_sweep_probes_an_index_instead_of_scanning_every_job(tenant):
     if not citus:
         assert "Seq Scan on jobs" not in plan, plan
     finish(job, ["dead"])
-    assert [a["job_id"] for a in job_health.sweep()] == [str(job.id)]
+    assert [a.job_id for a in job_health.sweep()] == [job.id]
 
 
 @pytest.mark.parametrize("value", [0, -1, "3", 1.5, 1001])

@@ -221,7 +221,7 @@ def test_executor_lacking_a_task_retries_the_run_and_alerts_with_its_name(proces
     run = wait_status(key, "dead", timeout=60)
     assert [a["outcome"] for a in run.attempts] == ["retry", "dead"]
     assert "unknown task 'hang_async'" in run.last_error and "EXECUTOR_TASK_MODULES" in run.last_error
-    alert = '"event": "task.missing"'
+    alert = '"type": "task.missing"'
     log = wait_for(
         lambda: processes.log_of(executor).count(alert) >= 2 and processes.log_of(executor),
         timeout=30,

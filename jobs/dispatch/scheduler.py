@@ -36,7 +36,7 @@ from jobs import health
 from jobs.dispatch import partition_leases, queries, rate_limits
 from jobs.dispatch.planning import DueJob, Plan, plan_job
 from jobs.models import Misfire, SlotRange
-from runs import partitions
+from runs import alerts, partitions
 from runs.execution import breakers
 from runs.queue import enqueue_runs, notify_executors, raw_cursor
 from scheduler_project import db, liveness
@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 MAINTENANCE_EVERY_SECONDS = 3600
 ALERT_SWEEP_EVERY_SECONDS = 5
+# At close, pending alert deliveries get this long (the executor gives its own as long).
+ALERT_CLOSE_SECONDS = 5.0
 # Planning (outside any transaction) stops after this long and the batch goes with
 # the jobs planned so far: on-time jobs of other partitions must not wait minutes
 # behind a backlog of misfired ones. The first job of a batch is always planned.
@@ -117,6 +119,8 @@ class Scheduler(Loop):
         self._started = False
         self._next_maintenance = 0.0
         self._next_alert_sweep = 0.0
+        # The one alert sender (runs/alerts.py) on a private event loop: the sweep only hands over.
+        self._alerts = alerts.BackgroundSender(alerts.Destination.from_settings())
         self._next_summary = time.monotonic() + SUMMARY_EVERY_SECONDS
         self._dispatched_since_summary = 0
         self._unusable_logged_generation = -1
@@ -185,6 +189,7 @@ class Scheduler(Loop):
         if self._started:
             self.lease.close()
             self._started = False
+        self._alerts.close(timeout=ALERT_CLOSE_SECONDS)
 
     # -- dispatch --------------------------------------------------------------------
 
@@ -368,17 +373,19 @@ class Scheduler(Loop):
             connection.close()
 
     def _maybe_sweep_alerts(self) -> None:
-        """Overdue and failing jobs (jobs.health); one node at a time, each episode once."""
+        """Overdue and failing jobs (jobs.health); one node at a time, each episode once.
+        Sent after the sweep's transaction has committed: no row or lock is held while a
+        webhook answers, and the loop does not wait for it."""
         if time.monotonic() < self._next_alert_sweep:
             return
         self._next_alert_sweep = time.monotonic() + ALERT_SWEEP_EVERY_SECONDS
         try:
-            alerts = health.sweep()
+            due = health.sweep()
         except DatabaseError as exc:
             log.warning("alert sweep failed: %s", exc)
             connection.close()
             return
-        health.deliver(alerts)
+        self._alerts.send(due)
 
     def _maybe_summary(self) -> None:
         if time.monotonic() < self._next_summary:

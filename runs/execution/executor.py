@@ -60,8 +60,7 @@ from typing import TypeVar
 
 import psycopg
 
-from runs import rows, tasks
-from runs.alerts import Alerter, DeadRunAlert
+from runs import alerts, rows, tasks
 from runs.attempts import HANDED_BACK
 from runs.execution import (
     breakers,
@@ -101,7 +100,7 @@ class Executor:
     poll_seconds: float = 1.0
     grace_seconds: float = 10.0
     allow_private: bool = False
-    webhook_url: str = ""
+    alert_destination: alerts.Destination = field(default_factory=alerts.Destination)
     task_modules: Iterable[str] = ()
     claim_batch: int = 100
     # The node heartbeat follows the schedulers' lease so one liveness rule fits both.
@@ -121,7 +120,10 @@ class Executor:
         self.open_from = fair_share.OpenFrom()  # the claim's lower bound on scheduled_at
         self.planner = fair_share.Planner()  # the claims' fair-share plan, reused while they come back full
         self._results: list[tuple[InFlight, rows.Completion]] = []
-        self._alerter = Alerter(webhook_url=self.webhook_url)
+        # Alerts are sent by tasks of this loop (runs/alerts.py): a slow webhook holds no step.
+        self.alert_sender = alerts.WebhookSender(
+            self.alert_destination, tenant_slugs=alerts.TenantSlugs(self._conninfo())
+        )
         # All connections report here: one "away" and one "back" line per outage.
         self._outage = OutageLog(name="executor")
         self._last_claim_at: datetime | None = None
@@ -158,7 +160,7 @@ class Executor:
             if entry.task is not None:
                 entry.task.cancel()
         await asyncio.gather(*(e.task for e in self._inflight.values() if e.task), return_exceptions=True)
-        await self._alerter.close(timeout=min(self.grace_seconds, 5.0))
+        await self.alert_sender.close(timeout=min(self.grace_seconds, 5.0))
         await self._session.close()
         try:
             await nodes.leave(self._node_conn, node_id=self.owner)
@@ -187,7 +189,7 @@ class Executor:
             )
             if run.status == "dead":
                 self.counters.dead += 1
-                self._alerter.dead(DeadRunAlert.of(run, result_code=None, error=run.last_error))
+                self.alert_sender.send(alerts.Alert.run_dead(run, result_code=None, error=run.last_error))
         return reaped
 
     async def claim_once(self) -> Claimed:
@@ -344,7 +346,9 @@ class Executor:
         if entry.lost:
             return
         if result.missing_task:
-            self._alerter.missing_task(run, task=result.missing_task, owner=self.owner)
+            self.alert_sender.send(
+                alerts.Alert.task_missing(run, task=result.missing_task, executor=self.owner)
+            )
         decision = retry.decide(
             result,
             attempt=run.attempts_used,
@@ -414,8 +418,8 @@ class Executor:
             elif completion.status == "dead":
                 self.counters.dead += 1
                 run = entry.run
-                self._alerter.dead(
-                    DeadRunAlert.of(run, result_code=completion.result_code, error=completion.error)
+                self.alert_sender.send(
+                    alerts.Alert.run_dead(run, result_code=completion.result_code, error=completion.error)
                 )
         self._wake.set()
 
@@ -447,7 +451,7 @@ class Executor:
         options = {
             "poll_seconds": settings.EXECUTOR_POLL_SECONDS,
             "allow_private": settings.SCHEDULER_ALLOW_PRIVATE_TARGETS,
-            "webhook_url": settings.SCHEDULER_ALERT_WEBHOOK_URL,
+            "alert_destination": alerts.Destination.from_settings(),
             "task_modules": tuple(settings.EXECUTOR_TASK_MODULES),
             "conninfo": connections.database_conninfo(),
             "node_lease_seconds": float(settings.SCHEDULER_LEASE_SECONDS),

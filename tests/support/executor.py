@@ -9,6 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from jobs.services import partition_for
+from runs.execution.executor import Executor
 from runs.models import JobRun
 from runs.queue import enqueue_runs, notify_executors
 from runs.rows import NewRun
@@ -138,3 +139,32 @@ def day_partition_of(key: tuple[uuid.UUID, datetime]) -> str:
             "SELECT tableoid::regclass::text FROM job_runs WHERE job_id = %s AND scheduled_at = %s", list(key)
         )
         return cursor.fetchone()[0]
+
+
+class Steps:
+    """One Executor, opened on a private event loop that runs only inside run()."""
+
+    def __init__(self, **options) -> None:
+        from tests.conftest import database_url
+
+        self.runner = asyncio.Runner()
+        self.executor = Executor(conninfo=database_url(), allow_private=True, **options)
+        self.run(self.executor.open())
+
+    def run(self, awaitable):
+        return self.runner.run(awaitable)
+
+    def calls_done(self, timeout: float = 30) -> None:
+        """Wait (in the loop) until every call started so far has returned."""
+        calls = [e.task for e in self.executor.in_flight() if e.task is not None]
+        self.run(asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), timeout))
+
+    def alerts_done(self, timeout: float = 30) -> None:
+        """Run the loop until every alert raised so far is delivered or given up."""
+        self.run(self.executor.alert_sender.flush(timeout))
+
+    def close(self) -> None:
+        try:
+            self.run(self.executor.close())
+        finally:
+            self.runner.close()
