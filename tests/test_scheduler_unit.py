@@ -13,7 +13,8 @@ from jobs.dispatch import partition_leases, queries
 from jobs.dispatch.planning import run_for
 from jobs.models import Job, SchedulerNode
 from runs.models import JobRun
-from runs.queue import enqueue_runs, raw_cursor
+from runs.queue import enqueue_runs
+from scheduler_project.db import raw_cursor
 from tests.conftest import database_url
 from tests.support.scheduler import in_process_schedulers, locks_by_pid, make_job
 

@@ -200,6 +200,6 @@ def advance_next_run(cursor, rows: Sequence[Row], *, citus: bool = False) -> set
 
     lock_unchanged and this bind their arrays in binary (`%b`): text dumping of 500
     UUIDs and timestamps took 5.5 ms a statement in Python, binary 0.5 ms. They need
-    a server-side-binding cursor (runs.queue.raw_cursor), not Django's.
+    a server-side-binding cursor (scheduler_project.db.raw_cursor), not Django's.
     """
     return _by_partition(cursor, _ADVANCE_SQL, rows, citus=citus)

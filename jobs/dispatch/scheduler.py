@@ -38,9 +38,10 @@ from jobs.dispatch.planning import DueJob, Plan, plan_job
 from jobs.models import Misfire, SlotRange
 from runs import partitions
 from runs.execution import breakers
-from runs.queue import enqueue_runs, notify_executors, raw_cursor
+from runs.queue import enqueue_runs, notify_executors
 from scheduler_project import db, liveness
 from scheduler_project.citus import citus_installed
+from scheduler_project.db import raw_cursor
 from scheduler_project.loop import Loop
 
 log = logging.getLogger(__name__)
