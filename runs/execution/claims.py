@@ -26,7 +26,7 @@ import psycopg
 from psycopg import pq
 
 from runs import attempts, per_partition
-from runs.execution import connections, fair_share
+from runs.execution import fair_share
 from runs.rows import ClaimedRun
 
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
@@ -305,7 +305,7 @@ async def _claim_planned(
         "aged": plan.aged,
         "open_from": fair_share.bound(open_from),
     }
-    if not await connections.one_partition_per_statement(conn):
+    if not await per_partition.split(conn):
         return await _claim_batch(conn, params, tenant_ids)
     # Citus: the locks and the tenants' running counts (a read of every shard) once for
     # the batch, then a claim statement per partition in the same transaction, each

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from runs import attempts, per_partition
-from runs.execution import connections
 from runs.rows import ReapedRun, RunKey
 
 # --- heartbeats ---------------------------------------------------------------------------
@@ -125,7 +124,7 @@ async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     if not expired:
         return []
     now = expired[0][1]
-    if not await connections.one_partition_per_statement(conn):
+    if not await per_partition.split(conn):
         cursor = await conn.execute(_REAP_SQL.many, {"now": now, "limit": limit})
         return [ReapedRun(*row) for row in await cursor.fetchall()]
     reaped: list[ReapedRun] = []
