@@ -86,7 +86,7 @@ SELECT DISTINCT partition_id, now() FROM job_runs WHERE status = 'running' AND l
 # runs/execution/claims.py module docstring: Citus refuses functions of columns in UPDATE ... SET).
 _REAP_SQL = per_partition.Forms.of(f"""
 WITH expired AS (
-    SELECT r.partition_id, r.job_id, r.scheduled_at, r.attempt - r.deferrals >= r.max_attempts AS dead,
+    SELECT r.partition_id, r.job_id, r.scheduled_at, {attempts.sql_used_up("r")} AS dead,
            jsonb_build_array({_REAPED_ENTRY}) AS entry,
            'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating' AS error
     FROM job_runs r
