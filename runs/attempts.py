@@ -1,10 +1,20 @@
-"""One attempt's entry in `job_runs.attempts`: the only definition of its keys and format.
+"""Attempts: how many a run has used and when they are used up (`used`, `used_up` and
+their SQL forms `sql_used`, `sql_used_up`), and one attempt's entry in
+`job_runs.attempts`: the only definition of its keys and format.
 
-Three writers build it: the executor (an answered or handed-back call, in Python), an
+Attempts used is `attempt - deferrals`: the attempt number is the fencing token, taken
+by every claim, and a claim that put its run back unsent (a breaker's or a retry
+budget's deferral, an unsent claimed-ahead run at shutdown) adds one to `deferrals`.
+They are used up at `max_attempts`: a failed call (runs/execution/retry.decide), an
+expired lease (the reaping SQL, runs/execution/run_leases.py) and a hand-back
+(runs/execution/inflight.hand_back_completion) then end the run `dead`
+(docs/decisions/0037-attempts-used.md).
+
+Three writers build an entry: the executor (an answered or handed-back call, in Python), an
 operator's cancel (runs/services.py, in Python) and two SQL statements (a reaped lease,
-runs/execution/run_leases.py, and a cancel by a newer run, runs/execution/claims.py).
-Python writers use `AttemptRecord.to_json()`, SQL writers use `sql_entry()`; both give
-the same keys with the same formats:
+runs/execution/run_leases.py, and a cancel by a newer run,
+runs/execution/claims.py). Python writers use `AttemptRecord.to_json()`,
+SQL writers use `sql_entry()`; both give the same keys with the same formats:
 
 - timestamps: RFC 3339 UTC, always with microseconds ("2026-03-08T07:00:00.000000Z"),
   which is what PostgreSQL's to_char gives; older rows hold seconds-only strings
@@ -21,6 +31,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+
+
+def used(*, attempt: int, deferrals: int) -> int:
+    """Attempts a run has used: its attempt number less the claims that sent nothing."""
+    return attempt - deferrals
+
+
+def used_up(*, used: int, max_attempts: int) -> bool:
+    """Whether `used` attempts leave none: the next failure ends the run dead."""
+    return used >= max_attempts
+
+
+def sql_used(alias: str) -> str:
+    """`used` in SQL, of the job_runs row `alias` (a trusted constant of a statement)."""
+    return f"({alias}.attempt - {alias}.deferrals)"
+
+
+def sql_used_up(alias: str) -> str:
+    """`used_up` in SQL, of the job_runs row `alias`: a boolean expression."""
+    return f"({sql_used(alias)} >= {alias}.max_attempts)"
 
 
 def format_moment(moment: datetime) -> str:

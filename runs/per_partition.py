@@ -1,24 +1,30 @@
-"""Statements that address partitions: one statement per partition on Citus, one for the
-whole batch on plain PostgreSQL.
+"""Statements that address partitions, for both processes: the policy that says whether
+a batch goes as one statement per partition or as one statement, and the two runners
+that apply it (`run` on the executor's async connections, `run_sync` on the scheduler's
+cursor).
 
-Every write of the executor names the partitions it touches (docs/CONTRACT.md, "Beyond one server"). On
-Citus a statement must address ONE partition (`FOR UPDATE` and cheap writes exist only
-inside one shard), so a batch that spans partitions becomes one statement per
-partition, pipelined. Plain PostgreSQL has no such limit, and a statement per
-partition costs it a plan and an execution each: there the batch is one statement
-that names no partitions (EVERY). Both forms come from one SQL template, whose
-`{partition_filter}` is filled once at import (`Forms.of`), so there is one SQL source.
-Which form a connection uses: runs/execution/connections.one_partition_per_statement.
+The policy, one per engine (`one_statement_per_partition`):
+- Citus: one statement per partition of the batch, pipelined (one round trip for all
+  of them). A statement that locks or writes rows must address ONE partition
+  (docs/CONTRACT.md, "Beyond one server": `FOR UPDATE` and cheap writes exist only
+  inside one shard).
+- Plain PostgreSQL: one statement for the whole batch that names no partitions
+  (EVERY). A statement per partition would cost a plan and an execution each.
 
-Why no partition list on plain PostgreSQL: every statement finds its rows by their
-key, each with its own partition (`r.partition_id = x.partition_id AND r.job_id = ...`).
-A filter `partition_id = ANY(the batch's partitions)` beside it gave the generic plan a
-cheaper-looking path: scan those partitions' rows of the day (the unique key's first
-column) and hash-join them, instead of one keyed lookup per row. Its cost grows with
-the rows of the day and with the number of day partitions (each one costed, though
-run-time pruning probes one per row): with 38 day partitions an outcome write read
-~2,900 buffers for 64 runs, and 320 without the filter
-(docs/decisions/0040-per-partition-statements.md).
+Both forms come from one SQL template, whose `{partition_filter}` is filled once at
+import (`Forms.of`), so there is one SQL source. Every template finds its rows by
+their key, each with its own partition (`r.partition_id = x.partition_id AND r.job_id
+= ...`), so the batch form needs no partition list.
+
+Why no partition list on plain PostgreSQL: a filter `partition_id = ANY(the batch's
+partitions)` beside the keyed join gave the generic plan a cheaper-looking path: scan
+those partitions' rows of the day (the unique key's first column) and hash-join them,
+instead of one keyed lookup per row. Its cost grows with the rows of the day and with
+the number of day partitions (each one costed, though run-time pruning probes one per
+row): with 38 day partitions an outcome write read ~2,900 buffers for 64 runs, and 320
+without the filter (docs/decisions/0040-per-partition-statements.md). The scheduler's
+lock and compare-and-set of job rows follow the same policy
+(docs/decisions/0053-citus-dispatch.md).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from runs.execution import connections
+from scheduler_project.citus import citus_installed, citus_installed_async
 
 T = TypeVar("T")
 
@@ -73,22 +79,70 @@ def group(items: Iterable[tuple[int, T]]) -> dict[int, list[T]]:
     return dict(sorted(groups.items()))
 
 
+def one_statement_per_partition(*, citus: bool) -> bool:
+    """The policy: whether a batch's statement is sent once per partition (Citus) or
+    once for the batch (plain PostgreSQL). See the module docstring for why."""
+    return citus
+
+
+async def split(conn) -> bool:
+    """The policy for the database of the executor's async `conn`."""
+    return one_statement_per_partition(citus=await citus_installed_async(conn))
+
+
+def split_sync(cursor) -> bool:
+    """The policy for the database of `cursor` (the scheduler's, on Django's connection)."""
+    return one_statement_per_partition(citus=citus_installed(cursor))
+
+
 async def run(
     conn, forms: Forms, groups: dict[int, list[T]], params: Callable[[list[T]], dict]
 ) -> list[tuple]:
     """Run a statement over the grouped items, returning the rows of every statement sent.
 
     `params(items)` gives a statement's parameters for some of the items; the partition
-    parameter is added here. Per-partition mode: one statement per partition, pipelined
-    (one round trip for all of them). Otherwise one statement for all the items.
+    parameter is added here. One statement per partition, pipelined, or one for all the
+    items: the policy (`split`).
     """
     if not groups:
         return []
-    if not await connections.one_partition_per_statement(conn):
+    if not await split(conn):
         items = [item for batch in groups.values() for item in batch]
         cursor = await conn.execute(forms.many, params(items))
         return await cursor.fetchall()
-    return await _each(conn, forms.one, [{**params(batch), "partition": p} for p, batch in groups.items()])
+    return await _each(conn, forms.one, _per_partition(groups, params))
+
+
+def run_sync(
+    cursor, forms: Forms, groups: dict[int, list[T]], params: Callable[[list[T]], dict]
+) -> list[tuple]:
+    """`run` on a sync psycopg cursor, inside the caller's transaction.
+
+    The statements of the per-partition form go in one pipeline (executemany with
+    returning): on Citus a dispatch batch spans ~100 partitions, and a round trip each
+    (with a scheduler process that must be woken between them on a busy host) cost more
+    than the statements.
+    """
+    if not groups:
+        return []
+    if not split_sync(cursor):
+        items = [item for batch in groups.values() for item in batch]
+        cursor.execute(forms.many, params(items))
+        return cursor.fetchall()
+    each = _per_partition(groups, params)
+    if len(each) == 1:
+        cursor.execute(forms.one, each[0])  # see _each: no pipeline for one statement
+        return cursor.fetchall()
+    cursor.executemany(forms.one, each, returning=True)
+    rows: list[tuple] = []
+    while True:
+        rows += cursor.fetchall()
+        if not cursor.nextset():
+            return rows
+
+
+def _per_partition(groups: dict[int, list[T]], params: Callable[[list[T]], dict]) -> list[dict]:
+    return [{**params(batch), "partition": p} for p, batch in groups.items()]
 
 
 async def _each(conn, sql: str, params: Sequence[dict]) -> list[tuple]:

@@ -10,12 +10,11 @@ import json
 from collections.abc import Sequence
 from dataclasses import fields
 
-import psycopg
 from django.db import connection
-from psycopg.types.json import JsonbLoader
 
 from runs.execution.connections import NOTIFY_CHANNEL
 from runs.rows import InsertedRun, NewRun
+from scheduler_project.db import raw_cursor
 
 _INSERT_SQL = """
 WITH incoming AS (
@@ -62,21 +61,6 @@ FROM decided
 ON CONFLICT DO NOTHING
 RETURNING job_id, scheduled_at, status
 """
-
-
-def raw_cursor(db) -> psycopg.Cursor:
-    """A server-side-binding cursor on Django's connection (same session, same transaction).
-
-    Django's cursors bind parameters client-side: each batch's arrays were quoted into
-    SQL text, a tenth of the scheduler's time at 100k due jobs, and no statement could
-    be prepared. Use inside `connection.wrap_database_errors`, so failures are still
-    Django's DatabaseError (the scheduler's step() halves the batch on those).
-    """
-    db.ensure_connection()
-    cursor = psycopg.Cursor(db.connection)
-    # Django loads jsonb as text for its JSONField to decode; planning wants the values.
-    cursor.adapters.register_loader("jsonb", JsonbLoader)
-    return cursor
 
 
 _NEW_RUN_FIELDS = tuple(f.name for f in fields(NewRun))

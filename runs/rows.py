@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
+from runs import attempts
+
 # An attempt of a run: (job_id, scheduled_at, attempt), what every fenced write names.
 RunKey = tuple[UUID, datetime, int]
 
@@ -72,7 +74,7 @@ class ClaimedRun:
     @property
     def attempts_used(self) -> int:
         """Attempts this run has used, this one included (`attempt` is the fence, not this)."""
-        return self.attempt - self.deferrals
+        return attempts.used(attempt=self.attempt, deferrals=self.deferrals)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
 from jobs.models import Job, SchedulerNode, Tenant
-from runs.attempts import LEASE_EXPIRED
+from runs.attempts import LEASE_EXPIRED, used_up
 from runs.keys import format_utc
 from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
 from scheduler_project import liveness
@@ -72,7 +72,9 @@ def replayed_after(run: JobRun) -> int | None:
 
     Right after the replay (queued) that is its attempt count; once it ran again, it is
     the attempt that ended it (dead or cancelled) before the replay. Read from the
-    attempts history, so no column is needed for it.
+    attempts history, so no column is needed for it. An entry keeps its attempt number,
+    not the attempts used (the history keeps no deferral count); the number stands in
+    for them and is never below them, so no expiry that used the attempts up is missed.
     """
     if run.trigger != "replay":
         return None
@@ -86,7 +88,10 @@ def replayed_after(run: JobRun) -> int | None:
         and entry["attempt"] < run.attempt
         and (
             entry.get("outcome") in ("dead", "cancelled")
-            or (entry.get("outcome") in LEASE_EXPIRED_OUTCOMES and entry["attempt"] >= run.max_attempts)
+            or (
+                entry.get("outcome") in LEASE_EXPIRED_OUTCOMES
+                and used_up(used=entry["attempt"], max_attempts=run.max_attempts)
+            )
         )
     ]
     return max(final) if final else max(run.attempt - 1, 0)

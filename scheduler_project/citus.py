@@ -1,4 +1,6 @@
-"""Citus plumbing shared by the test database backend and scripts/citus_cluster.py.
+"""Citus plumbing: the one "is this database Citus?" test (`citus_installed`, in a sync
+and an async form), and the set-up shared by the test database backend and
+scripts/citus_cluster.py.
 
 Citus does not propagate CREATE DATABASE: a database exists on the coordinator and on
 every worker separately, each with the `citus` extension, and only the coordinator's
@@ -7,6 +9,8 @@ all of that for one database name; it is the only place that does.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import psycopg
 from psycopg import sql
@@ -102,13 +106,30 @@ def drop_database(*, nodes: list[str], db: str, user: str = SUPERUSER) -> None:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(db)))
 
 
-# Whether the current database has the citus extension: the one test, asked by the
-# scheduler (citus_installed) and by the executor's async connections
-# (runs/execution/connections.is_citus). The migrations carry their own copy: they are history.
+# Whether the current database has the citus extension: the one test, asked by both
+# processes (the scheduler on Django's connection, the executor on its async ones) and
+# by the tests. The migrations carry their own copy: they are history.
 INSTALLED_SQL = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
+
+# The answer per psycopg connection (sync or async), asked once: the extension is
+# created when the database is made (prepare_database), before any process connects,
+# and a dispatch batch or a claim must not pay a round trip to ask again. A new
+# connection (a reconnect) asks afresh; a closed one drops out with its connection.
+_ANSWERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def citus_installed(cursor) -> bool:
-    """True when the current database has the citus extension."""
-    cursor.execute(INSTALLED_SQL)
-    return bool(cursor.fetchone()[0])
+    """True when the database of `cursor` (psycopg's or Django's) has the citus extension."""
+    conn = cursor.connection
+    if conn not in _ANSWERS:
+        cursor.execute(INSTALLED_SQL)
+        _ANSWERS[conn] = bool(cursor.fetchone()[0])
+    return _ANSWERS[conn]
+
+
+async def citus_installed_async(conn) -> bool:
+    """citus_installed for a psycopg AsyncConnection (the executor's)."""
+    if conn not in _ANSWERS:
+        cursor = await conn.execute(INSTALLED_SQL)
+        _ANSWERS[conn] = bool((await cursor.fetchone())[0])
+    return _ANSWERS[conn]

@@ -68,6 +68,16 @@ def processes(child_env, tmp_path):
 
 
 @pytest.fixture
+def per_partition_forms(monkeypatch):
+    """The Citus statement forms (one statement per partition) on this plain PostgreSQL,
+    in this process: the per-partition policy answers yes whatever the engine, for the
+    executor's and the scheduler's statements alike (runs/per_partition.py)."""
+    from runs import per_partition
+
+    monkeypatch.setattr(per_partition, "one_statement_per_partition", lambda *, citus: True)
+
+
+@pytest.fixture
 def http_target():
     from tests.support.http_target import HttpTarget
 

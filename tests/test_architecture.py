@@ -9,6 +9,8 @@ the same commit.
 from __future__ import annotations
 
 import ast
+import copy
+import re
 import warnings
 from pathlib import Path
 
@@ -353,6 +355,48 @@ def test_small_helpers_have_one_home():
         "node health": set(),
         "both spellings": {"scheduler_project.urls", "scheduler_project.urlpaths"},
         "preview check": {"jobs.describe"},
+    }
+
+
+def _code(tree: ast.Module) -> str:
+    """What a module runs, as text: its code and string literals (SQL included), without
+    comments or docstrings, so that prose naming a rule is not taken for a copy of it."""
+    tree = copy.deepcopy(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant):
+                node.body = node.body[1:] or [ast.Pass()]
+    return ast.unparse(tree)
+
+
+def test_engine_and_attempt_rules_have_one_home():
+    """Rules both processes apply live in one module each, in Python and in SQL alike:
+    whether the database is Citus (its SQL, and every function answering it);
+    one statement per partition or one for the batch (a literal one-partition filter, or
+    statements sent in a batch with executemany); attempts used (`attempt - deferrals`)
+    and used up (`>= max_attempts`). And no switch only tests use overrides one of them:
+    the tests patch the policy itself (tests/conftest.py, per_partition_forms)."""
+    code = {name: _code(tree) for name, tree in MODULES.items()}
+    functions = [*_defs(ast.FunctionDef, None), *_defs(ast.AsyncFunctionDef, None)]
+    homes = {
+        "citus test": {m for m, text in code.items() if "pg_extension" in text or "INSTALLED_SQL" in text}
+        | {m for m, f in functions if "citus" in f.name.lower()},
+        "per-partition form": {
+            m
+            for m, text in code.items()
+            if re.search(r"partition_id\s*=\s*%", text) or _calls(MODULES[m], "executemany")
+        },
+        "attempts used": {m for m, text in code.items() if re.search(r"\battempt\s*-\s*\S*deferrals", text)},
+        "attempts used up": {m for m, text in code.items() if re.search(r">=\s*\S*max_attempts", text)},
+        "test-only switch": {m for m, f in functions if f.name.startswith("force_")},
+    }
+    assert homes == {
+        "citus test": {"scheduler_project.citus"},
+        "per-partition form": {"runs.per_partition"},
+        "attempts used": {"runs.attempts"},
+        "attempts used up": {"runs.attempts"},
+        "test-only switch": set(),
     }
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from jobs.tenant_services import create_tenant
-from runs.execution import claims, connections, fair_share
+from runs.execution import claims, fair_share
 from runs.models import JobRun
 from tests.support.executor import on_executor_connection, queue_runs, task_target
 
@@ -31,13 +31,11 @@ def plan_reads(monkeypatch) -> list[int]:
     return reads
 
 
-def claim(planner: fair_share.Planner, *, limit: int, one_per_statement: bool | None = None) -> list:
+def claim(planner: fair_share.Planner, *, limit: int) -> list:
     """Claim with `planner`, then finish what was claimed (as a quick call would), so the
     tenants' running counts are back where the plan found them."""
 
     async def go(conn):
-        if one_per_statement is not None:
-            connections.force_one_partition_per_statement(conn, one_per_statement)
         return await claims.claim_runs(conn, owner="me:1", limit=limit, planner=planner)
 
     claimed = on_executor_connection(go)
@@ -131,9 +129,9 @@ def test_runs_announced_while_a_plan_is_read_make_the_next_claim_read_again(plan
     assert plan_reads == [10, 10]
 
 
-def test_one_partition_per_statement_reads_a_plan_for_every_claim(plan_reads):
+def test_one_partition_per_statement_reads_a_plan_for_every_claim(plan_reads, per_partition_forms):
     backlog(30)
     planner = fair_share.Planner()
     for _ in range(3):
-        assert len(claim(planner, limit=10, one_per_statement=True)) == 10
+        assert len(claim(planner, limit=10)) == 10
     assert plan_reads == [10, 10, 10]

@@ -24,9 +24,10 @@ import pytest
 from jobs.models import Job
 from jobs.services import create_job, partition_for
 from jobs.tenant_services import create_tenant
-from runs import rows
+from runs import per_partition, rows
 from runs.execution import breaker_rules, breakers, claims, connections, outcomes, run_leases
 from runs.models import JobRun
+from scheduler_project.citus import citus_installed_async
 from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, set_running, task_target
 
@@ -114,8 +115,8 @@ def completion(run: rows.ClaimedRun, status: str) -> rows.Completion:
     )
 
 
-def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
-    """The per-partition (Citus) form, forced on this plain PostgreSQL connection."""
+def test_every_write_and_row_lock_of_the_executor_addresses_one_partition(per_partition_forms):
+    """The per-partition (Citus) form, on this plain PostgreSQL."""
     tenant, _ = create_tenant(slug="parts", max_concurrency=100)
     jobs = spread_jobs(tenant, 6)
     for job in jobs:
@@ -136,7 +137,6 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition():
 
     async def scenario() -> None:
         conn = await recording_connection()
-        connections.force_one_partition_per_statement(conn)
         conn.statements = sent
         try:
             await conn.execute(
@@ -209,7 +209,7 @@ def test_plain_postgresql_claims_and_writes_a_batch_in_one_statement_each():
         conn = await recording_connection()
         conn.statements = sent
         try:
-            assert not await connections.one_partition_per_statement(conn)
+            assert not await per_partition.split(conn)
             claimed = await claims.claim_runs(conn, owner="me:1", limit=32)
             keys = [(r.partition_id, (r.job_id, r.scheduled_at, r.attempt)) for r in claimed]
             held = await run_leases.heartbeat_runs(conn, keys)
@@ -233,9 +233,11 @@ def test_plain_postgresql_claims_and_writes_a_batch_in_one_statement_each():
 
 
 @pytest.mark.parametrize("one_per_statement", [False, True], ids=["plain", "per-partition"])
-def test_fair_share_reaches_across_partitions(one_per_statement):
+def test_fair_share_reaches_across_partitions(one_per_statement, request):
     """A tenant with nothing running is served first even though a busy tenant's backlog
     fills every other partition; the cap counts runs in every partition."""
+    if one_per_statement:
+        request.getfixturevalue("per_partition_forms")
     busy, _ = create_tenant(slug="busy", max_concurrency=12)
     quiet, _ = create_tenant(slug="quiet", max_concurrency=10)
     backlog = queue_runs(busy, task_target("noop"), count=40)
@@ -247,7 +249,6 @@ def test_fair_share_reaches_across_partitions(one_per_statement):
 
     async def claim():
         conn = await connections.connect_async(database_url())
-        connections.force_one_partition_per_statement(conn, one_per_statement)
         try:
             return await claims.claim_runs(conn, owner="me:1", limit=4)
         finally:
@@ -265,7 +266,7 @@ def test_plan_cache_mode_follows_the_database():
         conn = await connections.connect_async(database_url())
         try:
             cursor = await conn.execute("SHOW plan_cache_mode")
-            return await connections.is_citus(conn), (await cursor.fetchone())[0]
+            return await citus_installed_async(conn), (await cursor.fetchone())[0]
         finally:
             await conn.close()
 
@@ -318,7 +319,7 @@ def test_plain_postgresql_claims_in_two_round_trips(tmp_path):
     async def scenario() -> list[rows.ClaimedRun]:
         conn = await connections.connect_async(database_url())
         try:
-            assert not await connections.one_partition_per_statement(conn)
+            assert not await per_partition.split(conn)
             # The first claim prepares the statements (a Parse and a wait each, once per
             # connection and re-plan): the executor's steady state is the second.
             assert len(await claims.claim_runs(conn, owner="me:1", limit=2)) == 2

@@ -203,7 +203,7 @@ def test_the_ledger_and_run_detail_say_the_run_was_deferred(tenant, api, make_sc
 @pytest.mark.django_db(transaction=True)
 def test_limits_ride_on_the_due_jobs_read(settings):
     from jobs.dispatch import queries
-    from runs.queue import raw_cursor
+    from scheduler_project.db import raw_cursor
 
     limited, _ = tenant_services.create_tenant(slug="ride", max_runs_per_minute=7)
     free, _ = tenant_services.create_tenant(slug="free")

@@ -13,7 +13,8 @@ from jobs.dispatch import partition_leases, queries
 from jobs.dispatch.planning import run_for
 from jobs.models import Job, SchedulerNode
 from runs.models import JobRun
-from runs.queue import enqueue_runs, raw_cursor
+from runs.queue import enqueue_runs
+from scheduler_project.db import raw_cursor
 from tests.conftest import database_url
 from tests.support.scheduler import in_process_schedulers, locks_by_pid, make_job
 
@@ -230,9 +231,12 @@ def test_stale_heartbeat_stops_dispatch(tenant, make_scheduler):
     assert runs_of(job) == []
 
 
-@pytest.mark.parametrize("citus", [False, True], ids=["one-statement", "per-partition"])
-def test_cas_refuses_stale_and_backward_writes(tenant, citus):
-    # Both forms of the statement (one for the batch, or one per partition as on Citus).
+@pytest.mark.parametrize("per_partition", [False, True], ids=["engine's-form", "per-partition"])
+def test_cas_refuses_stale_and_backward_writes(tenant, per_partition, request):
+    # Both forms of the statement (the engine's: one for the batch on plain PostgreSQL;
+    # one per partition, as on Citus).
+    if per_partition:
+        request.getfixturevalue("per_partition_forms")
     job = make_job(tenant, next_run_at=T)
     other = make_job(tenant, next_run_at=T)
     p = job.partition_id
@@ -240,7 +244,7 @@ def test_cas_refuses_stale_and_backward_writes(tenant, citus):
         cursor = raw_cursor(connection)
 
         def cas(*rows):
-            return queries.advance_next_run(cursor, list(rows), citus=citus)
+            return queries.advance_next_run(cursor, list(rows))
 
         assert cas((p, job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))) == set()
         assert cas((p, job.id, T - timedelta(minutes=1), T)) == set()
@@ -252,6 +256,44 @@ def test_cas_refuses_stale_and_backward_writes(tenant, citus):
         ) == {job.id, other.id}
     job.refresh_from_db()
     assert job.next_run_at == T + timedelta(minutes=1)
+
+
+@pytest.mark.parametrize("per_partition", [False, True], ids=["plain", "per-partition"])
+def test_dispatch_follows_the_per_partition_policy_of_the_executor(
+    tenant, make_scheduler, monkeypatch, per_partition, request
+):
+    """The lock and the compare-and-set of a batch go by the one per-partition policy
+    (runs/per_partition.py), as the executor's writes do: on plain PostgreSQL one
+    statement each for the batch, naming no list of partitions (each row names its
+    own); under the Citus policy one per partition of the batch, each naming its one."""
+    if per_partition:
+        request.getfixturevalue("per_partition_forms")
+    jobs: list[Job] = []
+    while len({j.partition_id for j in jobs}) < 3:
+        jobs.append(make_job(tenant, interval_seconds=60, next_run_at=T - timedelta(seconds=5)))
+    sent: list[tuple[str, object]] = []
+    execute, executemany = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def recording_execute(self, query, params=None, **kwargs):
+        sent.append((str(query), params))
+        return execute(self, query, params, **kwargs)
+
+    def recording_executemany(self, query, params_seq, **kwargs):
+        params_seq = list(params_seq)
+        sent.extend((str(query), params) for params in params_seq)
+        return executemany(self, query, params_seq, **kwargs)
+
+    monkeypatch.setattr(psycopg.Cursor, "execute", recording_execute)
+    monkeypatch.setattr(psycopg.Cursor, "executemany", recording_executemany)
+    make_scheduler(node_id="n1").step()
+
+    partitions = sorted({j.partition_id for j in jobs})
+    for marker in ("FOR UPDATE OF j", "UPDATE jobs AS j SET next_run_at"):
+        statements = [(sql, params) for sql, params in sent if marker in sql]
+        assert all("ANY(" not in sql for sql, _ in statements), marker
+        named = [params.get("partition") for _, params in statements]
+        assert named == (partitions if per_partition else [None]), marker
+    assert sorted(JobRun.objects.values_list("job_id", flat=True)) == sorted(j.id for j in jobs)
 
 
 def test_two_nodes_split_partitions_disjointly(make_scheduler):

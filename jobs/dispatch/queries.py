@@ -48,6 +48,7 @@ from uuid import UUID
 
 from jobs.dispatch.partition_leases import HELD_SQL, NAMESPACE
 from jobs.dispatch.planning import DUE_JOB_COLUMNS, DueJob
+from runs import per_partition
 
 
 def fence(
@@ -121,64 +122,53 @@ def next_due(cursor, *, owned: Sequence[int], now: datetime) -> datetime | None:
     return row[0] if row else None
 
 
-# Row-locking and writing statements name the partition. On plain PostgreSQL one
-# statement covers the batch (`partition_id = ANY(...)`, which the (partition_id, id)
-# primary key serves); on Citus, which runs FOR UPDATE and cheap writes only inside one
-# shard (docs/CONTRACT.md, "Beyond one server"), the same statement runs once per partition of the batch
-# with `partition_id = $n`. A sparse batch then costs a statement per partition: that
-# is the price of Citus, and single-server users do not pay it
-# (docs/decisions/0053-citus-dispatch.md).
-_ONE = "j.partition_id = %b::smallint"
-_MANY = "j.partition_id = ANY(%b::smallint[])"
+# Row-locking and writing statements name the partition as the executor's do
+# (runs/per_partition.py: one template, one policy per engine). Each planned row names
+# its own partition in the keyed join (`j.partition_id = v.partition_id AND j.id =
+# v.id`, the (partition_id, id) primary key). On plain PostgreSQL one statement covers
+# the batch; on Citus, which runs FOR UPDATE and cheap writes only inside one shard
+# (docs/CONTRACT.md, "Beyond one server"), the same statement runs once per partition of
+# the batch with `partition_id = %(partition)s`, pipelined. A sparse batch then costs a
+# statement per partition: that is the price of Citus, and single-server users do not
+# pay it (docs/decisions/0053-citus-dispatch.md).
+_ROWS = "unnest(%(partitions)b::smallint[], %(ids)b::uuid[], %(a)b::timestamptz[], %(b)b::timestamptz[])"
 
-_LOCK_SQL = """
+_LOCK_SQL = per_partition.Forms.of(f"""
 SELECT j.id FROM jobs AS j
-JOIN unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, next_run_at, updated_at)
-  ON j.id = v.id
-WHERE {partitions} AND j.next_run_at = v.next_run_at AND j.updated_at = v.updated_at AND NOT j.paused
+JOIN {_ROWS} AS v(partition_id, id, next_run_at, updated_at)
+  ON j.partition_id = v.partition_id AND j.id = v.id
+WHERE j.partition_id {{partition_filter}}
+  AND j.next_run_at = v.next_run_at AND j.updated_at = v.updated_at AND NOT j.paused
 FOR UPDATE OF j SKIP LOCKED
-"""
+""")
 
-_ADVANCE_SQL = """
+_ADVANCE_SQL = per_partition.Forms.of(f"""
 UPDATE jobs AS j SET next_run_at = v.new
-FROM unnest(%b::uuid[], %b::timestamptz[], %b::timestamptz[]) AS v(id, new, old)
-WHERE {partitions} AND j.id = v.id AND j.next_run_at = v.old AND (v.new IS NULL OR v.new > v.old)
+FROM {_ROWS} AS v(partition_id, id, new, old)
+WHERE j.partition_id {{partition_filter}} AND j.partition_id = v.partition_id AND j.id = v.id
+  AND j.next_run_at = v.old AND (v.new IS NULL OR v.new > v.old)
 RETURNING j.id
-"""
+""")
 
 # (partition_id, id, a, b) per job: the partition, the job and the two values compared.
 Row = tuple[int, UUID, "datetime | None", "datetime | None"]
 
 
-def _by_partition(cursor, template: str, rows: Sequence[Row], *, citus: bool) -> set[UUID]:
-    if not rows:
-        return set()
-    if not citus:
-        sql = template.format(partitions=_MANY)
-        groups: list[tuple[object, Sequence[Row]]] = [(sorted({r[0] for r in rows}), rows)]
-    else:
-        by: dict[int, list[Row]] = {}
-        for r in rows:
-            by.setdefault(r[0], []).append(r)
-        sql = template.format(partitions=_ONE)
-        groups = sorted(by.items())
-    # Positional: the unnest's three arrays come before the partition in the text.
-    params = [[[r[1] for r in g], [r[2] for r in g], [r[3] for r in g], p] for p, g in groups]
-    # executemany sends the statements in one pipeline: on Citus a batch spans ~100
-    # partitions, and a round trip each (with a scheduler process that must be woken
-    # between them on a busy host) cost more than the statements.
-    if len(params) == 1:
-        cursor.execute(sql, params[0])
-        return {row[0] for row in cursor.fetchall()}
-    cursor.executemany(sql, params, returning=True)
-    out: set[UUID] = set()
-    while True:
-        out |= {row[0] for row in cursor.fetchall()}
-        if not cursor.nextset():
-            return out
+def _params(rows: list[Row]) -> dict:
+    return {
+        "partitions": [r[0] for r in rows],
+        "ids": [r[1] for r in rows],
+        "a": [r[2] for r in rows],
+        "b": [r[3] for r in rows],
+    }
 
 
-def lock_unchanged(cursor, rows: Sequence[Row], *, citus: bool = False) -> set[UUID]:
+def _by_partition(cursor, forms: per_partition.Forms, rows: Sequence[Row]) -> set[UUID]:
+    grouped = per_partition.group((r[0], r) for r in rows)
+    return {row[0] for row in per_partition.run_sync(cursor, forms, grouped, _params)}
+
+
+def lock_unchanged(cursor, rows: Sequence[Row]) -> set[UUID]:
     """Lock the planned jobs that nobody changed since they were read:
     (partition_id, id, next_run_at, updated_at) -> ids locked.
 
@@ -188,10 +178,10 @@ def lock_unchanged(cursor, rows: Sequence[Row], *, citus: bool = False) -> set[U
     was edited or paused (updated_at moved), is left out: its plan is stale and the
     next batch plans it again. SKIP LOCKED leaves rows a stalled transaction holds.
     """
-    return _by_partition(cursor, _LOCK_SQL, rows, citus=citus)
+    return _by_partition(cursor, _LOCK_SQL, rows)
 
 
-def advance_next_run(cursor, rows: Sequence[Row], *, citus: bool = False) -> set[UUID]:
+def advance_next_run(cursor, rows: Sequence[Row]) -> set[UUID]:
     """Compare-and-set next_run_at for many jobs: (partition_id, id, new, old) -> ids advanced.
 
     A row is written only if next_run_at still equals the value the plan was made
@@ -200,6 +190,6 @@ def advance_next_run(cursor, rows: Sequence[Row], *, citus: bool = False) -> set
 
     lock_unchanged and this bind their arrays in binary (`%b`): text dumping of 500
     UUIDs and timestamps took 5.5 ms a statement in Python, binary 0.5 ms. They need
-    a server-side-binding cursor (runs.queue.raw_cursor), not Django's.
+    a server-side-binding cursor (scheduler_project.db.raw_cursor), not Django's.
     """
-    return _by_partition(cursor, _ADVANCE_SQL, rows, citus=citus)
+    return _by_partition(cursor, _ADVANCE_SQL, rows)

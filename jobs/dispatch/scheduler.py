@@ -38,9 +38,10 @@ from jobs.dispatch.planning import DueJob, Plan, plan_job
 from jobs.models import Misfire, SlotRange
 from runs import alerts, partitions
 from runs.execution import breakers
-from runs.queue import enqueue_runs, notify_executors, raw_cursor
+from runs.queue import enqueue_runs, notify_executors
 from scheduler_project import db, liveness
 from scheduler_project.citus import citus_installed
+from scheduler_project.db import raw_cursor
 from scheduler_project.loop import Loop
 
 log = logging.getLogger(__name__)
@@ -126,7 +127,6 @@ class Scheduler(Loop):
         self._unusable_logged_generation = -1
         # Jobs the next batch reads: halves after a failed batch, doubles back after a full one.
         self.batch_limit = self.batch_size
-        self._citus: bool | None = None
         # Set by a dispatch that found nothing due: when (monotonic) the next job is.
         self._next_due_mono: float | None = None
 
@@ -197,7 +197,9 @@ class Scheduler(Loop):
         started = time.monotonic()
         if not self.batch_size:
             # Here, not at start: the database may be down when the process starts.
-            self.batch_size = self.batch_limit = CITUS_BATCH_SIZE if self._on_citus() else BATCH_SIZE
+            with connection.cursor() as cursor:
+                citus = citus_installed(cursor)
+            self.batch_size = self.batch_limit = CITUS_BATCH_SIZE if citus else BATCH_SIZE
         now = self.clock() if self.clock else db.now()
         jobs = self._read_due(sorted(snap.owned), now)
         if not jobs:
@@ -219,13 +221,11 @@ class Scheduler(Loop):
             locked = queries.lock_unchanged(
                 cursor,
                 [(p.job.partition_id, p.job.id, p.job.next_run_at, p.job.updated_at) for p in in_lease],
-                citus=self._on_citus(),
             )
             plans_locked = [p for p in in_lease if p.job.id in locked]
             advanced = queries.advance_next_run(
                 cursor,
                 [(p.job.partition_id, p.job.id, p.new_next, p.job.next_run_at) for p in plans_locked],
-                citus=self._on_citus(),
             )
             plans_ok = [p for p in plans_locked if p.job.id in advanced]
             runs = [run for p in plans_ok for run in p.runs]
@@ -309,13 +309,6 @@ class Scheduler(Loop):
             return self.poll_seconds
         # A few milliseconds late rather than early: an early wake finds nothing due.
         return min(self.poll_seconds, max(0.0, due - time.monotonic()) + IDLE_MARGIN_SECONDS)
-
-    def _on_citus(self) -> bool:
-        """Whether the database is Citus (asked once): dispatch then writes per partition."""
-        if self._citus is None:
-            with connection.cursor() as cursor:
-                self._citus = citus_installed(cursor)
-        return self._citus
 
     def _read_due(self, owned: list[int], now: datetime) -> list[DueJob]:
         """Due jobs of `owned` (queries.read_due): a plain read, no lock, no transaction."""

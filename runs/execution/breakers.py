@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
-from runs import per_partition
+from runs import attempts, per_partition
 from runs.execution.breaker_rules import (
     BUDGET_WINDOW,
     UP,
@@ -91,9 +91,9 @@ WHERE t.tenant_id = x.tenant_id AND t.host = x.host
 # statement on Citus (runs/per_partition.py), and the database's time as a parameter:
 # Citus refuses now() inside a COALESCE in a distributed UPDATE (runs/execution/claims.py).
 _DEFER_SQL = per_partition.Forms.of(
-    """
+    f"""
 UPDATE job_runs r SET
-    status = CASE WHEN r.attempt - r.deferrals > 1 THEN 'retrying' ELSE 'queued' END,
+    status = CASE WHEN {attempts.sql_used("r")} > 1 THEN 'retrying' ELSE 'queued' END,
     deferrals = r.deferrals + 1,
     deferred_since = coalesce(r.deferred_since, %(now)s),
     not_before = x.until,
@@ -101,7 +101,7 @@ UPDATE job_runs r SET
     last_error = x.reason
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(partition_id smallint, job_id uuid, scheduled_at timestamptz,
                                                attempt integer, until timestamptz, reason text)
-WHERE r.partition_id {partition_filter} AND r.partition_id = x.partition_id
+WHERE r.partition_id {{partition_filter}} AND r.partition_id = x.partition_id
   AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
   AND r.attempt = x.attempt AND r.status = 'running'
 RETURNING r.job_id

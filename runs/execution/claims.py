@@ -26,7 +26,7 @@ import psycopg
 from psycopg import pq
 
 from runs import attempts, per_partition
-from runs.execution import connections, fair_share
+from runs.execution import fair_share
 from runs.rows import ClaimedRun
 
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
@@ -196,7 +196,7 @@ claimed AS (
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
               r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
               r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, r.deferrals, r.deferred_since,
-              CASE WHEN r.attempt - r.deferrals > 1 THEN r.attempts -> -1 ->> 'outcome' END
+              CASE WHEN {attempts_used} > 1 THEN r.attempts -> -1 ->> 'outcome' END
 ),
 older AS (
     -- cancel_previous: the older running run loses the run; its worker finds out at
@@ -225,6 +225,7 @@ SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
 _CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{_CANCELLED_BY_NEWER_ENTRY}", _CANCELLED_BY_NEWER_ENTRY)
 _CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{not_ahead}", fair_share.NOT_AHEAD)
 _CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{open_from}", fair_share.OPEN_FROM)
+_CLAIM_TEMPLATE = _CLAIM_TEMPLATE.replace("{attempts_used}", attempts.sql_used("r"))
 
 # The tenants' running runs in the claim's `slots`, as (tenant_id, n) rows named `run`:
 # - plain PostgreSQL, counted by the claim itself: its snapshot is taken when it starts,
@@ -305,7 +306,7 @@ async def _claim_planned(
         "aged": plan.aged,
         "open_from": fair_share.bound(open_from),
     }
-    if not await connections.one_partition_per_statement(conn):
+    if not await per_partition.split(conn):
         return await _claim_batch(conn, params, tenant_ids)
     # Citus: the locks and the tenants' running counts (a read of every shard) once for
     # the batch, then a claim statement per partition in the same transaction, each

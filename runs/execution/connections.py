@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from dataclasses import dataclass, field
 
-from scheduler_project.citus import INSTALLED_SQL
+from scheduler_project.citus import citus_installed_async
 
 # The channel the dispatcher NOTIFYs (runs/queue.notify_executors) and executors LISTEN on.
 NOTIFY_CHANNEL = "cronyard_runs"
@@ -23,37 +22,6 @@ def database_conninfo() -> str:
     from scheduler_project.db import conninfo
 
     return conninfo(settings.DATABASES["default"], application_name="cronyard-executor")
-
-
-# Whether a connection's database has the citus extension, per connection object.
-_CITUS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-async def is_citus(conn) -> bool:
-    """Whether the database has the citus extension (asked once per connection)."""
-    if conn not in _CITUS:
-        cursor = await conn.execute(INSTALLED_SQL)
-        _CITUS[conn] = bool((await cursor.fetchone())[0])
-    return _CITUS[conn]
-
-
-# Connections told to address one partition per statement whatever their database.
-_FORCED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def force_one_partition_per_statement(conn, value: bool = True) -> None:
-    """Make `conn` use the per-partition (Citus) statements, or the batch ones if False,
-    whatever its database: the per-partition form is then exercised on plain PostgreSQL."""
-    _FORCED[conn] = value
-
-
-async def one_partition_per_statement(conn) -> bool:
-    """Whether the executor's statements on `conn` address one partition each (Citus:
-    `FOR UPDATE` and cheap writes exist only inside one shard) rather than a batch's
-    partitions at once (plain PostgreSQL). runs/per_partition.py."""
-    if conn in _FORCED:
-        return _FORCED[conn]
-    return await is_citus(conn)
 
 
 def plan_cache_mode(*, citus: bool) -> str:
@@ -96,11 +64,12 @@ async def connect_async(conninfo: str | None = None):
     # seconds belongs to a stalled process (SIGSTOP, a frozen VM). On Citus a claim holds
     # its tenant locks across round trips; the server ends such a session, freeing the
     # tenant's other claimers (the scheduler arms the same for its dispatch transaction).
+    mode = plan_cache_mode(citus=await citus_installed_async(conn))
     await conn.execute(
         "SELECT set_config('plan_cache_mode', %s, false),"
         " set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false),"
         " set_config('jit', 'off', false), set_config('idle_in_transaction_session_timeout', %s, false)",
-        [plan_cache_mode(citus=await is_citus(conn)), str(int(IDLE_IN_TRANSACTION_SECONDS * 1000))],
+        [mode, str(int(IDLE_IN_TRANSACTION_SECONDS * 1000))],
     )
     return conn
 

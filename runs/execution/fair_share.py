@@ -11,7 +11,7 @@ at the head of the list while a busy tenant's backlog waits: the partition of th
 run fair share would pick next is claimed next, wherever it lives.
 
 Reads may span partitions (docs/CONTRACT.md, "Beyond one server": a row lock must not). Two forms of the
-same read, chosen per connection (runs/execution/connections.is_citus):
+same read, chosen per connection by the per-partition policy (runs/per_partition.split):
 - plain PostgreSQL: per open tenant, two index-ordered probes (best priority, longest
   waiting), as cheap as the claim's own;
 - Citus: a LIMIT inside a LATERAL subquery that correlates on a non-distribution
@@ -30,8 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from runs import partitions
-from runs.execution import connections
+from runs import partitions, per_partition
 
 _OPEN_TENANTS = """
 open_tenants AS (
@@ -212,9 +211,9 @@ def _places(tenant: Pick, *, limit: int) -> Iterator[float]:
 
 
 async def plan(conn, *, limit: int, aging_seconds: float, open_from: datetime | None = None) -> ClaimPlan:
-    # The Citus form wherever the claims go per partition (runs/execution/connections), so that
-    # plain PostgreSQL runs it too when told to (the tests of the per-partition forms).
-    sql = _CITUS_SQL if await connections.one_partition_per_statement(conn) else _PLAIN_SQL
+    # The Citus form wherever the claims go per partition (runs/per_partition.split), so
+    # that the tests of the per-partition forms run it on plain PostgreSQL too.
+    sql = _CITUS_SQL if await per_partition.split(conn) else _PLAIN_SQL
     params = {"limit": limit, "aging": aging_seconds, "probe": PROBE, "open_from": bound(open_from)}
     cursor = await conn.execute(sql, params)
     return rank([Pick(*row) for row in await cursor.fetchall()], limit=limit)
@@ -261,7 +260,7 @@ class Planner:
             and limit <= self._limit
             and time.monotonic() - self._read_at < PLAN_REUSE_SECONDS
         )
-        if fresh and not await connections.one_partition_per_statement(conn):
+        if fresh and not await per_partition.split(conn):
             return self._plan
         self._read_at = time.monotonic()
         try:
@@ -330,7 +329,7 @@ class OpenFrom:
             # next claim read again.
             self._read_at = now
             try:
-                if await connections.one_partition_per_statement(conn):
+                if await per_partition.split(conn):
                     self.value = None
                 else:
                     cursor = await conn.execute(_OPEN_FROM_SQL)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from runs import rows
-from runs.attempts import HANDED_BACK, RETRIED, AttemptRecord
+from runs.attempts import HANDED_BACK, RETRIED, AttemptRecord, used_up
 from runs.execution import breaker_rules, retry
 from runs.keys import run_key
 from runs.rows import RunKey
@@ -127,7 +127,7 @@ def hand_back_completion(entry: InFlight, *, owner: str) -> rows.Completion:
     """An unfinished attempt consumed its number (it is the fence): with none left
     the run is dead like any other that ran out of attempts, not queued again."""
     run = entry.run
-    if run.attempts_used >= run.max_attempts:
+    if used_up(used=run.attempts_used, max_attempts=run.max_attempts):
         result = retry.CallResult(
             retry.RETRY,
             error=(

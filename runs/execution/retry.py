@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
-from runs.attempts import RETRIED
+from runs.attempts import RETRIED, used_up
 
 SUCCESS = "success"
 RETRY = "retry"
@@ -94,7 +94,7 @@ def decide(
 ) -> Decision:
     if result.kind == SUCCESS:
         return Decision("succeeded", "succeeded", None)
-    if result.kind == PERMANENT or attempt >= max_attempts:
+    if result.kind == PERMANENT or used_up(used=attempt, max_attempts=max_attempts):
         return Decision("dead", "dead", None)
     return Decision("retrying", RETRIED, retry_delay(attempt, base, cap, result.retry_after, rng))
 

@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from runs import attempts, per_partition
-from runs.execution import connections
 from runs.rows import ReapedRun, RunKey
 
 # --- heartbeats ---------------------------------------------------------------------------
@@ -87,7 +86,7 @@ SELECT DISTINCT partition_id, now() FROM job_runs WHERE status = 'running' AND l
 # runs/execution/claims.py module docstring: Citus refuses functions of columns in UPDATE ... SET).
 _REAP_SQL = per_partition.Forms.of(f"""
 WITH expired AS (
-    SELECT r.partition_id, r.job_id, r.scheduled_at, r.attempt - r.deferrals >= r.max_attempts AS dead,
+    SELECT r.partition_id, r.job_id, r.scheduled_at, {attempts.sql_used_up("r")} AS dead,
            jsonb_build_array({_REAPED_ENTRY}) AS entry,
            'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating' AS error
     FROM job_runs r
@@ -125,7 +124,7 @@ async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     if not expired:
         return []
     now = expired[0][1]
-    if not await connections.one_partition_per_statement(conn):
+    if not await per_partition.split(conn):
         cursor = await conn.execute(_REAP_SQL.many, {"now": now, "limit": limit})
         return [ReapedRun(*row) for row in await cursor.fetchall()]
     reaped: list[ReapedRun] = []

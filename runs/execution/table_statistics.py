@@ -46,8 +46,8 @@ import logging
 import psycopg
 from psycopg import sql
 
-from runs.execution.connections import is_citus
 from runs.partitions import DEFAULT, PARENT
+from scheduler_project.citus import citus_installed_async
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def understated(*, rows_when_analyzed: float, pages_when_analyzed: int, rows_now
 async def analyze_if_called_empty(conn) -> tuple[str, ...]:
     """Before a claim: ANALYZE the day partitions whose statistics call them (nearly)
     empty while they hold a row a page. One catalog read when there is none."""
-    if await is_citus(conn):
+    if await citus_installed_async(conn):
         return ()
     cursor = await conn.execute(_UNDERSTATED_SQL)
     analyzed = []
@@ -132,7 +132,7 @@ async def keep_statistics(conn, *, min_rows: int = ANALYZE_MIN_ROWS) -> tuple[st
     """Once a second (autocommit `conn`): ANALYZE the watched tables that are "called
     empty" by their statistics or outgrew them, by the statistics views' live row counts.
     Returns the tables analyzed."""
-    if await is_citus(conn):
+    if await citus_installed_async(conn):
         return ()
     cursor = await conn.execute(_WATCHED_SQL)
     analyzed = []
