@@ -12,7 +12,7 @@ import pytest
 from runs.execution import breaker_rules as rules
 from runs.execution import breakers
 from runs.execution.breaker_rules import Candidate, HostState, Policy, apply_outcomes, decide_admission
-from runs.models import JobRun, TargetHost
+from runs.models import ExecutorNode, JobRun, TargetHost
 from tests.support.executor import http_spec, queue_runs, row, wait_for
 from tests.support.http_target import Reply
 
@@ -175,15 +175,24 @@ def _behind_an_outage(http_target, *, slug: str, count: int):
     return tenant, recovered_at, keys
 
 
+def _executors_ready(count: int) -> None:
+    """Wait until `count` executors have registered: on a loaded machine a process can take
+    longer to start than the outage lasts, and an outage nobody saw tests nothing."""
+    wait_for(
+        lambda: ExecutorNode.objects.count() >= count, timeout=90, what=f"{count} executor(s) registered"
+    )
+
+
 def _ended(keys) -> int:
     return JobRun.objects.filter(job_id__in=[k[0] for k in keys], status__in=["succeeded", "dead"]).count()
 
 
 @pytest.mark.processes
 def test_an_outage_ends_in_success_without_hammering_the_host(processes, http_target):
-    tenant, recovered_at, keys = _behind_an_outage(http_target, slug="breakers", count=50)
     # The budget is not under test here: a high floor leaves the breaker alone.
     processes.start("run_executor", env={"EXECUTOR_RETRY_BUDGET_FLOOR": "100000"})
+    _executors_ready(1)
+    tenant, recovered_at, keys = _behind_an_outage(http_target, slug="breakers", count=50)
     wait_for(lambda: _ended(keys) == 50, timeout=150, what="all 50 runs to finish")
     runs = [row(k) for k in keys]
     assert sorted({r.status for r in runs}) == ["succeeded"], [(r.status, r.last_error) for r in runs]
@@ -202,9 +211,10 @@ def test_after_a_short_outage_the_backlog_drains_as_fast_as_the_host_answers(pro
     """Two executors, default breaker and budget: the runs deferred during a 20 s outage
     go out as the host answers once a probe succeeds, not at the budget's floor (10 a
     minute: 40 runs took minutes), and the host is still spared during the outage."""
+    processes.start("run_executor")
+    processes.start("run_executor")
+    _executors_ready(2)
     _, recovered_at, keys = _behind_an_outage(http_target, slug="recovery", count=40)
-    processes.start("run_executor")
-    processes.start("run_executor")
     wait_for(
         lambda: _ended(keys) == 40,
         timeout=recovered_at + 60 - time.time(),

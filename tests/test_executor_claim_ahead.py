@@ -13,7 +13,6 @@ from jobs.tenant_services import create_tenant
 from runs.models import JobRun
 from tests.support.executor import http_spec, queue_runs, row
 from tests.support.http_target import Reply
-from tests.test_executor_steps import steps  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -26,7 +25,7 @@ def _waiting(s) -> int:
     return sum(1 for e in s.executor.in_flight() if e.task is None)
 
 
-def test_short_calls_claim_ahead_of_the_slots_and_the_queue_feeds_them(steps, http_target):  # noqa: F811
+def test_short_calls_claim_ahead_of_the_slots_and_the_queue_feeds_them(steps, http_target):
     tenant, _ = create_tenant(slug="ahead", max_concurrency=100)
     http_target.script("/short", then=Reply(200, delay=0.05))
     queue_runs(tenant, http_spec(http_target.url("/short")), count=12)
@@ -51,7 +50,7 @@ def test_short_calls_claim_ahead_of_the_slots_and_the_queue_feeds_them(steps, ht
     assert len(http_target.received("/short")) == len(claimed) == s.executor.counters.claimed
 
 
-def test_shutdown_puts_back_queued_runs_without_using_their_attempt(steps, http_target):  # noqa: F811
+def test_shutdown_puts_back_queued_runs_without_using_their_attempt(steps, http_target):
     tenant, _ = create_tenant(slug="unsent", max_concurrency=100)
     http_target.script("/slow", then=Reply(200, delay=1))
     keys = queue_runs(tenant, http_spec(http_target.url("/slow")), count=6, max_attempts=1)

@@ -91,7 +91,8 @@ class WebServer:
         """Whether a worker answers the health endpoint (anything but a 5xx)."""
         try:
             return requests.get(f"{self.url}/api/v1/health", timeout=5).status_code < 500
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):
+            # Not listening yet, or a worker still booting on a loaded machine: ask again.
             return False
 
     def _workers(self) -> set[int]:
