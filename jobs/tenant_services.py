@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from jobs.models import ApiToken, Tenant
+from runs.execution import signing
 
 TOKEN_PREFIX = "cy_"
 
@@ -27,6 +28,8 @@ def create_tenant(
     weight: int = 1,
     max_runs_per_minute: int | None = None,
 ) -> tuple[Tenant, str]:
+    """The tenant, with its signing secret (`tenant.signing_secret`: the caller shows it
+    once), and its first API token."""
     check_rate_limit(max_runs_per_minute)
     tenant = Tenant.objects.create(
         slug=slug,
@@ -34,6 +37,7 @@ def create_tenant(
         max_concurrency=max_concurrency,
         weight=weight,
         max_runs_per_minute=max_runs_per_minute,
+        signing_secret=signing.new_secret(),
     )
     return tenant, _issue_token(tenant=tenant, label="created with tenant")
 
