@@ -1,7 +1,7 @@
 """Signed HTTP calls, checked the way a target checks them: with the Standard Webhooks
 specification's own library (the `standardwebhooks` package), never with our code. Real
 executor processes, a real HTTP target on 127.0.0.1, secrets as `create_tenant` prints
-them."""
+them, and the rotation through the API of the real web server."""
 
 from __future__ import annotations
 
@@ -11,12 +11,13 @@ from datetime import UTC, datetime, timedelta
 from io import StringIO
 
 import pytest
+import requests
 import time_machine
 from django.core.management import call_command
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from jobs.models import Tenant
-from runs.keys import run_key
+from runs.keys import parse_utc, run_key
 from runs.services import replay_run
 from tests.support.executor import http_spec, queue_runs, wait_status
 from tests.support.http_target import Received, Reply
@@ -135,3 +136,55 @@ def test_a_replayed_call_older_than_the_tolerance_is_rejected_by_the_library(pro
     _, again = http_target.received("/once")
     assert again.headers["webhook-id"] == f"{run_key(*key)}#2" != call.headers["webhook-id"]
     verify(secret, again)
+
+
+def test_a_rotation_signs_with_both_secrets_during_the_overlap_then_with_the_new_one(
+    processes, http_target, web_server
+):
+    tenant, old, token = created("rotating")
+    bystander, bystander_secret, _ = created("bystander")
+    rotate = web_server.url + "/api/v1/signing-secret/rotate"
+    asked = datetime.now(UTC)
+    answer = requests.post(rotate, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["Cache-Control"] == "no-store"
+    body = answer.json()
+    assert set(body) == {"secret", "previous_valid_until"}
+    new = body["secret"]
+    assert new.startswith("whsec_") and new != old
+    # SIGNING_SECRET_OVERLAP_SECONDS' default, on the database clock.
+    overlap_end = parse_utc(body["previous_valid_until"])
+    assert abs(overlap_end - (asked + timedelta(hours=24))) < timedelta(minutes=1)
+    assert requests.post(rotate, timeout=30).status_code == 401  # a tenant's token only
+    assert Tenant.objects.get(pk=bystander.pk).signing_secret == bystander_secret
+
+    http_target.script("/during", then=Reply(200))
+    (during,) = queue_runs(tenant, {**http_spec(http_target.url("/during")), "body": {"phase": "overlap"}})
+    (other,) = queue_runs(bystander, http_spec(http_target.url("/bystander")))
+    proc = processes.start("run_executor")
+    wait_status(during, "succeeded")
+    (call,) = http_target.received("/during")
+    assert len(signatures(call)) == 2
+    verify(old, call)  # targets that still hold the old secret keep verifying
+    verify(new, call)  # and those already switched verify too
+    wait_status(other, "succeeded")
+    (unrelated,) = http_target.received("/bystander")
+    assert len(signatures(unrelated)) == 1
+    verify(bystander_secret, unrelated)
+
+    # The overlap is over (its end moved to the past, as 24 h would): the next claim
+    # carries the new secret only, without the executor being told.
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    Tenant.objects.filter(pk=tenant.pk).update(previous_signing_secret_until=past)
+    (after,) = queue_runs(tenant, {**http_spec(http_target.url("/after")), "body": {"phase": "after"}})
+    wait_status(after, "succeeded")
+    (call,) = http_target.received("/after")
+    assert len(signatures(call)) == 1
+    verify(new, call)
+    assert refusal(old, call.body, call.headers) == "No matching signature found"
+
+    secrets = [old, new, bystander_secret]
+    assert_no_secret(processes.log_of(proc), secrets, "the executor log")
+    web_log = web_server.log_path.read_text(errors="replace")
+    assert "signing secret rotated: tenant=rotating" in web_log  # who rotated, when: logged
+    assert_no_secret(web_log, secrets, "the web server's log")
