@@ -47,11 +47,12 @@ def create_tenants(n: int = 1) -> list[int]:
     tenants go first: every tenant with a free slot costs the fair-share plan a probe,
     so twenty idle ones left by an earlier run would tax a one-tenant measurement."""
     from jobs.models import Tenant
+    from runs.execution.signing import new_secret
 
     remove_tenants()
     tenants = Tenant.objects.bulk_create(
         Tenant(slug=f"{SLUG_PREFIX}-{i}", name=f"{SLUG_PREFIX}-{i}", weight=(i - 1) % 3 + 1,
-               max_concurrency=1_000_000)
+               max_concurrency=1_000_000, signing_secret=new_secret())
         for i in range(1, n + 1)
     )  # fmt: skip
     return [t.id for t in tenants]

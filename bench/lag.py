@@ -70,13 +70,15 @@ def reset_jobs(*, n: int, target: dict, interval_seconds: int) -> None:
     from django.db import connection
 
     from jobs.models import Job, Tenant
+    from runs.execution.signing import new_secret
 
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE job_runs, job_misfires, job_slot_ranges, scheduler_nodes, executor_nodes, jobs"
         )
     tenant, _ = Tenant.objects.get_or_create(
-        slug="bench-lag", defaults={"name": "bench-lag", "max_concurrency": 1_000_000}
+        slug="bench-lag",
+        defaults={"name": "bench-lag", "max_concurrency": 1_000_000, "signing_secret": new_secret()},
     )
     later = datetime.now(UTC) + timedelta(days=1)
     jobs = make_jobs(

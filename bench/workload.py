@@ -70,13 +70,14 @@ def create_jobs(url: str, *, n: int, workload: str, later: datetime, seed: int =
     """Empty the dispatch tables and COPY `n` jobs of `workload` in, next_run_at = `later`."""
     from jobs.models import Job, Tenant
     from jobs.services import partition_for
+    from runs.execution.signing import new_secret
 
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE job_runs, job_misfires, job_slot_ranges, scheduler_nodes, jobs")
     tenant, _ = Tenant.objects.get_or_create(
-        slug="bench", defaults={"name": "bench", "max_concurrency": 1000}
+        slug="bench", defaults={"name": "bench", "max_concurrency": 1000, "signing_secret": new_secret()}
     )
     # Defaults as the model sets them (Python-side defaults: the columns have none).
     template = Job(tenant=tenant, target=TARGET, created_at=later, updated_at=later)

@@ -32,6 +32,14 @@ class Tenant(models.Model):
         "(the excess starts in later minutes). Empty: unlimited.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # The Standard Webhooks secret that signs the tenant's HTTP calls
+    # (runs/execution/signing.py); during a rotation's overlap the previous one signs
+    # too, until `previous_signing_secret_until`. Write-only: shown once, by the
+    # command, the console message or the API answer that created it
+    # (jobs/tenant_services.py); not editable, so no admin form or page carries it.
+    signing_secret = models.CharField(max_length=100, editable=False)
+    previous_signing_secret = models.CharField(max_length=100, blank=True, default="", editable=False)
+    previous_signing_secret_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "tenants"
@@ -39,6 +47,10 @@ class Tenant(models.Model):
         constraints = [
             # The claim divides by it.
             models.CheckConstraint(name="tenants_weight_positive", condition=models.Q(weight__gte=1)),
+            # Every call is signed: no tenant without a secret.
+            models.CheckConstraint(
+                name="tenants_signing_secret_set", condition=models.Q(signing_secret__startswith="whsec_")
+            ),
             models.CheckConstraint(
                 name="tenants_max_runs_per_minute_range",
                 condition=models.Q(max_runs_per_minute__gte=1, max_runs_per_minute__lte=MAX_RUNS_PER_MINUTE),

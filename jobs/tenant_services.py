@@ -1,17 +1,25 @@
-"""Writes to tenants and their API tokens, one transaction each, keyword-only (the job
-writes are jobs/services.py)."""
+"""Writes to tenants, their API tokens and their signing secrets, one transaction each,
+keyword-only (the job writes are jobs/services.py)."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import F
 
 from jobs.models import ApiToken, Tenant
+from runs.execution import signing
+from scheduler_project import db
 
 TOKEN_PREFIX = "cy_"
+
+log = logging.getLogger(__name__)
 
 
 def hash_token(token: str) -> str:
@@ -27,6 +35,8 @@ def create_tenant(
     weight: int = 1,
     max_runs_per_minute: int | None = None,
 ) -> tuple[Tenant, str]:
+    """The tenant, with its signing secret (`tenant.signing_secret`: the caller shows it
+    once), and its first API token."""
     check_rate_limit(max_runs_per_minute)
     tenant = Tenant.objects.create(
         slug=slug,
@@ -34,6 +44,7 @@ def create_tenant(
         max_concurrency=max_concurrency,
         weight=weight,
         max_runs_per_minute=max_runs_per_minute,
+        signing_secret=signing.new_secret(),
     )
     return tenant, _issue_token(tenant=tenant, label="created with tenant")
 
@@ -66,3 +77,25 @@ def _issue_token(*, tenant: Tenant, label: str) -> str:
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     ApiToken.objects.create(tenant=tenant, token_hash=hash_token(token), prefix=token[:10], label=label)
     return token
+
+
+@transaction.atomic
+def rotate_signing_secret(*, tenant: Tenant, actor: str) -> tuple[str, datetime]:
+    """A new signing secret for the tenant (the caller shows it once) and until when the
+    one it replaces keeps signing beside it: SIGNING_SECRET_OVERLAP_SECONDS on the
+    database clock, the clock the executors' claim compares it with.
+
+    One UPDATE, so two rotations at once serialise on the row: the second makes the
+    first one's secret the previous one. A rotation during an overlap ends that
+    overlap: only the two newest secrets sign.
+    """
+    secret = signing.new_secret()
+    # Whole seconds: the end is shown (API answer, console), and a second is nothing here.
+    until = db.now().replace(microsecond=0) + timedelta(seconds=settings.SIGNING_SECRET_OVERLAP_SECONDS)
+    Tenant.objects.filter(pk=tenant.pk).update(
+        previous_signing_secret=F("signing_secret"),
+        signing_secret=secret,
+        previous_signing_secret_until=until,
+    )
+    log.info("signing secret rotated: tenant=%s actor=%r previous valid until %s", tenant.slug, actor, until)
+    return secret, until

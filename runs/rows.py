@@ -8,6 +8,7 @@ reports `ReapedRun`s.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
@@ -65,6 +66,10 @@ class ClaimedRun:
     retry_backoff_cap_seconds: int
     lease_seconds: int
     started_at: datetime
+    # The tenant's signing secrets (runs/execution/signing.py): the current one, and the
+    # previous one while a rotation's overlap lasts. Out of the repr: a logged run must
+    # not carry them.
+    signing_secrets: Sequence[str] = field(repr=False)
     # Claims that put the run back unsent (runs/execution/breakers.py): they used no attempt.
     deferrals: int = 0
     deferred_since: datetime | None = None

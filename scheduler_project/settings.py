@@ -180,6 +180,9 @@ CRONYARD_PUBLIC_URL = env("CRONYARD_PUBLIC_URL", default="http://127.0.0.1:8000"
 # A job whose next slot is this late is "overdue": flagged in the API, /metrics, the
 # occurrence ledger, and alerted once per overdue slot.
 SCHEDULER_OVERDUE_ALERT_SECONDS = env.int("SCHEDULER_OVERDUE_ALERT_SECONDS", default=300)
+# After a rotation of a tenant's signing secret the previous one keeps signing (beside
+# the new one) this long, so its targets can switch over.
+SIGNING_SECRET_OVERLAP_SECONDS = env.int("SIGNING_SECRET_OVERLAP_SECONDS", default=86_400)
 # When set, /metrics requires `Authorization: Bearer <METRICS_TOKEN>`.
 METRICS_TOKEN = env("METRICS_TOKEN", default="")
 # Dotted paths of modules whose @register'ed tasks the executor loads at start.

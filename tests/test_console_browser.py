@@ -18,7 +18,7 @@ from playwright.sync_api import expect
 
 from jobs import services, tenant_services
 from jobs.dispatch import planning
-from jobs.models import AuditEntry, Job, SchedulerNode
+from jobs.models import AuditEntry, Job, SchedulerNode, Tenant
 from runs.keys import format_utc
 from runs.models import JobRun
 from runs.queue import enqueue_runs
@@ -712,3 +712,46 @@ def test_view_only_staff_see_the_target_without_its_secrets(page, web_server, ac
         assert value not in html, f"{name} shown to a view-only user"
     expect(page.locator(".field-target_redacted")).to_contain_text('"X-Team": "blue"')
     assert html.count("***") >= 4
+
+
+def test_a_tenants_signing_secret_is_shown_once_in_the_console(page, web_server, admin_user):
+    """Made with the tenant and rotated from the tenant list: each secret is in the message
+    of the page that made it and on no page after, for the admin and a view-only user."""
+    from django.contrib.auth.models import Permission, User
+
+    b.log_in(page, web_server.url, "admin", "password", next_path="/admin/jobs/tenant/add/")
+    page.fill("#id_slug", "initech")
+    page.fill("#id_name", "Initech")
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+    (made,) = [text for _, text in b.messages(page) if text.startswith("Signing secret for initech")]
+    first = made.rsplit(": ", 1)[1]
+    tenant = Tenant.objects.get(slug="initech")
+    assert first == tenant.signing_secret
+    b.screenshot(page, "tenant_signing_secret_made", full_page=False)
+
+    page.goto("/admin/jobs/tenant/")
+    assert first.removeprefix("whsec_") not in page.content()
+    shown = b.run_action(page, "rotate_signing_secret", "initech")
+    (rotated,) = [text for _, text in shown if text.startswith("Signing secret for initech")]
+    assert "the previous one signs too until" in rotated
+    second = rotated.rsplit(": ", 1)[1]
+    assert second == Tenant.objects.get(pk=tenant.pk).signing_secret != first
+    b.screenshot(page, "tenant_signing_secret_rotated", full_page=False)
+
+    page.goto(f"/admin/jobs/tenant/{tenant.pk}/change/")
+    expect(page.locator(".field-signing_overlap")).to_contain_text("the previous secret signs too until")
+    for secret in (first, second):
+        assert secret.removeprefix("whsec_") not in page.content()
+    b.screenshot(page, "tenant_signing_secret_page")
+
+    viewer = User.objects.create_user("viewer", password="viewer-pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_tenant"))
+    page.context.clear_cookies()
+    b.log_in(page, web_server.url, "viewer", "viewer-pw", next_path="/admin/jobs/tenant/")
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    expect(page.locator("select[name=action] option[value=rotate_signing_secret]")).to_have_count(0)
+    page.goto(f"/admin/jobs/tenant/{tenant.pk}/change/")
+    expect(page.locator(".field-signing_overlap")).to_contain_text("shown once")
+    for secret in (first, second):
+        assert secret.removeprefix("whsec_") not in page.content()

@@ -13,7 +13,7 @@ whole cluster):
   in it (a tenant, a job, a misfire, runs in a day partition and in the default one,
   and an occurrence-ledger range once that table exists);
 - data: those rows are still there at the end, carrying the keys the key migrations
-  gave them.
+  gave them (and the tenant a signing secret).
 
 `CRONYARD_RECORD_SCHEMA=1` extends tests/upgraded_schema.txt to today's last
 migrations, and only after the recorded part still matches: the file can take in new
@@ -22,6 +22,7 @@ migrations, never a changed old one.
 
 from __future__ import annotations
 
+import base64
 import os
 import uuid
 from collections.abc import Iterator
@@ -196,6 +197,10 @@ def test_a_fresh_install_and_an_upgraded_database_end_with_one_schema(django_db_
             for table in ("job_misfires", "job_slot_ranges"):
                 cursor.execute(f"SELECT partition_id FROM {table}")
                 assert cursor.fetchall() == [(PARTITION,)], table
+            # A tenant from before signed calls has a secret of its own (jobs 0014).
+            cursor.execute("SELECT signing_secret FROM tenants")
+            ((secret,),) = cursor.fetchall()
+            assert secret.startswith("whsec_") and len(base64.b64decode(secret.removeprefix("whsec_"))) == 32
 
         if os.environ.get(RECORD_ENV):
             write_recorded(leaves(fresh), fresh_now["schema"])

@@ -34,6 +34,7 @@ def claimed(target: dict, attempt: int = 1) -> ClaimedRun:
         retry_backoff_cap_seconds=0,
         lease_seconds=30,
         started_at=now,
+        signing_secrets=(),
     )
 
 

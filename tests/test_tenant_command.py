@@ -1,20 +1,28 @@
-"""manage.py create_tenant: the token is the last line and authenticates against the API."""
+"""manage.py create_tenant: the token is the last line and authenticates against the API;
+a new tenant's signing secret is printed once, on a line of its own."""
 
 from __future__ import annotations
 
+import base64
+import re
 from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
+from standardwebhooks.webhooks import Webhook
 
 from jobs.models import ApiToken, Tenant
 
 
-def create(*args: str) -> str:
+def output(*args: str) -> list[str]:
     out = StringIO()
     call_command("create_tenant", *args, stdout=out)
-    return out.getvalue().strip().splitlines()[-1]
+    return out.getvalue().strip().splitlines()
+
+
+def create(*args: str) -> str:
+    return output(*args)[-1]
 
 
 def client_for(token: str) -> APIClient:
@@ -75,3 +83,21 @@ def test_tokens_of_one_tenant_do_not_see_another(db):
     job = a.post("/api/v1/jobs/", payload, format="json").json()
     assert b.get(f"/api/v1/jobs/{job['id']}/").status_code == 404
     assert b.get("/api/v1/jobs/").json()["results"] == []
+
+
+def test_the_signing_secret_is_printed_once_on_a_line_of_its_own(db):
+    lines = output("stark")
+    (line,) = [line for line in lines if line.startswith("signing secret: ")]
+    secret = line.removeprefix("signing secret: ")
+    # The Standard Webhooks form: whsec_ and base64 of 32 random bytes, which the
+    # specification's library takes as a secret.
+    assert re.fullmatch(r"whsec_[A-Za-z0-9+/]{43}=", secret)
+    assert len(base64.b64decode(secret.removeprefix("whsec_"))) == 32
+    Webhook(secret)
+    assert Tenant.objects.get(slug="stark").signing_secret == secret
+    assert lines[-1].startswith("cy_")  # the token stays the last line
+    # Never printed again: not with another token, not with a changed limit.
+    for again in (output("stark", "--new-token"), output("stark", "--update", "--max-runs-per-minute", "5")):
+        assert not any("signing secret" in line or secret in line for line in again)
+    # One secret per tenant.
+    assert [line for line in output("wayne") if line.startswith("signing secret: ")] not in ([], [line])

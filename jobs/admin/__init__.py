@@ -5,17 +5,21 @@ through jobs.services."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
+from django.utils.html import format_html
 
 from jobs import tenant_services
 from jobs.admin import audit as _audit_page  # noqa: F401 (importing registers the page)
 from jobs.admin import jobs as _job_pages  # noqa: F401 (importing registers the pages)
-from jobs.admin.base import ReadOnlyAdmin
+from jobs.admin.base import ReadOnlyAdmin, actor_of
+from jobs.admin.display import moment_html
 from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
-from scheduler_project import liveness
+from runs.keys import format_utc
+from scheduler_project import db, liveness
 
 
 class ApiTokenInline(admin.TabularInline):
@@ -48,8 +52,10 @@ class TenantAdmin(admin.ModelAdmin):
         "created_at",
     )
     search_fields = ("slug", "name")
-    actions = ("issue_new_token",)
+    actions = ("issue_new_token", "rotate_signing_secret")
     inlines = (ApiTokenInline,)
+    # The secrets themselves are not editable fields: no form or page carries them.
+    readonly_fields = ("signing_overlap",)
 
     def get_queryset(self, request):
         # A correlated count (two Counts over one join would multiply jobs by tokens).
@@ -98,12 +104,49 @@ class TenantAdmin(admin.ModelAdmin):
         obj.pk = tenant.pk
         obj._state.adding = False
         obj.refresh_from_db()
+        self._show_signing_secret(request, tenant, tenant.signing_secret)
         self._show_token(request, tenant, token)
 
     @admin.action(description="Issue a new API token (shown once)")
     def issue_new_token(self, request, queryset) -> None:
         for tenant in queryset:
             self._show_token(request, tenant, tenant_services.issue_token(tenant=tenant, label="admin"))
+
+    # Only for those who may change the tenant: the answer shows the new secret.
+    @admin.action(
+        description="Rotate the signing secret (shown once; the old one signs too for a while)",
+        permissions=["change"],
+    )
+    def rotate_signing_secret(self, request, queryset) -> None:
+        for tenant in queryset:
+            secret, until = tenant_services.rotate_signing_secret(tenant=tenant, actor=actor_of(request))
+            self._show_signing_secret(request, tenant, secret, previous_until=until)
+            self.log_change(request, tenant, "Rotated the signing secret.")
+
+    @admin.display(description="signing secret")
+    def signing_overlap(self, tenant: Tenant) -> str:
+        """Whether a rotation's overlap is on (on the clock the executors' claim reads);
+        never a secret: each was shown once, when created or rotated."""
+        if tenant.pk is None:
+            return "made when the tenant is saved, and shown once then"
+        until, now = tenant.previous_signing_secret_until, db.now()
+        if until is None or until <= now:
+            return "shown once, when made or last rotated"
+        return format_html("shown once; the previous secret signs too until {}", moment_html(until, now=now))
+
+    def _show_signing_secret(
+        self, request, tenant: Tenant, secret: str, previous_until: datetime | None = None
+    ) -> None:
+        overlap = (
+            ""
+            if previous_until is None
+            else f"; the previous one signs too until {format_utc(previous_until)}"
+        )
+        self.message_user(
+            request,
+            f"Signing secret for {tenant.slug} (shown once, store it now{overlap}): {secret}",
+            messages.WARNING,
+        )
 
     def _show_token(self, request, tenant: Tenant, token: str) -> None:
         self.message_user(

@@ -14,6 +14,7 @@ from typing import Any
 from jobs.rules.fields import NAME_MAX, is_int
 from jobs.rules.nesting import MAX_VALUE_NESTING, nesting, too_deep_message
 from runs import tasks
+from runs.execution import signing
 from runs.execution.netguard import UnsafeTarget, check_url
 
 TARGET_MAX_BYTES = 64 * 1024
@@ -25,7 +26,8 @@ TIMEOUT_RANGE = (1, 300)
 TASK_TIMEOUT_RANGE = (1, 86_400)
 TASK_TIMEOUT_DEFAULT = 300
 
-# The executor sets these on every request; a job must not forge the run key.
+# The executor sets these on every request; a job must not forge the run key or the
+# signature (runs/execution/signing.py).
 RESERVED_HEADERS = frozenset(
     {
         "idempotency-key",
@@ -37,6 +39,7 @@ RESERVED_HEADERS = frozenset(
         "content-length",
         "transfer-encoding",
         "connection",
+        *signing.HEADERS,
     }
 )
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")

@@ -95,7 +95,13 @@ slots AS (
     -- for the whole batch locked 640 rows to claim 32 among 20 tenants.
     SELECT t.id AS tenant_id, t.weight, run.n AS running, t.max_concurrency - run.n AS free,
            least(t.max_concurrency - run.n, %(limit)s,
-                 greatest(0, floor(%(max_rank)s::float8 * t.weight + 1e-9)::bigint - run.n)) AS probe
+                 greatest(0, floor(%(max_rank)s::float8 * t.weight + 1e-9)::bigint - run.n)) AS probe,
+           -- The secrets that sign the tenant's calls (runs/execution/signing.py), read
+           -- with the row the claim reads anyway: the previous one too while the
+           -- overlap of a rotation lasts, on the database clock like the rotation.
+           CASE WHEN t.previous_signing_secret_until > now()
+                THEN ARRAY[t.signing_secret, t.previous_signing_secret]
+                ELSE ARRAY[t.signing_secret] END AS signing_secrets
     FROM tenants t JOIN {running} ON run.tenant_id = t.id
 ),
 by_priority AS (
@@ -175,7 +181,7 @@ chosen AS (
     -- across tenants first, effective priority and age within it. The running counts
     -- include this batch's claims in earlier partitions, so the bound from the plan
     -- holds across the batch (a small slack for float rounding).
-    SELECT e.* FROM eligible e JOIN slots s ON s.tenant_id = e.tenant_id
+    SELECT e.*, s.signing_secrets FROM eligible e JOIN slots s ON s.tenant_id = e.tenant_id
     WHERE e.tenant_rank <= s.free
       AND (s.running + e.tenant_rank)::float8 / s.weight <= %(max_rank)s::float8 + 1e-9
     ORDER BY (s.running + e.tenant_rank)::float8 / s.weight, e.effective_priority DESC, e.scheduled_at
@@ -195,7 +201,8 @@ claimed AS (
       AND r.job_id = c.job_id AND r.scheduled_at = c.scheduled_at
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
               r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
-              r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, r.deferrals, r.deferred_since,
+              r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, c.signing_secrets,
+              r.deferrals, r.deferred_since,
               CASE WHEN {attempts_used} > 1 THEN r.attempts -> -1 ->> 'outcome' END
 ),
 older AS (

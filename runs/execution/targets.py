@@ -21,7 +21,7 @@ from aiohttp.abc import ResolveResult
 
 from runs import tasks
 from runs.errors import PermanentError
-from runs.execution import retry
+from runs.execution import retry, signing
 from runs.execution.netguard import address_refusal, literal_refusal, parse_ip_host, refusal_message
 from runs.keys import format_utc, run_key
 from runs.rows import ClaimedRun
@@ -111,6 +111,7 @@ def run_headers(run: ClaimedRun) -> dict[str, str]:
         "X-Job-Id": str(run.job_id),
         "X-Scheduled-At": format_utc(run.scheduled_at),
         "traceparent": f"00-{trace_id(key)}-{span_id()}-01",
+        signing.ID_HEADER: signing.message_id(key, run.attempt),
     }
 
 
@@ -141,9 +142,23 @@ async def call_http(
     # host as aiohttp parsed it (a pre-check on the raw string is what Unicode hosts,
     # fullwidth or circled digits that yarl maps to 127.0.0.1, slipped past).
     # `allow_private` is enforced by the session's GuardedConnector (make_session).
-    headers = {str(k): str(v) for k, v in (target.get("headers") or {}).items()}
+    # A target stored before the signature's headers were reserved may name one in
+    # another case: it would go out beside ours, and a verifier would read either.
+    headers = {
+        str(k): str(v)
+        for k, v in (target.get("headers") or {}).items()
+        if str(k).lower() not in signing.HEADERS
+    }
     data = _body(target, headers)
     headers.update(run_headers(run))
+    headers.update(
+        signing.signature_headers(
+            message_id=headers[signing.ID_HEADER],
+            timestamp=int(now().timestamp()),
+            body=data or b"",
+            secrets=run.signing_secrets,
+        )
+    )
     timeout = aiohttp.ClientTimeout(total=float(target.get("timeout_seconds") or DEFAULT_TIMEOUT_SECONDS))
     try:
         async with session.request(

@@ -18,6 +18,8 @@ class Received:
     headers: dict[str, str]
     body: bytes
     at: float
+    # Every header line as sent, in order (`headers` keeps one value per name).
+    header_lines: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -71,6 +73,7 @@ class HttpTarget:
                                 {k.lower(): v for k, v in self.headers.items()},
                                 body,
                                 time.time(),
+                                list(self.headers.items()),
                             )
                         )
                     script = target._scripts.get(path)

@@ -22,7 +22,8 @@ def rate_limit(text: str) -> int | None:
 class Command(BaseCommand):
     help = (
         "Create a tenant (or a new token for an existing one with --new-token, or change an existing "
-        "one's --max-runs-per-minute with --update). A token, when issued, is the last line."
+        "one's --max-runs-per-minute with --update). A new tenant's signing secret is printed once, "
+        "as 'signing secret: whsec_...'; a token, when issued, is the last line."
     )
 
     def add_arguments(self, parser):
@@ -74,6 +75,8 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"tenant '{slug}' already exists (use --new-token for another token)"
                 ) from exc
+            # Shown this once: it signs the tenant's HTTP calls (README, "Verifying calls").
+            self.stdout.write(f"signing secret: {tenant.signing_secret}")
         self.stdout.write(
             f"tenant {tenant.slug} (max_concurrency={tenant.max_concurrency}, "
             f"max_runs_per_minute={tenant.max_runs_per_minute or 'off'}); API token:"
