@@ -319,3 +319,69 @@ class HealthSerializer(serializers.Serializer):
     status = serializers.CharField(help_text='"ok", or "degraded" when the database is unreachable')
     database = serializers.CharField()
     time = serializers.CharField()
+
+
+class ForecastQuerySerializer(serializers.Serializer):
+    """Query string of /forecast: [from, to) and seconds per step (bounds: jobs.forecast.window)."""
+
+    # `from` is a Python keyword: the field is declared under another name below.
+    to = UtcDateTimeField(required=False, help_text="Exclusive; default 24 h after `from`.")
+    step = serializers.IntegerField(
+        required=False, help_text="Seconds per step, default 60; at most 10,080 steps in the window."
+    )
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = UtcDateTimeField(
+            required=False,
+            help_text="Inclusive; default the start of the current step (the next 24 h from now). "
+            "The window spans at most 7 days.",
+        )
+        return fields
+
+
+class SpreadSerializer(serializers.Serializer):
+    suggestion = serializers.CharField(help_text='The expression to use instead, e.g. "H * * * *".')
+    why = serializers.CharField()
+
+
+class CauseSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["cron", "interval", "one_time"])
+    cron = serializers.CharField(allow_null=True, help_text="As written (H and aliases unexpanded).")
+    timezone = serializers.CharField(allow_null=True)
+    interval_seconds = serializers.IntegerField(allow_null=True)
+    jobs = serializers.IntegerField(help_text="Jobs of this schedule due in the step.")
+    runs = serializers.IntegerField(
+        help_text="Their runs due in the step (an interval shorter than it: several)."
+    )
+    spread = SpreadSerializer(
+        allow_null=True,
+        help_text="How these jobs could stop firing together: a fixed minute that H would spread, or a "
+        "shared */N phase that H/N would; null when there is nothing to spread.",
+    )
+
+
+class SpikeSerializer(serializers.Serializer):
+    at = serializers.CharField(help_text="Start of the step.")
+    index = serializers.IntegerField(help_text="Its position in `counts`.")
+    count = serializers.IntegerField()
+    times_mean = serializers.FloatField(help_text="count / the window's mean per step.")
+    causes = CauseSerializer(many=True, help_text="Largest first, at most 10.")
+    other_runs = serializers.IntegerField(help_text="Runs of the step from schedules beyond the listed ones.")
+
+
+class ForecastSerializer(serializers.Serializer):
+    # `from` is a Python keyword: declared under another name below.
+    to = serializers.CharField()
+    step = serializers.IntegerField(help_text="Seconds per step.")
+    total = serializers.IntegerField(help_text="Runs due in the window.")
+    counts = serializers.ListField(child=serializers.IntegerField(), help_text="Runs due per step, in order.")
+    spikes = SpikeSerializer(
+        many=True,
+        help_text="The largest steps (at most 5) holding more than twice the mean per step, largest first.",
+    )
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.CharField()
+        return fields
