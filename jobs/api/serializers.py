@@ -385,3 +385,69 @@ class ForecastSerializer(serializers.Serializer):
         fields = super().get_fields()
         fields["from"] = serializers.CharField()
         return fields
+
+
+class EditSlotListSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    times = serializers.ListField(child=serializers.CharField(), help_text="The first 100, oldest first.")
+
+
+class EditFireTimesSerializer(serializers.Serializer):
+    # `from` is a Python keyword: declared under another name below.
+    to = serializers.CharField(help_text="End of the compared window (a week from now unless truncated).")
+    truncated = serializers.BooleanField(
+        help_text="A side had more than 20,000 slots in the week: compared up to `to` only."
+    )
+    before = EditSlotListSerializer()
+    after = EditSlotListSerializer()
+    added = EditSlotListSerializer()
+    removed = EditSlotListSerializer()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.CharField(help_text="Now.")
+        return fields
+
+
+class EditNextRunSerializer(serializers.Serializer):
+    before = serializers.CharField(allow_null=True)
+    after = serializers.CharField(allow_null=True)
+
+
+class EditDueNowSerializer(serializers.Serializer):
+    due = serializers.BooleanField(help_text="After the change a slot is due and is dispatched at once.")
+    because_of_edit = serializers.BooleanField()
+    note = serializers.CharField()
+
+
+class EditPastSlotsSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="Slots already due and never dispatched.")
+    count_is_lower_bound = serializers.BooleanField()
+    first = serializers.CharField(allow_null=True)
+    last = serializers.CharField(allow_null=True)
+    will_run = serializers.IntegerField(help_text="How many of them will get a run.")
+    rule = serializers.ChoiceField(
+        choices=["none", "schedule_changed", "paused", "on_time", "misfire_policy"]
+    )
+    note = serializers.CharField()
+
+
+class EditLedgerRangeSerializer(serializers.Serializer):
+    first_at = serializers.CharField()
+    last_at = serializers.CharField()
+    outcome = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class EditPreviewSerializer(serializers.Serializer):
+    """The answer of PATCH /jobs/{id}/?dry_run=true (jobs/edit_preview.py)."""
+
+    dry_run = serializers.BooleanField()
+    job = JobSerializer(help_text="The job as the change would leave it.")
+    changes = serializers.DictField(help_text="The audit entry's {field: [old, new]} (model field names).")
+    schedule_changed = serializers.BooleanField()
+    next_run_at = EditNextRunSerializer()
+    fire_times = EditFireTimesSerializer()
+    due_now = EditDueNowSerializer()
+    past_slots = EditPastSlotsSerializer()
+    ledger_ranges = EditLedgerRangeSerializer(many=True, help_text="The ranges the change would record.")
