@@ -1,6 +1,6 @@
 """`make bench`: every benchmark in one run, each beside its limit, into docs/BENCHMARKS.md.
 
-    make bench                      # 10k and 100k jobs; 10k runs; lag at 1,000 runs/s (~16 min)
+    make bench                      # 10k, 100k jobs; 10k runs; lag at 1k runs/s; forecast 100k, 1M (~18 min)
     make bench BENCH_ARGS=--full    # adds the growth curve 10k..1M jobs (bench/growth.py; ~5 min more)
     python -m bench --smoke --report /tmp/b.md --plots /tmp/plots   # seconds: make test's form
 
@@ -442,6 +442,7 @@ def write_report(
     citus_text: str,
     lag_text: str,
     ledger_text: str | None,
+    forecast_text: str,
     growth_text: str,
     args: argparse.Namespace,
     minutes: float,
@@ -540,6 +541,15 @@ How these numbers are measured, and why that way: `docs/decisions/0065-benchmark
 ## Occurrence ledger: a year of a minutely job, page by page
 
 {ledger}
+
+## Load forecast: the next 24 h by minute
+
+`bench/forecast.py`: the realistic mix of the dispatch rounds (bench/workload.py), each
+job waiting for its real next slot, one tenant; each round times `jobs.forecast.compute`,
+the function `GET /api/v1/forecast` calls, on its default window. Target: under 2 s at
+100,000 jobs.
+
+{forecast_text}
 """
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text(text)
@@ -616,7 +626,7 @@ def main() -> None:
         + 2 * len(task_executors)
         + 2 * fair_pairs
         + 2 * len(http_executors)
-        + 1
+        + 2
         + (0 if args.smoke else 1)
         + (1 if args.full else 0)
         + (0 if skip_citus else 4)
@@ -636,6 +646,11 @@ def main() -> None:
     problems += citus.verify(citus_rows)
     lag_text = bench.run("lag.py", *lag, "--db", prefix + "lag", "--json", str(bench.data / "lag.json"))
     ledger_text = None if args.smoke else bench.run("ledger.py", "--db", prefix + "ledger")
+    forecast_sizes = ["200"] if args.smoke else ["100000", "1000000"]
+    forecast_text = bench.run(
+        "forecast.py", "--jobs", *forecast_sizes, "--repeat", "1" if args.smoke else "3",
+        "--db", prefix + "forecast", "--json", str(bench.data / "forecast.json"),
+    )  # fmt: skip
     # The 1M round goes last: the autovacuum of its millions of rows, a minute after it,
     # took the CPU from the executor rounds that followed it (the 4-executor HTTP round and
     # the fair-share rounds ran at a quarter of their speed, with 6-10x the PostgreSQL CPU
@@ -678,6 +693,7 @@ def main() -> None:
         ),
         lag_text=lag_text,
         ledger_text=ledger_text,
+        forecast_text=forecast_text,
         growth_text=growth.section(growth_rows, plot=relative(drawn["growth"], args.report))
         if growth_rows
         else "",

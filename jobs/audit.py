@@ -53,7 +53,7 @@ def record(
         tenant_id=tenant_id,
         job_id=job_id,
         job_name=job_name,
-        changes=_plain(changes or {}),
+        changes=plain(changes or {}),
     )
 
 
@@ -83,12 +83,13 @@ def snapshot(values: dict) -> dict:
     return out
 
 
-def _plain(value: Any) -> Any:
-    # JSON-ready and stable: datetimes as ISO strings, UUIDs as text, nested containers too.
+def plain(value: Any) -> Any:
+    """`value` as an entry stores it: JSON-ready and stable (datetimes as ISO strings,
+    UUIDs as text, nested containers too)."""
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, datetime | date):
         return value.isoformat().replace("+00:00", "Z")
     if isinstance(value, UUID):

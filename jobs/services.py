@@ -23,8 +23,8 @@ from django.db import transaction
 
 from jobs import audit
 from jobs.dispatch import planning
-from jobs.dispatch.planning import latest_slot, missed_slots, next_slot, run_for, slots_between
-from jobs.models import AuditAction, Job, Misfire, MisfirePolicy, SlotOutcome, SlotReason, Tenant
+from jobs.dispatch.planning import latest_slot, next_slot, run_for, slots_between
+from jobs.models import AuditAction, Job, Tenant
 from jobs.rules import edits
 from runs.models import JobRun
 from runs.queue import enqueue_runs, notify_executors
@@ -34,9 +34,6 @@ MAX_BACKFILL_RUNS = 1000
 # Slots one backfill request may examine (a retention window of a minutely job is
 # 43,200): bounds the enumeration, which runs before any transaction opens.
 MAX_BACKFILL_SCAN = 50_000
-
-# An edit of one of these restarts the job from its next future slot.
-SCHEDULE_FIELDS = (*planning.SCHEDULE_COLUMNS, "start_at", "end_at")
 
 
 class ServiceError(ValueError):
@@ -100,49 +97,31 @@ def update_job(
 
     The rules are judged on the locked row, not on the caller's copy: an edit that was
     valid against a stale read (a jitter another edit raised meanwhile) is refused.
-    A schedule change restarts from the next future slot. Edits never fire a slot that
-    is already past (docs/CONTRACT.md, "Time and DST"): the slots that fell before the edit took effect
-    are not misfires. They are recorded in the ledger as missed (`schedule_changed`, or
-    `paused` for a paused job), with the schedule they belonged to. A change of `paused`
-    has the meaning of pause/resume (resuming never fires the slots that fell while
-    paused), applied after the other changes.
+    What the edit does to the job's slots is jobs.dispatch.planning.edit_effects (a
+    dry run reports the same): a schedule change restarts from the next future slot,
+    the slots that fell before it took effect are recorded in the ledger, never fired;
+    a change of `paused` has the meaning of pause/resume, applied after the others.
     """
     now = now or db.now()
     job = _locked(job)
     clean = edits.job_changes(job, changes, now=now)
-    paused = clean.pop("paused", None)
-    if clean:
-        _apply_changes(job=job, changes=clean, actor=actor, now=now)
-    if paused is True and not job.paused:
+    effects = planning.edit_effects(job, clean, now=now)
+    if effects.changes:
+        _apply_changes(job=job, effects=effects, actor=actor)
+    if effects.pause is not None:
         _pause_locked(job=job, actor=actor, now=now)
-    elif paused is False and job.paused:
+    elif effects.resume is not None:
         _resume_locked(job=job, catch_up="none", actor=actor, now=now)
     return job
 
 
-def _apply_changes(*, job: Job, changes: dict, actor: str, now: datetime) -> None:
-    before = {name: getattr(job, name) for name in changes}
-    schedule_changed = any(
-        name in SCHEDULE_FIELDS and getattr(job, name) != value for name, value in changes.items()
-    )
-    unfired = None
-    if schedule_changed and job.next_run_at is not None and job.next_run_at <= now:
-        outcome, reason = (
-            (SlotOutcome.SKIPPED, SlotReason.PAUSED)
-            if job.paused
-            else (SlotOutcome.MISSED, SlotReason.SCHEDULE_CHANGED)
-        )
-        unfired = planning.slot_range(job, first=job.next_run_at, last=now, outcome=outcome, reason=reason)
-    for name, value in changes.items():
-        setattr(job, name, value)
-    if schedule_changed:
-        job.next_run_at = None
-        job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now.replace(microsecond=0))
-        job.schedule_since = now
+def _apply_changes(*, job: Job, effects: planning.EditEffects, actor: str) -> None:
+    for name in (*effects.changes, "next_run_at", "schedule_since"):
+        setattr(job, name, getattr(effects.changed, name))
     job.save()
-    if unfired is not None:
-        unfired.save()
-    diff = audit.field_diff(before=before, after=changes)
+    if effects.unfired is not None:
+        effects.unfired.save()
+    diff = audit.field_diff(before=effects.before, after=effects.changes)
     if diff:
         audit.record(actor=actor, action=AuditAction.UPDATE, job=job, changes=diff)
 
@@ -165,20 +144,11 @@ def pause_job(*, job: Job, actor: str = audit.SYSTEM, now: datetime | None = Non
 
 def _pause_locked(*, job: Job, actor: str, now: datetime) -> None:
     fields = ["paused", "updated_at"]
-    if job.next_run_at is not None and job.next_run_at <= now:
-        missed = missed_slots(job, first=job.next_run_at, now=now)
-        Misfire.objects.create(
-            job=job,
-            partition_id=job.partition_id,
-            policy=MisfirePolicy.SKIP,
-            missed_count=missed.count,
-            count_is_lower_bound=not missed.count_exact,
-            first_missed_at=missed.first,
-            last_missed_at=missed.last,
-            runs_created=0,
-        )
-        planning.skipped_range(job, first=missed.first, last=now, reason=SlotReason.PAUSED).save()
-        job.next_run_at = next_slot(job, after=now, anchor=job.next_run_at)
+    left = planning.pause_slots(job, now=now)
+    if left.misfire is not None and left.range is not None:
+        left.misfire.save()
+        left.range.save()
+        job.next_run_at = left.next_run_at
         fields.append("next_run_at")
     job.paused = True
     job.save(update_fields=fields)
@@ -212,11 +182,12 @@ def _resume_locked(*, job: Job, catch_up: str, actor: str, now: datetime) -> Non
     if missed:
         enqueue_runs([run_for(job, scheduled_at=t, trigger="catch_up", overlap_check=False) for t in missed])
         notify_executors()
-    if job.next_run_at is not None and job.next_run_at <= now:
+    left = planning.resume_slots(job, now=now)
+    if left.range is not None:
         # The ledger: every slot that fell while paused is skipped, except those the
         # catch-up just queued (run rows take precedence over a range).
-        planning.skipped_range(job, first=job.next_run_at, last=now, reason=SlotReason.PAUSED).save()
-        job.next_run_at = next_slot(job, after=now, anchor=job.next_run_at)
+        left.range.save()
+        job.next_run_at = left.next_run_at
     job.paused = False
     job.save(update_fields=["paused", "next_run_at", "updated_at"])
     audit.record(

@@ -14,6 +14,8 @@ API_RESOURCES = {
     "audit": "/api/v1/audit/",
     "tasks": "/api/v1/tasks/",
     "schedule_preview": "/api/v1/schedules/preview/",
+    "forecast": "/api/v1/forecast/",
+    "signing_secret_rotate": "/api/v1/signing-secret/rotate/",
     "health": "/api/v1/health/",
 }
 API_DOCS = {"schema": "/api/schema/", "docs": "/api/docs/", "redoc": "/api/redoc/"}

@@ -25,6 +25,7 @@ HEADINGS = [
     "## Citus: the same rounds on a local coordinator + 2 workers",
     "## End-to-end lag: scheduled_at → the target receives the request",
     "## Occurrence ledger: a year of a minutely job, page by page",
+    "## Load forecast: the next 24 h by minute",
 ]
 TABLE_HEADERS = [
     "| workload | jobs | schedulers | Cronyard runs/s | limit runs/s | ratio |",
@@ -33,6 +34,7 @@ TABLE_HEADERS = [
     "| executors | runs | Cronyard runs/s | raw aiohttp runs/s | ratio |",
     "| steady rate | schedulers | executors | window | received/expected | p50 s | p99 s |",
     "| burst | schedulers | executors | received | first request s | last request (drain) s |",
+    "| jobs | seconds (each round) | median s | due runs in 24 h | peak minute | setup s |",
 ]
 PLOTS = ["dispatch.png", "executors.png", "lag.png"]
 # (execution table header, CPU budget table header, Cronyard's parts, the limit's parts)

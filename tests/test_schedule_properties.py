@@ -235,6 +235,42 @@ def test_fire_times_increase_and_match(expr: str, zs: tuple[str, datetime]) -> N
         assert len(local_walls) == len(set(local_walls)), "fixed-time job fired twice at one wall time"
 
 
+POLICIES = st.sampled_from(
+    [None, {"repeated": "last"}, {"repeated": "both"}, {"missing": "skip"}, {"missing": "shift"}]
+)
+
+
+@SETTINGS
+@given(
+    expr=ANY_EXPRS,
+    zs=st.booleans().flatmap(lambda near: zone_and_start(near_transition=near)),
+    span=st.integers(1, 2 * 24 * 60),
+    policy=POLICIES,
+)
+def test_a_window_read_at_once_is_the_slot_by_slot_walk(expr, zs, span, policy) -> None:
+    """`fire_times(until=...)` walks a short window in one pass when the zone keeps its
+    offset (the load forecast asks for a week of minutes): the same instants and notes
+    as the search the scheduler does one slot at a time."""
+    assume(_compiles(expr))
+    tz, after = zs
+    until = after + timedelta(minutes=span)
+    windowed = fire_times(
+        cron=expr, timezone=tz, interval_seconds=None, run_at=None, anchor=None,
+        after=after, until=until, limit=20_000, dst_policy=policy,
+    )  # fmt: skip
+    walked, cursor = [], after
+    while len(walked) < 20_000:
+        (step,) = fire_times(
+            cron=expr, timezone=tz, interval_seconds=None, run_at=None, anchor=None,
+            after=cursor, count=1, dst_policy=policy,
+        ) or (None,)  # fmt: skip
+        if step is None or step.utc > until:
+            break
+        walked.append(step)
+        cursor = step.utc
+    assert [(f.utc, f.note) for f in windowed] == [(f.utc, f.note) for f in walked]
+
+
 @SETTINGS
 @given(expr=DENSE_EXPRS, zs=zone_and_start(near_transition=True))
 def test_fixed_time_never_repeats_a_wall_time(expr: str, zs: tuple[str, datetime]) -> None:

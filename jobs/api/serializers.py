@@ -319,3 +319,135 @@ class HealthSerializer(serializers.Serializer):
     status = serializers.CharField(help_text='"ok", or "degraded" when the database is unreachable')
     database = serializers.CharField()
     time = serializers.CharField()
+
+
+class ForecastQuerySerializer(serializers.Serializer):
+    """Query string of /forecast: [from, to) and seconds per step (bounds: jobs.forecast.window)."""
+
+    # `from` is a Python keyword: the field is declared under another name below.
+    to = UtcDateTimeField(required=False, help_text="Exclusive; default 24 h after `from`.")
+    step = serializers.IntegerField(
+        required=False, help_text="Seconds per step, default 60; at most 10,080 steps in the window."
+    )
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = UtcDateTimeField(
+            required=False,
+            help_text="Inclusive; default the start of the current step (the next 24 h from now). "
+            "The window spans at most 7 days.",
+        )
+        return fields
+
+
+class SpreadSerializer(serializers.Serializer):
+    suggestion = serializers.CharField(help_text='The expression to use instead, e.g. "H * * * *".')
+    why = serializers.CharField()
+
+
+class CauseSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=["cron", "interval", "one_time"])
+    cron = serializers.CharField(allow_null=True, help_text="As written (H and aliases unexpanded).")
+    timezone = serializers.CharField(allow_null=True)
+    interval_seconds = serializers.IntegerField(allow_null=True)
+    jobs = serializers.IntegerField(help_text="Jobs of this schedule due in the step.")
+    runs = serializers.IntegerField(
+        help_text="Their runs due in the step (an interval shorter than it: several)."
+    )
+    spread = SpreadSerializer(
+        allow_null=True,
+        help_text="How these jobs could stop firing together: a fixed minute that H would spread, or a "
+        "shared */N phase that H/N would; null when there is nothing to spread.",
+    )
+
+
+class SpikeSerializer(serializers.Serializer):
+    at = serializers.CharField(help_text="Start of the step.")
+    index = serializers.IntegerField(help_text="Its position in `counts`.")
+    count = serializers.IntegerField()
+    times_mean = serializers.FloatField(help_text="count / the window's mean per step.")
+    causes = CauseSerializer(many=True, help_text="Largest first, at most 10.")
+    other_runs = serializers.IntegerField(help_text="Runs of the step from schedules beyond the listed ones.")
+
+
+class ForecastSerializer(serializers.Serializer):
+    # `from` is a Python keyword: declared under another name below.
+    to = serializers.CharField()
+    step = serializers.IntegerField(help_text="Seconds per step.")
+    total = serializers.IntegerField(help_text="Runs due in the window.")
+    counts = serializers.ListField(child=serializers.IntegerField(), help_text="Runs due per step, in order.")
+    spikes = SpikeSerializer(
+        many=True,
+        help_text="The largest steps (at most 5) holding more than twice the mean per step, largest first.",
+    )
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.CharField()
+        return fields
+
+
+class EditSlotListSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    times = serializers.ListField(child=serializers.CharField(), help_text="The first 100, oldest first.")
+
+
+class EditFireTimesSerializer(serializers.Serializer):
+    # `from` is a Python keyword: declared under another name below.
+    to = serializers.CharField(help_text="End of the compared window (a week from now unless truncated).")
+    truncated = serializers.BooleanField(
+        help_text="A side had more than 20,000 slots in the week: compared up to `to` only."
+    )
+    before = EditSlotListSerializer()
+    after = EditSlotListSerializer()
+    added = EditSlotListSerializer()
+    removed = EditSlotListSerializer()
+
+    def get_fields(self):
+        fields = super().get_fields()
+        fields["from"] = serializers.CharField(help_text="Now.")
+        return fields
+
+
+class EditNextRunSerializer(serializers.Serializer):
+    before = serializers.CharField(allow_null=True)
+    after = serializers.CharField(allow_null=True)
+
+
+class EditDueNowSerializer(serializers.Serializer):
+    due = serializers.BooleanField(help_text="After the change a slot is due and is dispatched at once.")
+    because_of_edit = serializers.BooleanField()
+    note = serializers.CharField()
+
+
+class EditPastSlotsSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="Slots already due and never dispatched.")
+    count_is_lower_bound = serializers.BooleanField()
+    first = serializers.CharField(allow_null=True)
+    last = serializers.CharField(allow_null=True)
+    will_run = serializers.IntegerField(help_text="How many of them will get a run.")
+    rule = serializers.ChoiceField(
+        choices=["none", "schedule_changed", "paused", "on_time", "misfire_policy"]
+    )
+    note = serializers.CharField()
+
+
+class EditLedgerRangeSerializer(serializers.Serializer):
+    first_at = serializers.CharField()
+    last_at = serializers.CharField()
+    outcome = serializers.CharField()
+    reason = serializers.CharField()
+
+
+class EditPreviewSerializer(serializers.Serializer):
+    """The answer of PATCH /jobs/{id}/?dry_run=true (jobs/edit_preview.py)."""
+
+    dry_run = serializers.BooleanField()
+    job = JobSerializer(help_text="The job as the change would leave it.")
+    changes = serializers.DictField(help_text="The audit entry's {field: [old, new]} (model field names).")
+    schedule_changed = serializers.BooleanField()
+    next_run_at = EditNextRunSerializer()
+    fire_times = EditFireTimesSerializer()
+    due_now = EditDueNowSerializer()
+    past_slots = EditPastSlotsSerializer()
+    ledger_ranges = EditLedgerRangeSerializer(many=True, help_text="The ranges the change would record.")

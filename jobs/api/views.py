@@ -9,6 +9,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
+    PolymorphicProxySerializer,
     extend_schema,
     extend_schema_view,
     inline_serializer,
@@ -21,7 +22,7 @@ from rest_framework.response import Response
 from rest_framework.utils.urls import replace_query_param
 from rest_framework.views import APIView
 
-from jobs import health, ledger, services
+from jobs import edit_preview, health, ledger, services
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
 from jobs.models import Job, Misfire
 from jobs.rules.job import SCHEDULE_KEY
@@ -33,6 +34,7 @@ from scheduler_project import db
 from .serializers import (
     BackfillResultSerializer,
     BackfillSerializer,
+    EditPreviewSerializer,
     HealthSerializer,
     JobSerializer,
     MisfireSerializer,
@@ -78,9 +80,24 @@ def _misfire_count() -> Coalesce:
     create=extend_schema(summary="Create a job", responses={201: JobSerializer}),
     retrieve=extend_schema(summary="A job"),
     partial_update=extend_schema(
-        summary="Change a job",
+        summary="Change a job (or, with dry_run=true, say what the change would do)",
         description="Naming one of cron / interval_seconds / run_at replaces the trigger (the other two "
-        "are cleared). A schedule change restarts from the next future slot; past slots never fire.",
+        "are cleared). A schedule change restarts from the next future slot; past slots never fire. "
+        "With `?dry_run=true` nothing is written (no change, no audit entry, no ledger range): the "
+        "answer is the job as the change would leave it, the audit diff, its fire times over the next "
+        "7 days before and after (added and removed), whether a run is due now because of it, what "
+        "the misfire rules do with slots already past, and the ledger ranges it would record. The "
+        "validation and errors are the PATCH's.",
+        parameters=[
+            OpenApiParameter(
+                "dry_run", bool, description="true: answer what the change would do; write nothing."
+            )
+        ],
+        responses=PolymorphicProxySerializer(
+            component_name="JobOrEditPreview",
+            serializers=[JobSerializer, EditPreviewSerializer],
+            resource_type_field_name=None,
+        ),
     ),
     destroy=extend_schema(summary="Delete a job and its runs"),
 )
@@ -130,9 +147,17 @@ class JobViewSet(
         return self._respond(job, status.HTTP_201_CREATED)
 
     def partial_update(self, request: Request, *args, **kwargs) -> Response:
+        dry_run = _BOOL_PARAM.get(request.query_params.get("dry_run", "false").strip().lower())
+        if dry_run is None:
+            raise serializers.ValidationError({"dry_run": ["Use true or false."]})
         job = self._job()
         serializer = JobSerializer(job, data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
+        if dry_run:
+            # The PATCH's own validation and effects (jobs/edit_preview.py), and no write.
+            preview = edit_preview.preview_edit(job=job, changes=serializer.validated_data, now=db.now())
+            body = {"dry_run": True, "job": JobSerializer(preview.effects.job).data}
+            return Response({**body, **edit_preview.preview_json(preview)})
         job = services.update_job(job=job, changes=serializer.validated_data, actor=request.user.actor)
         return self._respond(job)
 

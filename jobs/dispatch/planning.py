@@ -7,8 +7,11 @@ expands recorded ranges with them. Nothing here touches the database.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 from uuid import UUID
 
 from jobs import schedule
@@ -210,6 +213,8 @@ def run_for(job: Job | DueJob, *, scheduled_at: datetime, trigger: str, overlap_
 # The columns that define a job's slots. A ledger range copies them, so the slots it
 # covers can be enumerated again with the schedule they belonged to.
 SCHEDULE_COLUMNS = ("cron_expr", "time_zone", "interval_seconds", "run_at", "dst_policy")
+# An edit of one of these restarts the job from its next future slot.
+SCHEDULE_FIELDS = (*SCHEDULE_COLUMNS, "start_at", "end_at")
 
 
 def schedule_columns(source: Job | DueJob | SlotRange) -> dict:
@@ -301,4 +306,117 @@ def _plan_misfire(job: Job | DueJob, *, now: datetime) -> Plan:
         runs=runs,
         misfire=misfire,
         ranges=[unfired] if unfired is not None else [],
+    )
+
+
+# --- what a pause, a resume or an edit does (jobs.services applies it) ----------------
+
+
+@dataclass(frozen=True)
+class SlotsLeft:
+    """What pausing or resuming does with the slots already due and never dispatched."""
+
+    range: SlotRange | None  # recorded as skipped (paused) in the ledger
+    misfire: Misfire | None  # pausing: they fell while the job was active, a misfire
+    next_run_at: datetime | None  # where the job goes next
+
+
+def pause_slots(job: Job, *, now: datetime) -> SlotsLeft:
+    """Slots already due when a job is paused fell while it was active (a scheduler
+    outage or backlog): a misfire that creates no run, recorded so that a resume
+    without catch-up cannot drop them silently and one with catch-up cannot fire them
+    twice; the job moves past them."""
+    if job.next_run_at is None or job.next_run_at > now:
+        return SlotsLeft(None, None, job.next_run_at)
+    missed = missed_slots(job, first=job.next_run_at, now=now)
+    misfire = Misfire(
+        job_id=job.id,
+        partition_id=job.partition_id,
+        policy=MisfirePolicy.SKIP,
+        missed_count=missed.count,
+        count_is_lower_bound=not missed.count_exact,
+        first_missed_at=missed.first,
+        last_missed_at=missed.last,
+        runs_created=0,
+    )
+    unfired = skipped_range(job, first=missed.first, last=now, reason=SlotReason.PAUSED)
+    return SlotsLeft(unfired, misfire, next_slot(job, after=now, anchor=job.next_run_at))
+
+
+def resume_slots(job: Job, *, now: datetime) -> SlotsLeft:
+    """Every slot that fell while the job was paused is skipped (those a catch-up queues
+    have runs, which take precedence over a range); the next run is the next future slot."""
+    if job.next_run_at is None or job.next_run_at > now:
+        return SlotsLeft(None, None, job.next_run_at)
+    unfired = skipped_range(job, first=job.next_run_at, last=now, reason=SlotReason.PAUSED)
+    return SlotsLeft(unfired, None, next_slot(job, after=now, anchor=job.next_run_at))
+
+
+@dataclass
+class EditEffects:
+    """What an edit does, decided before anything is written: jobs.services.update_job
+    applies it, a dry run (jobs/edit_preview.py) reports it."""
+
+    job: Job  # the row as the edit leaves it: a copy, the stored one untouched
+    changed: Job  # the row after the field changes, before a pause or resume applies
+    changes: dict[str, Any]  # the fields it sets (cleaned; `paused` apart)
+    before: dict[str, Any]  # their values before
+    schedule_changed: bool
+    unfired: SlotRange | None  # a schedule change: the due slots it leaves behind
+    pause: SlotsLeft | None  # the edit pauses the job (pause_job's meaning)
+    resume: SlotsLeft | None  # the edit resumes it (resume_job's, without catch-up)
+
+    @property
+    def ranges(self) -> list[SlotRange]:
+        """The ledger ranges the edit records, in the order it records them."""
+        found = [self.unfired, self.pause and self.pause.range, self.resume and self.resume.range]
+        return [r for r in found if r is not None]
+
+
+def edit_effects(job: Job, changes: Mapping[str, Any], *, now: datetime) -> EditEffects:
+    """What `changes` (cleaned by jobs.rules.edits.job_changes) do to `job`.
+
+    A schedule change restarts from the next future slot; the slots already due under
+    the old schedule are recorded as missed (`schedule_changed`, or skipped/`paused` for
+    a paused job) with the schedule they belonged to, never fired (docs/CONTRACT.md,
+    "Time and DST"). A change of `paused` has the meaning of pause/resume, applied after
+    the other changes.
+    """
+    changes = dict(changes)
+    paused = changes.pop("paused", None)
+    after = copy.copy(job)
+    schedule_changed = any(
+        name in SCHEDULE_FIELDS and getattr(job, name) != value for name, value in changes.items()
+    )
+    unfired = None
+    if schedule_changed and job.next_run_at is not None and job.next_run_at <= now:
+        outcome, reason = (
+            (SlotOutcome.SKIPPED, SlotReason.PAUSED)
+            if job.paused
+            else (SlotOutcome.MISSED, SlotReason.SCHEDULE_CHANGED)
+        )
+        unfired = slot_range(job, first=job.next_run_at, last=now, outcome=outcome, reason=reason)
+    for name, value in changes.items():
+        setattr(after, name, value)
+    if schedule_changed:
+        after.next_run_at = None
+        after.next_run_at = next_slot(after, after=now, anchor=after.start_at or now.replace(microsecond=0))
+        after.schedule_since = now
+    final = copy.copy(after)
+    pause = resume = None
+    if paused is True and not job.paused:
+        pause = pause_slots(after, now=now)
+        final.next_run_at, final.paused = pause.next_run_at, True
+    elif paused is False and job.paused:
+        resume = resume_slots(after, now=now)
+        final.next_run_at, final.paused = resume.next_run_at, False
+    return EditEffects(
+        job=final,
+        changed=after,
+        changes=changes,
+        before={name: getattr(job, name) for name in changes},
+        schedule_changed=schedule_changed,
+        unfired=unfired,
+        pause=pause,
+        resume=resume,
     )

@@ -31,6 +31,7 @@ from jobs.schedule.dst import (
     DstPolicy,
     dst_policy_for,
     effective_dst_policy,
+    fixed_offset_instants,
     load_zone,
     next_cron,
 )
@@ -203,9 +204,9 @@ def fire_times(
     (``until`` itself is included), or after ``limit`` items, whichever
     comes first.
     """
-    instants = _fire_instants(after, **trigger)
     if until is not None:
         _require_aware(until, "until")
+    instants = _fire_instants(after, until=until, **trigger)
     zone = load_zone(trigger["timezone"])
     cap = limit if count is None else min(count, limit)
     out: list[FireTime] = []
@@ -219,6 +220,7 @@ def fire_times(
 def _fire_instants(
     after: datetime,
     *,
+    until: datetime | None = None,
     cron: str | None,
     timezone: str,
     interval_seconds: int | None,
@@ -232,7 +234,9 @@ def _fire_instants(
     `fire_times` a list), so the slot the scheduler dispatches is the first one every
     preview and the ledger list.
 
-    The arguments are judged here, before the first item is asked for.
+    The arguments are judged here, before the first item is asked for. `until` is a
+    hint (`fire_times` stops there): a short span in a zone that keeps its offset is
+    walked in one pass instead of one search per slot.
     """
     _require_aware(after, "after")
     kind = _trigger_kind(cron, interval_seconds, run_at)
@@ -248,7 +252,7 @@ def _fire_instants(
     assert cron is not None
     compiled = compile_cron(cron, job_id)
     policy = effective_dst_policy(dst_policy, fixed_time=compiled.fixed_time)
-    return _cron_instants(compiled, load_zone(timezone), after.astimezone(UTC), policy)
+    return _cron_instants(compiled, load_zone(timezone), after.astimezone(UTC), policy, until)
 
 
 def _interval_instants(
@@ -265,8 +269,13 @@ def _interval_instants(
 
 
 def _cron_instants(
-    compiled: Compiled, zone: ZoneInfo, cursor: datetime, policy: DstPolicy
+    compiled: Compiled, zone: ZoneInfo, cursor: datetime, policy: DstPolicy, until: datetime | None = None
 ) -> Iterator[tuple[datetime, str | None]]:
+    fast = fixed_offset_instants(compiled, zone, cursor, until) if until is not None else None
+    for instant in fast or ():
+        yield instant, None
+        cursor = instant
+    # Past `until` (or all along, when the offset changes nearby): one search per slot.
     while (found := next_cron(compiled, zone, cursor, policy)) is not None:
         yield found
         cursor = found[0]
