@@ -9,6 +9,7 @@ import json
 import time
 from datetime import UTC, datetime, timedelta
 from io import StringIO
+from pathlib import Path
 
 import pytest
 import requests
@@ -49,6 +50,16 @@ def refusal(secret: str, body: bytes, headers: dict[str, str]) -> str:
     with pytest.raises(WebhookVerificationError) as refused:
         Webhook(secret).verify(body, headers, json_parse=False)
     return str(refused.value)
+
+
+def readme_verifier(secret: str) -> str:
+    """The verifier README.md shows (section "Verifying calls"), with `secret` in it."""
+    section = (
+        (Path(__file__).resolve().parent.parent / "README.md").read_text().split("## Verifying calls")[1]
+    )
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert code.count("\n") == 5 and '"whsec_..."' in code
+    return code.replace('"whsec_..."', repr(secret))
 
 
 def signatures(call: Received) -> list[str]:
@@ -109,6 +120,11 @@ def test_every_call_is_signed_and_verifies_with_the_standard_library(processes, 
             # Another tenant's secret, or one byte changed, and the library refuses.
             assert refusal(other_secret, call.body, call.headers) == "No matching signature found"
             assert refusal(secret, call.body + b" ", call.headers) == "No matching signature found"
+    # README.md's five lines verify a call as the library does.
+    (call,) = calls["/json"]
+    exec(readme_verifier(secret), {"body": call.body, "headers": call.headers})
+    with pytest.raises(WebhookVerificationError):
+        exec(readme_verifier(other_secret), {"body": call.body, "headers": call.headers})
     first, second = calls["/flaky"]
     assert first.headers["webhook-id"] != second.headers["webhook-id"]
     assert_no_secret(processes.log_of(proc), [secret, other_secret], "the executor log")

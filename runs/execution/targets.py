@@ -142,14 +142,11 @@ async def call_http(
     # host as aiohttp parsed it (a pre-check on the raw string is what Unicode hosts,
     # fullwidth or circled digits that yarl maps to 127.0.0.1, slipped past).
     # `allow_private` is enforced by the session's GuardedConnector (make_session).
-    # A target stored before the signature's headers were reserved may name one in
-    # another case: it would go out beside ours, and a verifier would read either.
-    headers = {
-        str(k): str(v)
-        for k, v in (target.get("headers") or {}).items()
-        if str(k).lower() not in signing.HEADERS
-    }
+    headers = {str(k): str(v) for k, v in (target.get("headers") or {}).items()}
     data = _body(target, headers)
+    # After the target's own: a target stored before the executor's names were reserved
+    # may name one in another case, and the session keeps the later of two spellings
+    # (tests/test_signed_calls.py checks that each signature header goes out once).
     headers.update(run_headers(run))
     headers.update(
         signing.signature_headers(
