@@ -21,6 +21,7 @@ import re
 import threading
 import time
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -42,7 +43,8 @@ MAX_STEPS = 10_080
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 SPIKES = 5
-# A spike is a step holding more than this many times the window's mean per step.
+# A spike is a step holding more than this many times the window's mean per step and at
+# least half the busiest step's runs: the walls, not the steady background beside them.
 SPIKE_FACTOR = 2.0
 CAUSES_PER_SPIKE = 10
 # How long the console reuses a forecast (the dashboard refreshes every 15 s).
@@ -187,6 +189,7 @@ class Spike:
     times_mean: float  # count / the window's mean per step
     causes: list[Cause]
     other_runs: int  # runs of the step from causes beyond the listed ones
+    repeats: int  # steps of the window holding this same count, this one included
 
 
 @dataclass(frozen=True)
@@ -203,8 +206,11 @@ class Forecast:
         return sum(self.counts)
 
     def spike_at(self, moment: datetime) -> Spike | None:
+        """The spike whose count the step of `moment` holds (a recurring one counts at every step)."""
         index = self.window.index_of(moment)
-        return next((s for s in self.spikes if s.index == index), None)
+        if index is None:
+            return None
+        return next((s for s in self.spikes if s.count == self.counts[index]), None)
 
 
 # --- computing it ----------------------------------------------------------------
@@ -385,9 +391,16 @@ def _spikes(
     if not total:
         return []
     mean = total / len(counts)
-    order = sorted(range(len(counts)), key=lambda i: (-counts[i], i))[:SPIKES]
-    chosen = [i for i in order if counts[i] > SPIKE_FACTOR * mean]
-    return [_spike(window, i, counts[i], mean, grids, points, start, step) for i in chosen]
+    floor = max(SPIKE_FACTOR * mean, max(counts) / 2)
+    # A wall at every top of the hour is 24 equal steps: each count once (its first
+    # step), with how often it recurs, so the list reaches the next largest.
+    repeats = Counter(counts)
+    first: dict[int, int] = {}
+    for i, n in enumerate(counts):
+        if n > SPIKE_FACTOR * mean and n >= floor:
+            first.setdefault(n, i)
+    chosen = sorted(first.items(), reverse=True)[:SPIKES]
+    return [_spike(window, i, n, mean, grids, points, start, step, repeats[n]) for n, i in chosen]
 
 
 def _spike(
@@ -399,6 +412,7 @@ def _spike(
     points: _Grid,
     start: int,
     step: int,
+    repeats: int,
 ) -> Spike:
     """Which schedules the runs of one step come from (a second pass over the groups)."""
     lo = start + index * step
@@ -440,6 +454,7 @@ def _spike(
         times_mean=round(count / mean, 1),
         causes=causes,
         other_runs=count - sum(c.runs for c in causes),
+        repeats=repeats,
     )
 
 

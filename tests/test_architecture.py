@@ -29,9 +29,16 @@ WIRING = {
 EXECUTOR_COMMAND = "runs.management.commands.run_executor"
 SCHEDULER_COMMAND = "jobs.management.commands.run_scheduler"
 # What the operator-facing rest of `runs` (admin, API, selectors, services, metrics) may
-# use of `jobs`: the models, the audit log, the one overdue rule, the one way to show an
-# instant, and the admin's shared base.
-JOBS_SEEN_BY_RUNS = {"jobs.models", "jobs.audit", "jobs.health", "jobs.admin.display", "jobs.admin.base"}
+# use of `jobs`: the models, the audit log, the one overdue rule, the one load forecast
+# (the dashboard's chart), the one way to show an instant, and the admin's shared base.
+JOBS_SEEN_BY_RUNS = {
+    "jobs.models",
+    "jobs.audit",
+    "jobs.health",
+    "jobs.forecast",
+    "jobs.admin.display",
+    "jobs.admin.base",
+}
 # The fire-time package's public doors: the package itself and its jitter module.
 SCHEDULE_DOORS = {"jobs.schedule", "jobs.schedule.jitter"}
 SQL_MODULES = {

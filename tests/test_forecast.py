@@ -110,6 +110,10 @@ def test_spikes_name_their_schedules_and_how_to_spread_them(api):
     top = spikes[0]
     # At :00 the six hourly jobs and the three */5 ones (and any hashed one on minute 0).
     assert top["at"].endswith(":00:00Z") and top["count"] >= 9
+    assert len({s["count"] for s in spikes}) == len(spikes)  # each count once ...
+    assert (
+        top["repeats"] == sum(1 for n in body["counts"] if n == top["count"]) >= 23
+    )  # ... with its recurrences
     assert body["counts"][top["index"]] == top["count"]
     causes = {(c["cron"], c["timezone"]): c for c in top["causes"]}
     hourly = causes[("0 * * * *", "Europe/Berlin")]

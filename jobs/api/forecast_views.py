@@ -45,6 +45,7 @@ def forecast_json(result: forecast.Forecast) -> dict:
                     for cause in spike.causes
                 ],
                 "other_runs": spike.other_runs,
+                "repeats": spike.repeats,
             }
             for spike in result.spikes
         ],

@@ -368,6 +368,9 @@ class SpikeSerializer(serializers.Serializer):
     times_mean = serializers.FloatField(help_text="count / the window's mean per step.")
     causes = CauseSerializer(many=True, help_text="Largest first, at most 10.")
     other_runs = serializers.IntegerField(help_text="Runs of the step from schedules beyond the listed ones.")
+    repeats = serializers.IntegerField(
+        help_text="Steps of the window holding this count, this one included (24: every top of the hour)."
+    )
 
 
 class ForecastSerializer(serializers.Serializer):
@@ -378,7 +381,8 @@ class ForecastSerializer(serializers.Serializer):
     counts = serializers.ListField(child=serializers.IntegerField(), help_text="Runs due per step, in order.")
     spikes = SpikeSerializer(
         many=True,
-        help_text="The largest steps (at most 5) holding more than twice the mean per step, largest first.",
+        help_text="The largest counts (at most 5) above twice the mean per step and at least half the "
+        "busiest step's, largest first, each at its first step with how many steps hold it.",
     )
 
     def get_fields(self):
