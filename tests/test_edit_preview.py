@@ -12,19 +12,22 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.forms.models import model_to_dict
 
-from jobs.dispatch.scheduler import Scheduler
 from jobs.models import AuditEntry, Job, Misfire, SlotRange
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
-from tests.conftest import database_url
 from tests.support import clock
-from tests.support.scheduler import make_job
+from tests.support.scheduler import in_process_schedulers, make_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 T = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
 HOOK = {"type": "http", "url": "https://example.com/hook", "headers": {"Authorization": "Bearer s3cret"}}
+
+
+@pytest.fixture
+def make_scheduler():
+    yield from in_process_schedulers(at=T)
 
 
 def url(job) -> str:
@@ -179,7 +182,7 @@ def test_a_schedule_change_leaves_the_due_slots_missed(api, tenant):
         ({"priority": 1}, 1),
     ],
 )
-def test_the_misfire_rules_are_what_the_scheduler_then_does(api, tenant, body, will_run):
+def test_the_misfire_rules_are_what_the_scheduler_then_does(api, tenant, make_scheduler, body, will_run):
     job = overdue_job(tenant)
     with clock.travel(T):
         answer = dry(api, job, body).json()
@@ -187,20 +190,10 @@ def test_the_misfire_rules_are_what_the_scheduler_then_does(api, tenant, body, w
     past = answer["past_slots"]
     assert (past["count"], past["rule"], past["will_run"]) == (11, "misfire_policy", will_run)
     assert answer["due_now"]["due"] is True and answer["due_now"]["because_of_edit"] is False
-    scheduler = Scheduler(
-        node_id="preview",
-        conninfo=database_url(),
-        clock=lambda: T,
-        heartbeat_thread=False,
-        maintain_partitions=False,
-        lease_seconds=30,
-    )
-    try:
-        scheduler.lease.tick_now()
-        while scheduler.step():
-            pass
-    finally:
-        scheduler.close()
+    scheduler = make_scheduler(node_id="preview")
+    scheduler.lease.tick_now()
+    while scheduler.step():
+        pass
     assert JobRun.objects.filter(job_id=job.id, trigger="catch_up").count() == will_run
 
 

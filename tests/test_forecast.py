@@ -16,8 +16,8 @@ from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
-from tests.conftest import database_url
 from tests.support import clock
+from tests.support.scheduler import in_process_schedulers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -170,6 +170,12 @@ def test_the_largest_window_is_answered(api):
 # --- the forecast against what the scheduler then does --------------------------------
 
 
+@pytest.fixture
+def make_scheduler():
+    """In-process schedulers on the test database; each test gives its own clock."""
+    yield from in_process_schedulers(at=datetime.now(UTC))
+
+
 def _drive(scheduler: Scheduler, now: list[datetime], *, job_ids: list, until: datetime) -> None:
     """Move the scheduler's clock from due slot to due slot and let it dispatch each."""
     while True:
@@ -197,7 +203,7 @@ WINDOWS = {
 
 
 @pytest.mark.parametrize("day", sorted(WINDOWS))
-def test_the_forecast_is_what_the_scheduler_then_creates(api, day):
+def test_the_forecast_is_what_the_scheduler_then_creates(api, make_scheduler, day):
     start, end = (parse_utc(t) for t in WINDOWS[day])
     ny = "America/New_York"
     jobs = [
@@ -223,18 +229,7 @@ def test_the_forecast_is_what_the_scheduler_then_creates(api, day):
     assert body["total"] > 60
 
     now = [start]
-    scheduler = Scheduler(
-        node_id="forecast",
-        conninfo=database_url(),
-        clock=lambda: now[0],
-        heartbeat_thread=False,
-        maintain_partitions=False,
-        lease_seconds=30,
-    )
-    try:
-        _drive(scheduler, now, job_ids=ids, until=end)
-    finally:
-        scheduler.close()
+    _drive(make_scheduler(node_id="forecast", clock=lambda: now[0]), now, job_ids=ids, until=end)
     created = Counter(
         format_utc(at.replace(second=0))
         for at in JobRun.objects.filter(job_id__in=ids, scheduled_at__gte=start, scheduled_at__lt=end)
