@@ -47,6 +47,7 @@ SPIKES = 5
 # least half the busiest step's runs: the walls, not the steady background beside them.
 SPIKE_FACTOR = 2.0
 CAUSES_PER_SPIKE = 10
+ZONES_PER_CAUSE = 5
 # How long the console reuses a forecast (the dashboard refreshes every 15 s).
 CACHE_SECONDS = 60
 
@@ -170,14 +171,14 @@ def spread_for(cron: str) -> Spread | None:
 
 @dataclass(frozen=True)
 class Cause:
-    """The jobs of one schedule that are due in a spike's step."""
+    """The jobs of one expression (or interval, or the one-time jobs) due in a spike's step."""
 
     kind: str  # cron | interval | one_time
     cron: str | None  # as written
-    timezone: str | None
     interval_seconds: int | None
     jobs: int
     runs: int
+    timezones: dict[str, int]  # cron: its jobs per zone, the largest first (at most ZONES_PER_CAUSE)
     spread: Spread | None
 
 
@@ -417,7 +418,18 @@ def _spike(
     """Which schedules the runs of one step come from (a second pass over the groups)."""
     lo = start + index * step
     hi = lo + step  # exclusive
-    by_cause: dict[tuple, list[int]] = {}  # cause -> [jobs, runs]
+    # (kind, expression or interval) -> [jobs, runs, {zone: jobs}]: counts by expression,
+    # whatever zones it is written in (a wall is one expression in a dozen zones).
+    by_cause: dict[tuple, list] = {}
+
+    def tally(cause: tuple, jobs: int, runs: int) -> None:
+        kind, cron, zone, interval = cause
+        entry = by_cause.setdefault((kind, cron, interval), [0, 0, Counter()])
+        entry[0] += jobs
+        entry[1] += runs
+        if zone:
+            entry[2][zone] += jobs
+
     for grid in grids.values():
         a, b = bisect_left(grid.times, lo), bisect_left(grid.times, hi)
         if a == b:
@@ -426,26 +438,22 @@ def _spike(
             i = max(a, bisect_left(grid.times, m.lo))
             j = min(b, bisect_right(grid.times, m.hi))
             if i < j:
-                tally = by_cause.setdefault(m.cause, [0, 0])
-                tally[0] += m.n
-                tally[1] += m.n * (j - i)
+                tally(m.cause, m.n, m.n * (j - i))
     for point in points.members.values():
         if lo <= point.first < hi and point.first <= point.hi:
-            tally = by_cause.setdefault(point.cause, [0, 0])
-            tally[0] += point.n
-            tally[1] += point.n
+            tally(point.cause, point.n, point.n)
     ranked = sorted(by_cause.items(), key=lambda item: (-item[1][1], str(item[0])))
     causes = [
         Cause(
             kind=kind,
             cron=cron,
-            timezone=zone,
             interval_seconds=interval,
             jobs=jobs,
             runs=runs,
+            timezones=dict(sorted(zones.items(), key=lambda z: (-z[1], z[0]))[:ZONES_PER_CAUSE]),
             spread=spread_for(cron) if cron else None,
         )
-        for (kind, cron, zone, interval), (jobs, runs) in ranked[:CAUSES_PER_SPIKE]
+        for (kind, cron, interval), (jobs, runs, zones) in ranked[:CAUSES_PER_SPIKE]
     ]
     return Spike(
         index=index,

@@ -99,6 +99,8 @@ def test_spikes_name_their_schedules_and_how_to_spread_them(api):
     with clock.travel("2026-06-01T10:00:00Z"):
         for i in range(6):
             create(api, name=f"hourly-{i}", cron="0 * * * *", timezone="Europe/Berlin")
+        for i in range(2):
+            create(api, name=f"tokyo-{i}", cron="0 * * * *", timezone="Asia/Tokyo")
         for i in range(3):
             create(api, name=f"five-{i}", cron="*/5 * * * *")
         for i in range(4):
@@ -108,19 +110,24 @@ def test_spikes_name_their_schedules_and_how_to_spread_them(api):
     assert spikes and len(spikes) <= 5
     assert [s["count"] for s in spikes] == sorted((s["count"] for s in spikes), reverse=True)
     top = spikes[0]
-    # At :00 the six hourly jobs and the three */5 ones (and any hashed one on minute 0).
-    assert top["at"].endswith(":00:00Z") and top["count"] >= 9
+    # At :00 the eight hourly jobs and the three */5 ones (and any hashed one on minute 0).
+    assert top["at"].endswith(":00:00Z") and top["count"] >= 11
     assert len({s["count"] for s in spikes}) == len(spikes)  # each count once ...
     assert (
         top["repeats"] == sum(1 for n in body["counts"] if n == top["count"]) >= 23
     )  # ... with its recurrences
     assert body["counts"][top["index"]] == top["count"]
-    causes = {(c["cron"], c["timezone"]): c for c in top["causes"]}
-    hourly = causes[("0 * * * *", "Europe/Berlin")]
-    assert (hourly["kind"], hourly["jobs"], hourly["runs"]) == ("cron", 6, 6)
+    causes = {c["cron"]: c for c in top["causes"]}
+    hourly = causes["0 * * * *"]  # counted by expression, whatever its zones
+    assert (hourly["kind"], hourly["jobs"], hourly["runs"]) == ("cron", 8, 8)
+    assert hourly["timezones"] == {"Europe/Berlin": 6, "Asia/Tokyo": 2}
     assert hourly["spread"]["suggestion"] == "H * * * *" and "minute 0" in hourly["spread"]["why"]
-    five = causes[("*/5 * * * *", "UTC")]
-    assert five["jobs"] == 3 and five["spread"]["suggestion"] == "H/5 * * * *"
+    five = causes["*/5 * * * *"]
+    assert (
+        five["jobs"] == 3
+        and five["timezones"] == {"UTC": 3}
+        and five["spread"]["suggestion"] == "H/5 * * * *"
+    )
     assert all(c["spread"] is None for c in top["causes"] if c["cron"] == "H * * * *")
     assert top["other_runs"] == top["count"] - sum(c["runs"] for c in top["causes"])
     assert top["times_mean"] > 2

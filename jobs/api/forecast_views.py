@@ -34,10 +34,10 @@ def forecast_json(result: forecast.Forecast) -> dict:
                     {
                         "kind": cause.kind,
                         "cron": cause.cron,
-                        "timezone": cause.timezone,
                         "interval_seconds": cause.interval_seconds,
                         "jobs": cause.jobs,
                         "runs": cause.runs,
+                        "timezones": cause.timezones,
                         "spread": None
                         if cause.spread is None
                         else {"suggestion": cause.spread.suggestion, "why": cause.spread.why},

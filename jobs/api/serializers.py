@@ -348,11 +348,13 @@ class SpreadSerializer(serializers.Serializer):
 class CauseSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["cron", "interval", "one_time"])
     cron = serializers.CharField(allow_null=True, help_text="As written (H and aliases unexpanded).")
-    timezone = serializers.CharField(allow_null=True)
     interval_seconds = serializers.IntegerField(allow_null=True)
-    jobs = serializers.IntegerField(help_text="Jobs of this schedule due in the step.")
+    jobs = serializers.IntegerField(help_text="Jobs on it due in the step, in every zone.")
     runs = serializers.IntegerField(
         help_text="Their runs due in the step (an interval shorter than it: several)."
+    )
+    timezones = serializers.DictField(
+        child=serializers.IntegerField(), help_text="A cron expression's jobs per zone, the 5 largest."
     )
     spread = SpreadSerializer(
         allow_null=True,
