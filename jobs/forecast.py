@@ -1,5 +1,5 @@
 """The load forecast: how many runs fall due in each step of a window, computed from the
-schedules, not from runs (docs/decisions/0067-load-forecast.md).
+schedules, not from runs (docs/decisions/0070-load-forecast.md).
 
 A job's due slots are the ones the scheduler will fire: the slot it waits for
 (`next_run_at`), then every later fire time of its schedule (jobs.schedule: its zone,
@@ -21,6 +21,7 @@ import re
 import threading
 import time
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -42,9 +43,11 @@ MAX_STEPS = 10_080
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 LATEST = datetime(9999, 1, 1, tzinfo=UTC)
 SPIKES = 5
-# A spike is a step holding more than this many times the window's mean per step.
+# A spike is a step holding more than this many times the window's mean per step and at
+# least half the busiest step's runs: the walls, not the steady background beside them.
 SPIKE_FACTOR = 2.0
 CAUSES_PER_SPIKE = 10
+ZONES_PER_CAUSE = 5
 # How long the console reuses a forecast (the dashboard refreshes every 15 s).
 CACHE_SECONDS = 60
 
@@ -168,14 +171,14 @@ def spread_for(cron: str) -> Spread | None:
 
 @dataclass(frozen=True)
 class Cause:
-    """The jobs of one schedule that are due in a spike's step."""
+    """The jobs of one expression (or interval, or the one-time jobs) due in a spike's step."""
 
     kind: str  # cron | interval | one_time
     cron: str | None  # as written
-    timezone: str | None
     interval_seconds: int | None
     jobs: int
     runs: int
+    timezones: dict[str, int]  # cron: its jobs per zone, the largest first (at most ZONES_PER_CAUSE)
     spread: Spread | None
 
 
@@ -187,6 +190,7 @@ class Spike:
     times_mean: float  # count / the window's mean per step
     causes: list[Cause]
     other_runs: int  # runs of the step from causes beyond the listed ones
+    repeats: int  # steps of the window holding this same count, this one included
 
 
 @dataclass(frozen=True)
@@ -203,8 +207,11 @@ class Forecast:
         return sum(self.counts)
 
     def spike_at(self, moment: datetime) -> Spike | None:
+        """The spike whose count the step of `moment` holds (a recurring one counts at every step)."""
         index = self.window.index_of(moment)
-        return next((s for s in self.spikes if s.index == index), None)
+        if index is None:
+            return None
+        return next((s for s in self.spikes if s.count == self.counts[index]), None)
 
 
 # --- computing it ----------------------------------------------------------------
@@ -385,9 +392,16 @@ def _spikes(
     if not total:
         return []
     mean = total / len(counts)
-    order = sorted(range(len(counts)), key=lambda i: (-counts[i], i))[:SPIKES]
-    chosen = [i for i in order if counts[i] > SPIKE_FACTOR * mean]
-    return [_spike(window, i, counts[i], mean, grids, points, start, step) for i in chosen]
+    floor = max(SPIKE_FACTOR * mean, max(counts) / 2)
+    # A wall at every top of the hour is 24 equal steps: each count once (its first
+    # step), with how often it recurs, so the list reaches the next largest.
+    repeats = Counter(counts)
+    first: dict[int, int] = {}
+    for i, n in enumerate(counts):
+        if n > SPIKE_FACTOR * mean and n >= floor:
+            first.setdefault(n, i)
+    chosen = sorted(first.items(), reverse=True)[:SPIKES]
+    return [_spike(window, i, n, mean, grids, points, start, step, repeats[n]) for n, i in chosen]
 
 
 def _spike(
@@ -399,11 +413,23 @@ def _spike(
     points: _Grid,
     start: int,
     step: int,
+    repeats: int,
 ) -> Spike:
     """Which schedules the runs of one step come from (a second pass over the groups)."""
     lo = start + index * step
     hi = lo + step  # exclusive
-    by_cause: dict[tuple, list[int]] = {}  # cause -> [jobs, runs]
+    # (kind, expression or interval) -> [jobs, runs, {zone: jobs}]: counts by expression,
+    # whatever zones it is written in (a wall is one expression in a dozen zones).
+    by_cause: dict[tuple, list] = {}
+
+    def tally(cause: tuple, jobs: int, runs: int) -> None:
+        kind, cron, zone, interval = cause
+        entry = by_cause.setdefault((kind, cron, interval), [0, 0, Counter()])
+        entry[0] += jobs
+        entry[1] += runs
+        if zone:
+            entry[2][zone] += jobs
+
     for grid in grids.values():
         a, b = bisect_left(grid.times, lo), bisect_left(grid.times, hi)
         if a == b:
@@ -412,26 +438,22 @@ def _spike(
             i = max(a, bisect_left(grid.times, m.lo))
             j = min(b, bisect_right(grid.times, m.hi))
             if i < j:
-                tally = by_cause.setdefault(m.cause, [0, 0])
-                tally[0] += m.n
-                tally[1] += m.n * (j - i)
+                tally(m.cause, m.n, m.n * (j - i))
     for point in points.members.values():
         if lo <= point.first < hi and point.first <= point.hi:
-            tally = by_cause.setdefault(point.cause, [0, 0])
-            tally[0] += point.n
-            tally[1] += point.n
+            tally(point.cause, point.n, point.n)
     ranked = sorted(by_cause.items(), key=lambda item: (-item[1][1], str(item[0])))
     causes = [
         Cause(
             kind=kind,
             cron=cron,
-            timezone=zone,
             interval_seconds=interval,
             jobs=jobs,
             runs=runs,
+            timezones=dict(sorted(zones.items(), key=lambda z: (-z[1], z[0]))[:ZONES_PER_CAUSE]),
             spread=spread_for(cron) if cron else None,
         )
-        for (kind, cron, zone, interval), (jobs, runs) in ranked[:CAUSES_PER_SPIKE]
+        for (kind, cron, interval), (jobs, runs, zones) in ranked[:CAUSES_PER_SPIKE]
     ]
     return Spike(
         index=index,
@@ -440,6 +462,7 @@ def _spike(
         times_mean=round(count / mean, 1),
         causes=causes,
         other_runs=count - sum(c.runs for c in causes),
+        repeats=repeats,
     )
 
 

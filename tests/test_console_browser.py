@@ -755,3 +755,119 @@ def test_a_tenants_signing_secret_is_shown_once_in_the_console(page, web_server,
     expect(page.locator(".field-signing_overlap")).to_contain_text("shown once")
     for secret in (first, second):
         assert secret.removeprefix("whsec_") not in page.content()
+
+
+def test_dashboard_forecast_marks_spikes_and_says_how_to_spread_them(signed_in, acme):
+    """The next 24 h of due runs per minute, from the schedules: every tenant, or one;
+    the spikes marked and explained; and the job page says when its slot is in one."""
+    page = signed_in
+    globex, _ = tenant_services.create_tenant(slug="globex", name="Globex", max_concurrency=5)
+    hourly = [
+        services.create_job(tenant=acme, fields=dict(name=f"hourly {i}", cron_expr="0 * * * *", target=HOOK))
+        for i in range(12)
+    ]
+    for i in range(2):
+        services.create_job(tenant=acme, fields=dict(name=f"five {i}", cron_expr="*/5 * * * *", target=HOOK))
+    quiet = services.create_job(tenant=acme, fields=dict(name="quiet", cron_expr="17 3 * * *", target=HOOK))
+    for i in range(6):
+        services.create_job(
+            tenant=globex,
+            fields=dict(name=f"berlin {i}", cron_expr="0 * * * *", time_zone="Europe/Berlin", target=HOOK),
+        )
+    services.create_job(
+        tenant=globex, fields=dict(name="stopped", cron_expr="* * * * *", target=HOOK, paused=True)
+    )
+
+    page.goto("/admin/runs/jobrun/dashboard/?refresh=0")
+    chart = page.locator("#forecast svg[data-chart='forecast']")
+    expect(chart).to_have_attribute("data-steps", "1440")
+    total = int(chart.get_attribute("data-total"))
+    # 18 hourly jobs, 2 every 5 minutes, 1 daily: a day of them (the current minute's
+    # slot may have passed), and nothing of the paused minutely job.
+    assert 18 * 23 + 2 * 287 + 1 <= total <= 18 * 24 + 2 * 288 + 1, total
+    assert page.locator("[data-metric='forecast_total']").inner_text() == str(total)
+    # Every top of the hour holds 20 runs, the other fifth minutes 2: one spike, the wall
+    # (its count once, at its first minute, with how often it recurs), each of its bars in red.
+    spikes = chart.locator("rect[data-spike]")
+    expect(spikes).to_have_count(1)
+    assert spikes.evaluate_all("rs => rs.map(r => r.dataset.value)") == ["20"]
+    red = chart.locator("path[stroke='#cf222e']").get_attribute("d")
+    assert red.count("M") in (23, 24)  # every top of the hour in the next 24 h
+    first = page.locator("#forecast tr[data-spike='1']")
+    expect(first.locator("[data-metric='spike_count']")).to_have_text("20")
+    expect(first.locator("[data-metric='spike_repeats']")).to_have_text(re.compile(r"and 2[23] more minutes"))
+    # Counted by expression, whatever its zones.
+    hourly_cause = first.locator("li[data-cause='0 * * * *']")
+    expect(hourly_cause).to_contain_text("18 jobs on 0 * * * * (UTC 12, Europe/Berlin 6)")
+    expect(hourly_cause).to_contain_text("spread: use H * * * *")
+    expect(first.locator("li[data-cause='*/5 * * * *']")).to_contain_text("spread: use H/5 * * * *")
+    loads = page.locator("#forecast table.cy-tenant-load tbody tr")
+    assert [r.get_attribute("data-tenant") for r in loads.all()] == ["acme", "globex"]
+    b.screenshot(page, "dashboard_forecast")
+
+    # One tenant's view: globex's six Berlin jobs, nothing of acme's.
+    page.select_option("#forecast-tenant", "globex")
+    with page.expect_navigation():
+        page.locator("#forecast input[type=submit]").click()
+    expect(page.locator("#forecast h2")).to_contain_text("tenant globex")
+    globex_total = int(page.locator("#forecast svg[data-chart='forecast']").get_attribute("data-total"))
+    assert 6 * 23 <= globex_total <= 6 * 24
+    expect(page.locator("#forecast tr[data-spike='1'] [data-metric='spike_count']")).to_have_text("6")
+
+    # The job page: an hourly job's next slot is in a spike; the daily one's is not.
+    page.goto(f"/admin/jobs/job/{hourly[0].pk}/change/")
+    load = page.locator(".field-load_at_next_slot .cronyard-load")
+    expect(load).to_contain_text("Inside a load spike")
+    expect(load).to_contain_text("H * * * *")
+    assert load.get_attribute("data-count") == "20"
+    b.screenshot(page, "job_load_spike")
+    page.goto(f"/admin/jobs/job/{quiet.pk}/change/")
+    expect(page.locator(".field-load_at_next_slot .cronyard-load")).to_contain_text("is not in a load spike")
+
+
+def test_preview_changes_shows_both_lists_and_saves_nothing(signed_in, acme):
+    page = signed_in
+    job = services.create_job(
+        tenant=acme, fields=dict(name="hourly report", cron_expr="0 * * * *", target=HOOK)
+    )
+    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    panel = page.locator("#cronyard-edit-preview")
+    # Before the Save buttons.
+    assert (
+        page.locator("#cronyard-edit-preview-module").bounding_box()["y"]
+        < page.locator(".submit-row input[name=_save]").bounding_box()["y"]
+    )
+    page.fill("#id_cron_expr", "30 * * * *")
+    page.locator("#cronyard-edit-preview-button").click()
+    expect(page.locator("#cronyard-edit-preview-summary")).to_contain_text(
+        "168 fire times added, 168 removed"
+    )
+    before, after = page.locator("#cronyard-edit-before"), page.locator("#cronyard-edit-after")
+    expect(before.locator("li.removed")).to_have_count(50)
+    expect(after.locator("li.added")).to_have_count(50)
+    expect(before.locator("li").first).to_contain_text(":00:00Z")
+    expect(after.locator("li").first).to_contain_text(":30:00Z")
+    left, right = before.bounding_box(), after.bounding_box()
+    assert left["x"] + left["width"] <= right["x"] and abs(left["y"] - right["y"]) < 2  # side by side
+    expect(panel).to_contain_text("an edit never fires a past slot")
+    expect(panel).to_contain_text("Audit entry: cron_expr changed.")
+    first_after = after.locator("li").first.inner_text().split()[0]
+    b.screenshot(page, "job_edit_preview")
+    b.screenshot(page, "tour_edit_preview", full_page=False)
+    job.refresh_from_db()
+    assert job.cron_expr == "0 * * * *"
+    assert not AuditEntry.objects.filter(job_id=job.pk, action="update").exists()
+
+    # What Save would refuse, the preview refuses with the same words.
+    page.fill("#id_cron_expr", "61 * * * *")
+    page.locator("#cronyard-edit-preview-button").click()
+    expect(panel.locator(".cy-preview-error")).to_have_text("Save would refuse this change:")
+    expect(panel.locator(".cy-preview-errors")).to_contain_text("cron_expr")
+
+    # Saving does what the preview said.
+    page.fill("#id_cron_expr", "30 * * * *")
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+    assert b.messages(page)[0][0] == "success"
+    job.refresh_from_db()
+    assert job.cron_expr == "30 * * * *" and z(job.next_run_at) == first_after

@@ -12,19 +12,22 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.forms.models import model_to_dict
 
-from jobs.dispatch.scheduler import Scheduler
 from jobs.models import AuditEntry, Job, Misfire, SlotRange
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
-from tests.conftest import database_url
 from tests.support import clock
-from tests.support.scheduler import make_job
+from tests.support.scheduler import in_process_schedulers, make_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 T = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
 MINUTE = timedelta(minutes=1)
 HOOK = {"type": "http", "url": "https://example.com/hook", "headers": {"Authorization": "Bearer s3cret"}}
+
+
+@pytest.fixture
+def make_scheduler():
+    yield from in_process_schedulers(at=T)
 
 
 def url(job) -> str:
@@ -179,7 +182,7 @@ def test_a_schedule_change_leaves_the_due_slots_missed(api, tenant):
         ({"priority": 1}, 1),
     ],
 )
-def test_the_misfire_rules_are_what_the_scheduler_then_does(api, tenant, body, will_run):
+def test_the_misfire_rules_are_what_the_scheduler_then_does(api, tenant, make_scheduler, body, will_run):
     job = overdue_job(tenant)
     with clock.travel(T):
         answer = dry(api, job, body).json()
@@ -187,20 +190,10 @@ def test_the_misfire_rules_are_what_the_scheduler_then_does(api, tenant, body, w
     past = answer["past_slots"]
     assert (past["count"], past["rule"], past["will_run"]) == (11, "misfire_policy", will_run)
     assert answer["due_now"]["due"] is True and answer["due_now"]["because_of_edit"] is False
-    scheduler = Scheduler(
-        node_id="preview",
-        conninfo=database_url(),
-        clock=lambda: T,
-        heartbeat_thread=False,
-        maintain_partitions=False,
-        lease_seconds=30,
-    )
-    try:
-        scheduler.lease.tick_now()
-        while scheduler.step():
-            pass
-    finally:
-        scheduler.close()
+    scheduler = make_scheduler(node_id="preview")
+    scheduler.lease.tick_now()
+    while scheduler.step():
+        pass
     assert JobRun.objects.filter(job_id=job.id, trigger="catch_up").count() == will_run
 
 
@@ -255,3 +248,56 @@ def test_another_tenants_job_is_a_404_even_dry(api, tenant, db):
     other, _ = create_tenant(slug="other", max_concurrency=1)
     job = make_job(other, next_run_at=T)
     assert dry(api, job, {"name": "x"}).status_code == 404
+
+
+# --- the console's "Preview changes" (the admin endpoint behind it) -------------------
+
+
+def test_the_change_forms_preview_is_the_api_dry_run(admin_client, api, tenant):
+    from jobs import services
+    from tests.support.admin_form import job_form_data
+
+    with clock.travel("2026-06-01T10:00:00Z"):
+        job = services.create_job(
+            tenant=tenant, fields=dict(name="hourly", cron_expr="0 * * * *", target=HOOK)
+        )
+        before = state(job.id)
+        form = job_form_data(tenant, name="hourly", cron_expr="30 * * * *", target={**HOOK, "method": "POST"})
+        panel = admin_client.post(f"/admin/jobs/job/{job.pk}/edit-preview/", form)
+        dry_run = dry(api, job, {"cron": "30 * * * *"}).json()
+        assert state(job.id) == before
+    assert panel.status_code == 200, panel.content
+    body = panel.json()
+    for key in ("due_now", "past_slots", "ledger_ranges", "schedule_changed", "next_run_at", "changes"):
+        assert body[key] == dry_run[key], key
+    panel_times, api_times = body["fire_times"], dry_run["fire_times"]
+    for key in ("from", "to", "truncated"):
+        assert panel_times[key] == api_times[key]
+    for key in ("before", "after", "added", "removed"):  # the panel lists 50, the API 100
+        assert panel_times[key]["count"] == api_times[key]["count"]
+        assert panel_times[key]["times"] == api_times[key]["times"][:50]
+    assert body["before_list"][0] == {
+        "utc": "2026-06-01T11:00:00Z",
+        "local": "2026-06-01 11:00 UTC",
+        "mark": "removed",
+    }
+    assert body["after_list"][0] == {
+        "utc": "2026-06-01T10:30:00Z",
+        "local": "2026-06-01 10:30 UTC",
+        "mark": "added",
+    }
+    assert len(body["after_list"]) == 50 and body["fire_times"]["after"]["count"] == 168
+
+
+def test_the_change_forms_preview_refuses_what_save_refuses(admin_client, tenant):
+    from jobs import services
+    from tests.support.admin_form import job_form_data
+
+    job = services.create_job(tenant=tenant, fields=dict(name="hourly", cron_expr="0 * * * *", target=HOOK))
+    before = state(job.id)
+    response = admin_client.post(
+        f"/admin/jobs/job/{job.pk}/edit-preview/", job_form_data(tenant, cron_expr="61 * * * *")
+    )
+    assert response.status_code == 400 and "cron_expr" in response.json()["errors"]
+    assert admin_client.get(f"/admin/jobs/job/{job.pk}/edit-preview/").status_code == 405
+    assert state(job.id) == before

@@ -16,8 +16,8 @@ from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
-from tests.conftest import database_url
 from tests.support import clock
+from tests.support.scheduler import in_process_schedulers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,6 +99,8 @@ def test_spikes_name_their_schedules_and_how_to_spread_them(api):
     with clock.travel("2026-06-01T10:00:00Z"):
         for i in range(6):
             create(api, name=f"hourly-{i}", cron="0 * * * *", timezone="Europe/Berlin")
+        for i in range(2):
+            create(api, name=f"tokyo-{i}", cron="0 * * * *", timezone="Asia/Tokyo")
         for i in range(3):
             create(api, name=f"five-{i}", cron="*/5 * * * *")
         for i in range(4):
@@ -108,15 +110,24 @@ def test_spikes_name_their_schedules_and_how_to_spread_them(api):
     assert spikes and len(spikes) <= 5
     assert [s["count"] for s in spikes] == sorted((s["count"] for s in spikes), reverse=True)
     top = spikes[0]
-    # At :00 the six hourly jobs and the three */5 ones (and any hashed one on minute 0).
-    assert top["at"].endswith(":00:00Z") and top["count"] >= 9
+    # At :00 the eight hourly jobs and the three */5 ones (and any hashed one on minute 0).
+    assert top["at"].endswith(":00:00Z") and top["count"] >= 11
+    assert len({s["count"] for s in spikes}) == len(spikes)  # each count once ...
+    assert (
+        top["repeats"] == sum(1 for n in body["counts"] if n == top["count"]) >= 23
+    )  # ... with its recurrences
     assert body["counts"][top["index"]] == top["count"]
-    causes = {(c["cron"], c["timezone"]): c for c in top["causes"]}
-    hourly = causes[("0 * * * *", "Europe/Berlin")]
-    assert (hourly["kind"], hourly["jobs"], hourly["runs"]) == ("cron", 6, 6)
+    causes = {c["cron"]: c for c in top["causes"]}
+    hourly = causes["0 * * * *"]  # counted by expression, whatever its zones
+    assert (hourly["kind"], hourly["jobs"], hourly["runs"]) == ("cron", 8, 8)
+    assert hourly["timezones"] == {"Europe/Berlin": 6, "Asia/Tokyo": 2}
     assert hourly["spread"]["suggestion"] == "H * * * *" and "minute 0" in hourly["spread"]["why"]
-    five = causes[("*/5 * * * *", "UTC")]
-    assert five["jobs"] == 3 and five["spread"]["suggestion"] == "H/5 * * * *"
+    five = causes["*/5 * * * *"]
+    assert (
+        five["jobs"] == 3
+        and five["timezones"] == {"UTC": 3}
+        and five["spread"]["suggestion"] == "H/5 * * * *"
+    )
     assert all(c["spread"] is None for c in top["causes"] if c["cron"] == "H * * * *")
     assert top["other_runs"] == top["count"] - sum(c["runs"] for c in top["causes"])
     assert top["times_mean"] > 2
@@ -166,6 +177,12 @@ def test_the_largest_window_is_answered(api):
 # --- the forecast against what the scheduler then does --------------------------------
 
 
+@pytest.fixture
+def make_scheduler():
+    """In-process schedulers on the test database; each test gives its own clock."""
+    yield from in_process_schedulers(at=datetime.now(UTC))
+
+
 def _drive(scheduler: Scheduler, now: list[datetime], *, job_ids: list, until: datetime) -> None:
     """Move the scheduler's clock from due slot to due slot and let it dispatch each."""
     while True:
@@ -193,7 +210,7 @@ WINDOWS = {
 
 
 @pytest.mark.parametrize("day", sorted(WINDOWS))
-def test_the_forecast_is_what_the_scheduler_then_creates(api, day):
+def test_the_forecast_is_what_the_scheduler_then_creates(api, make_scheduler, day):
     start, end = (parse_utc(t) for t in WINDOWS[day])
     ny = "America/New_York"
     jobs = [
@@ -219,18 +236,7 @@ def test_the_forecast_is_what_the_scheduler_then_creates(api, day):
     assert body["total"] > 60
 
     now = [start]
-    scheduler = Scheduler(
-        node_id="forecast",
-        conninfo=database_url(),
-        clock=lambda: now[0],
-        heartbeat_thread=False,
-        maintain_partitions=False,
-        lease_seconds=30,
-    )
-    try:
-        _drive(scheduler, now, job_ids=ids, until=end)
-    finally:
-        scheduler.close()
+    _drive(make_scheduler(node_id="forecast", clock=lambda: now[0]), now, job_ids=ids, until=end)
     created = Counter(
         format_utc(at.replace(second=0))
         for at in JobRun.objects.filter(job_id__in=ids, scheduled_at__gte=start, scheduled_at__lt=end)

@@ -26,8 +26,8 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 
-from jobs import services
-from jobs.admin import activity, console, dst_form
+from jobs import edit_preview, services
+from jobs.admin import activity, change_preview, console, dst_form, load
 from jobs.admin.base import actor_of
 from jobs.admin.display import in_zone, relative
 from jobs.admin.forms import POLICY_FORM_FIELDS, SCHEDULE_FORM_FIELDS, JobAdminForm
@@ -183,6 +183,7 @@ class JobAdmin(admin.ModelAdmin):
         "next_run_at",
         "schedule_text",
         "next_fire_times",
+        "load_at_next_slot",
         "created_at",
         "state",
         "last_outcome",
@@ -193,7 +194,7 @@ class JobAdmin(admin.ModelAdmin):
         (None, {"fields": ("tenant", "name", "paused", "priority")}),
         (
             "Schedule",
-            {"fields": (*SCHEDULE_FORM_FIELDS, "schedule_text", "next_fire_times")},
+            {"fields": (*SCHEDULE_FORM_FIELDS, "schedule_text", "next_fire_times", "load_at_next_slot")},
         ),
         ("Target", {"fields": ("target",)}),
         (
@@ -330,6 +331,12 @@ class JobAdmin(admin.ModelAdmin):
         ]
         return _fire_times_html(times)
 
+    @admin.display(description="load at its next slot")
+    def load_at_next_slot(self, job: Job) -> str:
+        if job.pk is None or job._state.adding:
+            return "Shown after saving."
+        return load.next_slot_load(job, now=timezone.now())
+
     @admin.display(description="last outcome")
     def last_outcome(self, job: Job) -> str:
         run = activity.last_finished(job=job)
@@ -421,6 +428,11 @@ class JobAdmin(admin.ModelAdmin):
                 "<path:object_id>/operate/<str:operation>/",
                 self.admin_site.admin_view(self.operate_view),
                 name="jobs_job_operate",
+            ),
+            path(
+                "<path:object_id>/edit-preview/",
+                self.admin_site.admin_view(self.edit_preview_view),
+                name="jobs_job_edit_preview",
             ),
         ]
         return extra + super().get_urls()
@@ -515,6 +527,30 @@ class JobAdmin(admin.ModelAdmin):
                 dst_policy=policy,
             )
         )
+
+    def edit_preview_view(self, request: HttpRequest, object_id: str) -> JsonResponse:
+        """What saving the posted change form would do ("Preview changes"): the form judged
+        as Save judges it, then the PATCH dry run's answer (jobs/edit_preview.py); no write."""
+        if request.method != "POST":
+            return JsonResponse({"error": "POST the change form"}, status=405)
+        job = self.get_object(request, object_id)
+        if job is None:
+            return JsonResponse({"error": "no such job"}, status=404)
+        if not self.has_change_permission(request, job):
+            return JsonResponse({"error": "forbidden"}, status=403)
+        # The form writes its cleaned values into its instance: give it a copy of its own.
+        form = self.get_form(request, job, change=True)(
+            request.POST, instance=self.get_object(request, object_id)
+        )
+        if not form.is_valid():
+            return JsonResponse(
+                {"errors": {k: [str(m) for m in v] for k, v in form.errors.items()}}, status=400
+            )
+        try:
+            preview = edit_preview.preview_edit(job=job, changes=form.job_changes(), now=db.now())
+        except JobInvalid as exc:
+            return JsonResponse({"errors": exc.errors}, status=400)
+        return JsonResponse(change_preview.panel_json(preview))
 
     # --- the delete confirmation ---------------------------------------------
 

@@ -34,10 +34,10 @@ def forecast_json(result: forecast.Forecast) -> dict:
                     {
                         "kind": cause.kind,
                         "cron": cause.cron,
-                        "timezone": cause.timezone,
                         "interval_seconds": cause.interval_seconds,
                         "jobs": cause.jobs,
                         "runs": cause.runs,
+                        "timezones": cause.timezones,
                         "spread": None
                         if cause.spread is None
                         else {"suggestion": cause.spread.suggestion, "why": cause.spread.why},
@@ -45,6 +45,7 @@ def forecast_json(result: forecast.Forecast) -> dict:
                     for cause in spike.causes
                 ],
                 "other_runs": spike.other_runs,
+                "repeats": spike.repeats,
             }
             for spike in result.spikes
         ],

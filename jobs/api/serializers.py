@@ -348,11 +348,13 @@ class SpreadSerializer(serializers.Serializer):
 class CauseSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=["cron", "interval", "one_time"])
     cron = serializers.CharField(allow_null=True, help_text="As written (H and aliases unexpanded).")
-    timezone = serializers.CharField(allow_null=True)
     interval_seconds = serializers.IntegerField(allow_null=True)
-    jobs = serializers.IntegerField(help_text="Jobs of this schedule due in the step.")
+    jobs = serializers.IntegerField(help_text="Jobs on it due in the step, in every zone.")
     runs = serializers.IntegerField(
         help_text="Their runs due in the step (an interval shorter than it: several)."
+    )
+    timezones = serializers.DictField(
+        child=serializers.IntegerField(), help_text="A cron expression's jobs per zone, the 5 largest."
     )
     spread = SpreadSerializer(
         allow_null=True,
@@ -368,6 +370,9 @@ class SpikeSerializer(serializers.Serializer):
     times_mean = serializers.FloatField(help_text="count / the window's mean per step.")
     causes = CauseSerializer(many=True, help_text="Largest first, at most 10.")
     other_runs = serializers.IntegerField(help_text="Runs of the step from schedules beyond the listed ones.")
+    repeats = serializers.IntegerField(
+        help_text="Steps of the window holding this count, this one included (24: every top of the hour)."
+    )
 
 
 class ForecastSerializer(serializers.Serializer):
@@ -378,7 +383,8 @@ class ForecastSerializer(serializers.Serializer):
     counts = serializers.ListField(child=serializers.IntegerField(), help_text="Runs due per step, in order.")
     spikes = SpikeSerializer(
         many=True,
-        help_text="The largest steps (at most 5) holding more than twice the mean per step, largest first.",
+        help_text="The largest counts (at most 5) above twice the mean per step and at least half the "
+        "busiest step's, largest first, each at its first step with how many steps hold it.",
     )
 
     def get_fields(self):

@@ -7,8 +7,8 @@ expands recorded ranges with them. Nothing here touches the database.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
+from copy import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -384,7 +384,7 @@ def edit_effects(job: Job, changes: Mapping[str, Any], *, now: datetime) -> Edit
     """
     changes = dict(changes)
     paused = changes.pop("paused", None)
-    after = copy.copy(job)
+    after = copy(job)
     schedule_changed = any(
         name in SCHEDULE_FIELDS and getattr(job, name) != value for name, value in changes.items()
     )
@@ -402,7 +402,7 @@ def edit_effects(job: Job, changes: Mapping[str, Any], *, now: datetime) -> Edit
         after.next_run_at = None
         after.next_run_at = next_slot(after, after=now, anchor=after.start_at or now.replace(microsecond=0))
         after.schedule_since = now
-    final = copy.copy(after)
+    final = copy(after)
     pause = resume = None
     if paused is True and not job.paused:
         pause = pause_slots(after, now=now)

@@ -7,7 +7,7 @@ Each function returns a complete <svg> (safe HTML) with `data-chart` naming it a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
@@ -19,9 +19,11 @@ AXIS = "#8a949e"
 NODE_COLORS = ("#1f6feb", "#2da44e", "#d29922", "#8250df", "#bf3989", "#0a7ea4", "#9a6700", "#57606a")
 
 
-def _svg(chart: str, body: list[str], *, height: int = HEIGHT, extra: str = "") -> SafeString:
+def _svg(
+    chart: str, body: list[str], *, height: int = HEIGHT, width: int = WIDTH, extra: str = ""
+) -> SafeString:
     return mark_safe(
-        f'<svg class="cy-chart" data-chart="{chart}" {extra} viewBox="0 0 {WIDTH} {height}" '
+        f'<svg class="cy-chart" data-chart="{chart}" {extra} viewBox="0 0 {width} {height}" '
         f'width="100%" role="img" xmlns="http://www.w3.org/2000/svg">{"".join(body)}</svg>'
     )
 
@@ -35,10 +37,17 @@ def _legend(items: Sequence[tuple[str, str]], *, y: float) -> list[str]:
     return out
 
 
-def _frame(top_value: float, unit: str, labels: Sequence[tuple[float, str]]) -> list[str]:
-    plot_bottom = HEIGHT - BOTTOM
+def _frame(
+    top_value: float,
+    unit: str,
+    labels: Sequence[tuple[float, str]],
+    *,
+    width: int = WIDTH,
+    height: int = HEIGHT,
+) -> list[str]:
+    plot_bottom = height - BOTTOM
     out = [
-        f'<line x1="{LEFT}" y1="{plot_bottom}" x2="{WIDTH - RIGHT}" y2="{plot_bottom}" stroke="{AXIS}"/>',
+        f'<line x1="{LEFT}" y1="{plot_bottom}" x2="{width - RIGHT}" y2="{plot_bottom}" stroke="{AXIS}"/>',
         f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{plot_bottom}" stroke="{AXIS}"/>',
         f'<text x="{LEFT - 4}" y="{TOP + 9}" font-size="10" text-anchor="end" fill="currentColor">'
         f"{_short(top_value)}{unit}</text>",
@@ -192,3 +201,59 @@ def partition_map(*, owners: Sequence[str | None], colors: dict[str, str]) -> Sa
         )
     body += _legend([*colors.items(), ("unowned", "#d0d7de")], y=height - 6)
     return _svg("partitions", body, height=height)
+
+
+# The forecast spans the dashboard's width: a day of minutes needs it.
+FORECAST_WIDTH, FORECAST_HEIGHT = 1120, 210
+BAR, SPIKE = "#1f6feb", "#cf222e"
+
+
+def forecast_bars(
+    *,
+    chart: str,
+    start: datetime,
+    step_seconds: int,
+    counts: Sequence[int],
+    spikes: Sequence[tuple[int, int, str]],
+) -> SafeString:
+    """Due runs per step (a day of minutes: 1,440 bars, drawn as two paths) with every
+    step holding a spike's count in red, and each spike (index of its first step, count,
+    label) ranked above that step with the label on hover."""
+    width, height = FORECAST_WIDTH, FORECAST_HEIGHT
+    top = max(counts, default=0) or 1
+    slot = (width - LEFT - RIGHT) / max(1, len(counts))
+    bottom = height - BOTTOM
+    scale = (height - TOP - BOTTOM - 14) / top  # room above the tallest bar for its rank
+    step = timedelta(seconds=step_seconds)
+    buckets = [start + i * step for i in range(len(counts))]
+    body = _frame(top, "", _time_labels(buckets, slot), width=width, height=height)
+    red = {n for _, n, _ in spikes}
+    for color, wanted in ((BAR, False), (SPIKE, True)):
+        path = "".join(
+            f"M{LEFT + (i + 0.5) * slot:.1f} {bottom}V{bottom - n * scale:.1f}"
+            for i, n in enumerate(counts)
+            if n and (n in red) == wanted
+        )
+        if path:
+            body.append(
+                f'<path d="{path}" stroke="{color}" stroke-width="{max(1.0, slot * 0.8):.2f}" fill="none"/>'
+            )
+    for rank, (index, n, label) in enumerate(spikes, 1):
+        x, y = LEFT + index * slot, bottom - n * scale
+        w = max(2.0, slot)
+        body.append(
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{n * scale:.1f}" fill="{SPIKE}" '
+            f'data-spike="{rank}" data-index="{index}" data-value="{n}"><title>{escape(label)}</title></rect>'
+            f'<text x="{x + w / 2:.1f}" y="{y - 3:.1f}" font-size="10" text-anchor="middle" fill="{SPIKE}">'
+            f"{rank}</text>"
+        )
+    body += _legend(
+        [("due runs per minute", BAR), ("a spike's count (rank at its first minute)", SPIKE)], y=height - 6
+    )
+    return _svg(
+        chart,
+        body,
+        width=width,
+        height=height,
+        extra=f'data-total="{sum(counts)}" data-steps="{len(counts)}"',
+    )

@@ -4,14 +4,17 @@ tenants and circuits, with server-rendered SVG charts; a read-only page."""
 from __future__ import annotations
 
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib.admin import AdminSite
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
 
-from jobs import health
+from jobs import forecast, health
+from jobs.models import Tenant
 from runs import selectors
 from runs.admin import charts, timeseries
 from runs.admin.html import STATUS_COLORS
@@ -66,6 +69,7 @@ def page(request: HttpRequest, *, admin_site: AdminSite) -> HttpResponse:
         "open_circuits": selectors.open_circuits(limit=50),
         "recent_changes": selectors.recent_admin_changes(limit=20),
         "dead_last_day": selectors.dead_count(since=now - timedelta(hours=24)),
+        "forecast": _forecast_panel(request.GET.get("forecast_tenant", ""), now=now),
     }
     return TemplateResponse(request, "admin/runs/dashboard.html", context)
 
@@ -116,4 +120,71 @@ def _dashboard_charts(*, now, lateness: float, depth: dict, priorities: list[int
             chart="oldest_due", value=lateness, warn=float(settings.SCHEDULER_OVERDUE_ALERT_SECONDS)
         ),
         "partitions": charts.partition_map(owners=owners, colors=colors),
+    }
+
+
+FORECAST_TENANTS = 20
+
+
+def _forecast_panel(slug: str, *, now) -> dict:
+    """The next 24 h of due runs per minute from the schedules (jobs/forecast.py): all
+    tenants, or one; the spikes with the schedules behind them; the tenants' share."""
+    everyone = forecast.recent(now=now, by_tenant=True)
+    tenant = Tenant.objects.filter(slug=slug).first() if slug else None
+    shown = forecast.recent(now=now, tenant_id=tenant.id) if tenant else everyone
+    spikes = [
+        {
+            "rank": rank,
+            "at": spike.at,
+            "count": spike.count,
+            "times_mean": spike.times_mean,
+            "other_runs": spike.other_runs,
+            "repeats": spike.repeats,
+            "causes": [
+                {
+                    "cause": cause,
+                    "jobs_url": f"{reverse('admin:jobs_job_changelist')}?{urlencode({'q': cause.cron})}"
+                    if cause.cron
+                    else None,
+                }
+                for cause in spike.causes
+            ],
+        }
+        for rank, spike in enumerate(shown.spikes, 1)
+    ]
+    labels = [
+        (s.index, s.count, f"{s.at:%H:%M} UTC: {s.count} runs due ({s.times_mean}x the mean)")
+        for s in shown.spikes
+    ]
+    names = dict(Tenant.objects.filter(id__in=everyone.by_tenant).values_list("id", "slug"))
+    loads = sorted(
+        (
+            {
+                "slug": names.get(tenant_id, str(tenant_id)),
+                "total": sum(series),
+                "peak": max(series),
+                "peak_at": everyone.window.step_start(series.index(max(series))),
+            }
+            for tenant_id, series in everyone.by_tenant.items()
+        ),
+        key=lambda row: (-row["total"], row["slug"]),
+    )
+    peak = max(shown.counts, default=0)
+    return {
+        "tenant": tenant,
+        "tenants": sorted(names.values()),
+        "window": shown.window,
+        "total": shown.total,
+        "peak": peak,
+        "peak_at": shown.window.step_start(shown.counts.index(peak)) if peak else None,
+        "seconds": round(shown.seconds, 2),
+        "spikes": spikes,
+        "tenant_loads": loads[:FORECAST_TENANTS],
+        "chart": charts.forecast_bars(
+            chart="forecast",
+            start=shown.window.start,
+            step_seconds=shown.window.step_seconds,
+            counts=shown.counts,
+            spikes=labels,
+        ),
     }
