@@ -1,5 +1,5 @@
 """What an edit will do, said before it is done: `PATCH /jobs/{id}/?dry_run=true` and the
-console's edit form (docs/decisions/0071-edit-preview.md).
+console's edit form (docs/decisions/0069-edit-preview.md).
 
 The same validation as the PATCH (jobs.rules.edits.job_changes) and the same effects
 (jobs.dispatch.planning.edit_effects, which jobs.services.update_job applies), on a

@@ -1,5 +1,5 @@
 """The load forecast: how many runs fall due in each step of a window, computed from the
-schedules, not from runs (docs/decisions/0070-load-forecast.md).
+schedules, not from runs (docs/decisions/0068-load-forecast.md).
 
 A job's due slots are the ones the scheduler will fire: the slot it waits for
 (`next_run_at`), then every later fire time of its schedule (jobs.schedule: its zone,
