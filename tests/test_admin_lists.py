@@ -87,3 +87,21 @@ def test_runs_list_filters_by_job_and_names_it(admin_client, tenant):
         r'<a href="/admin/jobs/job/' + str(alpha.pk) + r'/change/" title="[^"]+">alpha-report</a>', page
     )
     assert Job.objects.count() == 2
+
+
+def test_view_only_staff_cannot_issue_tenant_tokens(client, tenant):
+    """A token is the tenant's whole API: issuing one needs the change permission, like
+    rotating the signing secret."""
+    from django.contrib.auth.models import Permission, User
+
+    from jobs.models import ApiToken
+
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_tenant"))
+    client.force_login(viewer)
+    listed = client.get("/admin/jobs/tenant/")
+    assert listed.status_code == 200
+    assert b'value="issue_new_token"' not in listed.content
+    before = ApiToken.objects.count()
+    client.post("/admin/jobs/tenant/", {"action": "issue_new_token", "_selected_action": [tenant.pk]})
+    assert ApiToken.objects.count() == before

@@ -107,7 +107,8 @@ class TenantAdmin(admin.ModelAdmin):
         self._show_signing_secret(request, tenant, tenant.signing_secret)
         self._show_token(request, tenant, token)
 
-    @admin.action(description="Issue a new API token (shown once)")
+    # Issuing a token hands out the tenant's API: only users who may change tenants.
+    @admin.action(description="Issue a new API token (shown once)", permissions=["change"])
     def issue_new_token(self, request, queryset) -> None:
         for tenant in queryset:
             self._show_token(request, tenant, tenant_services.issue_token(tenant=tenant, label="admin"))
