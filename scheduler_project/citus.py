@@ -10,8 +10,6 @@ all of that for one database name; it is the only place that does.
 
 from __future__ import annotations
 
-import weakref
-
 import psycopg
 from psycopg import sql
 
@@ -111,25 +109,32 @@ def drop_database(*, nodes: list[str], db: str, user: str = SUPERUSER) -> None:
 # by the tests. The migrations carry their own copy: they are history.
 INSTALLED_SQL = "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')"
 
-# The answer per psycopg connection (sync or async), asked once: the extension is
-# created when the database is made (prepare_database), before any process connects,
-# and a dispatch batch or a claim must not pay a round trip to ask again. A new
-# connection (a reconnect) asks afresh; a closed one drops out with its connection.
-_ANSWERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The answer per database (host, port, name), asked once per process: it is the
+# database's, not a session's (the extension is created when the database is made,
+# prepare_database, before any process connects). Not per connection: the scheduler
+# may reconnect at every step (CONN_MAX_AGE), and a question per dispatch batch is a
+# round trip more for a sparse steady load on Citus, where round trips are its cost.
+_ANSWERS: dict[tuple[str, int, str], bool] = {}
+
+
+def _database(conn) -> tuple[str, int, str]:
+    info = conn.info
+    return (info.host, info.port, info.dbname)
 
 
 def citus_installed(cursor) -> bool:
     """True when the database of `cursor` (psycopg's or Django's) has the citus extension."""
-    conn = cursor.connection
-    if conn not in _ANSWERS:
+    database = _database(cursor.connection)
+    if database not in _ANSWERS:
         cursor.execute(INSTALLED_SQL)
-        _ANSWERS[conn] = bool(cursor.fetchone()[0])
-    return _ANSWERS[conn]
+        _ANSWERS[database] = bool(cursor.fetchone()[0])
+    return _ANSWERS[database]
 
 
 async def citus_installed_async(conn) -> bool:
     """citus_installed for a psycopg AsyncConnection (the executor's)."""
-    if conn not in _ANSWERS:
+    database = _database(conn)
+    if database not in _ANSWERS:
         cursor = await conn.execute(INSTALLED_SQL)
-        _ANSWERS[conn] = bool((await cursor.fetchone())[0])
-    return _ANSWERS[conn]
+        _ANSWERS[database] = bool((await cursor.fetchone())[0])
+    return _ANSWERS[database]

@@ -14,6 +14,7 @@ from jobs.dispatch.planning import run_for
 from jobs.models import Job, SchedulerNode
 from runs.models import JobRun
 from runs.queue import enqueue_runs
+from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
 from tests.conftest import database_url
 from tests.support.scheduler import in_process_schedulers, locks_by_pid, make_job
@@ -258,7 +259,7 @@ def test_cas_refuses_stale_and_backward_writes(tenant, per_partition, request):
     assert job.next_run_at == T + timedelta(minutes=1)
 
 
-@pytest.mark.parametrize("per_partition", [False, True], ids=["plain", "per-partition"])
+@pytest.mark.parametrize("per_partition", [False, True], ids=["engine's-form", "per-partition"])
 def test_dispatch_follows_the_per_partition_policy_of_the_executor(
     tenant, make_scheduler, monkeypatch, per_partition, request
 ):
@@ -268,6 +269,8 @@ def test_dispatch_follows_the_per_partition_policy_of_the_executor(
     own); under the Citus policy one per partition of the batch, each naming its one."""
     if per_partition:
         request.getfixturevalue("per_partition_forms")
+    with connection.cursor() as cursor:
+        per_partition = per_partition or citus_installed(cursor)
     jobs: list[Job] = []
     while len({j.partition_id for j in jobs}) < 3:
         jobs.append(make_job(tenant, interval_seconds=60, next_run_at=T - timedelta(seconds=5)))
