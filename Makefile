@@ -40,8 +40,8 @@ chaos: $(VENV)/.installed-dev
 	@$(BIN)/python -m tests.chaos --report var/chaos-report.json $(CHAOS_ARGS)
 
 # About 15 minutes (< 20), not part of `make test` (which runs its smoke form,
-# tests/test_bench_harness.py): dispatch, executors (task and HTTP), end-to-end lag and
-# the ledger, each beside its raw limit in the same run; writes docs/BENCHMARKS.md and
+# tests/test_bench_harness.py): dispatch, executors (task and HTTP), end-to-end lag, the
+# ledger and the load forecast, each beside its raw limit in the same run; writes docs/BENCHMARKS.md and
 # docs/bench/*.png, raw numbers in var/bench/. With Citus installed it adds Citus rows
 # (bench/citus.py: a local 3-node cluster under var/citus/, a few minutes more).
 # BENCH_ARGS e.g. '--full' (adds 1M jobs), '--runs 30000', '--no-citus' (python -m bench --help).

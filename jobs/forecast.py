@@ -243,16 +243,10 @@ class _Grid:
             member.n += n
 
 
-_COLUMNS = (
-    "tenant_id",
-    "cron_expr",
-    "time_zone",
-    "dst_policy",
-    "interval_seconds",
-    "run_at",
-    "next_run_at",
-    "end_at",
-)
+# What decides a job's due slots in a window: its schedule from the slot it waits for
+# (`next_run_at`; a one-time job's is its `run_at`) up to `end_at`. `start_at` has had
+# its say already: `next_run_at` is never before it.
+_COLUMNS = ("tenant_id", "cron_expr", "time_zone", "dst_policy", "interval_seconds", "next_run_at", "end_at")
 
 
 def _rows(window: Window, tenant_id: int | None):
@@ -285,7 +279,7 @@ def compute(*, window: Window, tenant_id: int | None = None, by_tenant: bool = F
     grids: dict[tuple, _Grid] = {}
     points = _Grid()  # one-time jobs, and slots off their grid: only their first slot
     policies: dict[tuple, Any] = {}
-    for ids, tenant, cron, zone, dst, interval, _run_at, next_run_at, end_at, n in _rows(window, tenant_id):
+    for ids, tenant, cron, zone, dst, interval, next_run_at, end_at, n in _rows(window, tenant_id):
         first = _us(next_run_at)
         hi = min(end - 1, _us(end_at)) if end_at is not None else end - 1
         if not cron:

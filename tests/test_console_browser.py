@@ -804,6 +804,8 @@ def test_dashboard_forecast_marks_spikes_and_says_how_to_spread_them(signed_in, 
     loads = page.locator("#forecast table.cy-tenant-load tbody tr")
     assert [r.get_attribute("data-tenant") for r in loads.all()] == ["acme", "globex"]
     b.screenshot(page, "dashboard_forecast")
+    page.locator("#forecast").evaluate("e => e.scrollIntoView({block: 'start'})")
+    b.screenshot(page, "tour_forecast", full_page=False)
 
     # One tenant's view: globex's six Berlin jobs, nothing of acme's.
     page.select_option("#forecast-tenant", "globex")
@@ -853,6 +855,7 @@ def test_preview_changes_shows_both_lists_and_saves_nothing(signed_in, acme):
     expect(panel).to_contain_text("Audit entry: cron_expr changed.")
     first_after = after.locator("li").first.inner_text().split()[0]
     b.screenshot(page, "job_edit_preview")
+    page.locator("#cronyard-edit-preview-module").evaluate("e => e.scrollIntoView({block: 'start'})")
     b.screenshot(page, "tour_edit_preview", full_page=False)
     job.refresh_from_db()
     assert job.cron_expr == "0 * * * *"
