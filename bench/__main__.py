@@ -136,15 +136,20 @@ def dispatch_part(
         flag = ["--workload", workload] if len(workloads) > 1 else []
         for n in jobs:
             counts = [str(k) for k in processes]
-            for script, processes_flag, out in (
-                ("dispatch.py", "--schedulers", "dispatch.json"),
-                ("raw_dispatch.py", "--workers", "raw_dispatch.json"),
+            for script, processes_flag, out, extra in (
+                ("dispatch.py", "--schedulers", "dispatch.json", []),
+                ("raw_dispatch.py", "--workers", "raw_dispatch.json", []),
+                ("raw_dispatch.py", "--workers", "minimal_dispatch.json", ["--minimal"]),
             ):
                 bench.run(
-                    script, "--jobs", str(n), processes_flag, *counts, "--db", db, *flag,
+                    script, "--jobs", str(n), processes_flag, *counts, "--db", db, *flag, *extra,
                     "--json", str(bench.data / out), probe=job_runs_probe(db),
                 )  # fmt: skip
             limits = {r["workers"]: r["runs_per_second"] for r in bench.json("raw_dispatch.json")}
+            minimal = {r["workers"]: r["runs_per_second"] for r in bench.json("minimal_dispatch.json")}
+            problems = [r for r in bench.json("minimal_dispatch.json") if r["duplicates"] or r["missing"]]
+            if problems:
+                sys.exit(f"bench: the minimal dispatch loop lost or doubled runs: {problems}")
             for r in bench.json("dispatch.json"):
                 rows.append(
                     {
@@ -153,6 +158,7 @@ def dispatch_part(
                         "processes": r["schedulers"],
                         "ours": r["runs_per_second"],
                         "limit": limits.get(r["schedulers"]),
+                        "minimal": minimal.get(r["schedulers"]),
                         "seconds": r["seconds"],
                         "peak_rss_mb": r.get("peak_rss_mb"),
                         "duplicates": r.get("duplicates"),
@@ -198,12 +204,16 @@ def execute_part(
         )
         ours = bench.json("execute.json")[0]
         limit = parse_table(bench.run("raw_limit.py", "--workers", str(k), "--runs", str(runs)))
+        minimal = parse_table(
+            bench.run("raw_limit.py", "--workers", str(k), "--runs", str(runs), "--minimal")
+        )
         rows.append(
             {
                 "kind": "task",
                 **ours,
                 "ours": ours["runs_per_s"],
                 "limit": int(limit[0]["runs/s"]),
+                "minimal": int(minimal[0]["runs/s"]),
                 "limit_cpu_ms_per_run": float(limit[0]["client CPU ms/run"]),
                 "limit_postgres_cpu_ms_per_run": float(limit[0]["PostgreSQL CPU ms/run"]),
             }
@@ -349,14 +359,15 @@ def machine() -> dict:
 
 def dispatch_table(rows: list[dict]) -> str:
     lines = [
-        "| workload | jobs | schedulers | Cronyard runs/s | limit runs/s | ratio | seconds "
-        "| peak RSS per scheduler (MB) | duplicates | missing |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
+        "| workload | jobs | schedulers | Cronyard runs/s | minimal limit runs/s | ratio to minimal "
+        "| own-schema limit runs/s | ratio | seconds | peak RSS per scheduler (MB) | duplicates | missing |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
         missing = "n/a" if r["missing"] is None else r["missing"]
         lines.append(
-            f"| {r['workload']} | {r['jobs']} | {r['processes']} | {r['ours']} | {r['limit'] or 'n/a'} "
+            f"| {r['workload']} | {r['jobs']} | {r['processes']} | {r['ours']} | {r.get('minimal') or 'n/a'} "
+            f"| **{ratio(r['ours'], r.get('minimal'))}** | {r['limit'] or 'n/a'} "
             f"| {ratio(r['ours'], r['limit'])} | {r['seconds']} | {r['peak_rss_mb']} "
             f"| {r['duplicates']} | {missing} |"
         )
@@ -366,14 +377,20 @@ def dispatch_table(rows: list[dict]) -> str:
 def execute_table(rows: list[dict], kind: str, limit_name: str) -> str:
     mine = [r for r in rows if r["kind"] == kind]
     one = next((r["ours"] for r in mine if r["executors"] == 1), None)
+    # Task rounds also have the minimal row's limit (bench/raw_limit.py --minimal): the ratio to read.
+    minimal = any("minimal" in r for r in mine)
     lines = [
-        f"| executors | runs | Cronyard runs/s | {limit_name} runs/s | ratio | vs 1 executor "
+        "| executors | runs | Cronyard runs/s | "
+        + ("minimal limit runs/s | ratio to minimal | " if minimal else "")
+        + f"{limit_name} runs/s | ratio | vs 1 executor "
         "| peak RSS/executor (MB) | executor CPU ms/run | PostgreSQL CPU ms/run | commits/run |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if minimal else ""),
     ]
     for r in mine:
+        first = f"{r.get('minimal')} | **{ratio(r['ours'], r.get('minimal'))}** | " if minimal else ""
         lines.append(
-            f"| {r['executors']} | {r['runs']} | {r['ours']} | {r['limit']} | {ratio(r['ours'], r['limit'])} "
+            f"| {r['executors']} | {r['runs']} | {r['ours']} | {first}{r['limit']} "
+            f"| {ratio(r['ours'], r['limit'])} "
             f"| {ratio(r['ours'], one)} | {r['peak_rss_mb']} | {r.get('executor_cpu_ms_per_run')} "
             f"| {r.get('postgres_cpu_ms_per_run')} | {r.get('commits_per_run')} |"
         )
@@ -443,6 +460,7 @@ def write_report(
     lag_text: str,
     ledger_text: str | None,
     forecast_text: str,
+    storage_text: str,
     growth_text: str,
     args: argparse.Namespace,
     minutes: float,
@@ -464,13 +482,30 @@ Machine: {info["cpu"]}, {info["cores"]} cores, {info["ram_gb"]} GB RAM, {info["a
 The machine may be shared with other builds and tests: absolute numbers are noisy.
 Each Cronyard figure was taken right beside its limit (interleaved), so read the ratios.
 
+## Storage: bytes on disk per finished run
+
+`bench/storage.py`: jobs with the realistic HTTP target (a POST with a JSON body of about
+150 bytes and two headers, `Authorization` secret), each fired once by `run_scheduler` and
+executed by two `run_executor` processes against the no-op server until it succeeded;
+then a plain `VACUUM` and the sizes of every `job_runs` partition (heap with its TOAST,
+and all indexes) over the runs. The second row's target answers 503 twice per run key:
+runs that needed three attempts (breakers and retry budgets lifted for that round). The
+seed's budget is about 200 bytes per run (400 for a retried one); the last columns are
+what these bytes come to at its volume (240M runs a day, 30 days kept).
+
+{storage_text}
+
 ## Dispatch: N jobs all due, time until every run row exists
 
-Cronyard: `run_scheduler` processes (`bench/dispatch.py`). The limit: the same
-statements (lock due jobs `SKIP LOCKED`, insert runs `ON CONFLICT DO NOTHING`, advance
-`next_run_at`, commit; 500 per batch) in a minimal raw-psycopg loop, one worker per
-scheduler (`bench/raw_dispatch.py`), on the same rows right after. Every round is
-checked: duplicates must be 0 and missing must be 0 (`make bench` fails otherwise).
+Cronyard: `run_scheduler` processes (`bench/dispatch.py`). Two limits, each a raw-psycopg
+loop with one worker per scheduler on the same jobs right after (`bench/raw_dispatch.py`):
+lock due jobs `SKIP LOCKED` per partition, insert runs `ON CONFLICT DO NOTHING`, advance
+`next_run_at` with the same next times, commit; 500 per batch. The **minimal limit**
+writes the seed's minimal run row `(job_id, scheduled_at, status, attempt, lease_until)`
+with its key and one queue index: the work the design requires, so its ratio includes
+what Cronyard's run row costs. The own-schema limit writes Cronyard's own row and indexes:
+its ratio is the Python around the statements. Every round is checked: duplicates must
+be 0 and missing must be 0 (`make bench` fails otherwise).
 
 {dispatch_table(dispatch)}
 
@@ -482,8 +517,10 @@ checked: duplicates must be 0 and missing must be 0 (`make bench` fails otherwis
 N jobs each with one queued run, drained by `run_executor --concurrency
 {execute[0]["concurrency"] if execute else 32}` processes (`bench/execute.py`).
 
-Task target (builtin `noop`: the database cost only). The limit: a raw-psycopg batched
-claim + complete loop, one worker per executor (`bench/raw_limit.py`):
+Task target (builtin `noop`: the database cost only). Two limits, each a raw-psycopg
+batched claim + complete loop with one worker per executor (`bench/raw_limit.py`): the
+**minimal limit** on the seed's minimal run row (`--minimal`), and the same loop on
+Cronyard's own rows and indexes:
 
 {execute_table(execute, "task", "raw claim+complete")}
 
@@ -622,11 +659,11 @@ def main() -> None:
     if skip_citus is None and not citus.available():
         skip_citus = "not installed"
     steps = (
-        2 * len(jobs) * len(workloads)
-        + 2 * len(task_executors)
+        3 * len(jobs) * len(workloads)
+        + 3 * len(task_executors)
         + 2 * fair_pairs
         + 2 * len(http_executors)
-        + 2
+        + 3
         + (0 if args.smoke else 1)
         + (1 if args.full else 0)
         + (0 if skip_citus else 4)
@@ -650,6 +687,13 @@ def main() -> None:
     forecast_text = bench.run(
         "forecast.py", "--jobs", *forecast_sizes, "--repeat", "1" if args.smoke else "3",
         "--db", prefix + "forecast", "--json", str(bench.data / "forecast.json"),
+    )  # fmt: skip
+    storage_sizes = (
+        ("200", "50") if args.smoke else ("1000000", "50000") if args.full else ("100000", "10000")
+    )
+    storage_text = bench.run(
+        "storage.py", "--runs", storage_sizes[0], "--retried", storage_sizes[1],
+        "--db", prefix + "storage", "--json", str(bench.data / "storage.json"),
     )  # fmt: skip
     # The 1M round goes last: the autovacuum of its millions of rows, a minute after it,
     # took the CPU from the executor rounds that followed it (the 4-executor HTTP round and
@@ -694,6 +738,7 @@ def main() -> None:
         lag_text=lag_text,
         ledger_text=ledger_text,
         forecast_text=forecast_text,
+        storage_text=storage_text,
         growth_text=growth.section(growth_rows, plot=relative(drawn["growth"], args.report))
         if growth_rows
         else "",

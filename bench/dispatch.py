@@ -79,7 +79,9 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def wait_for_runs(conn, *, n: int, moment, started: float, timeout: float) -> float:
+def wait_for_runs(
+    conn, *, n: int, moment, started: float, timeout: float, runs_table: str = "job_runs"
+) -> float:
     """Seconds from `started` until the `n` runs of `moment` exist (within 1 %).
 
     The poll asks whether any job is still due at `moment`: an index probe of
@@ -103,7 +105,9 @@ def wait_for_runs(conn, *, n: int, moment, started: float, timeout: float) -> fl
         if due:
             continue
         elapsed = time.monotonic() - started
-        count = conn.execute("SELECT count(*) FROM job_runs WHERE scheduled_at = %s", [moment]).fetchone()[0]
+        count = conn.execute(
+            f"SELECT count(*) FROM {runs_table} WHERE scheduled_at = %s", [moment]
+        ).fetchone()[0]
         if count >= n:
             return elapsed
 

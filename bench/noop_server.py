@@ -2,7 +2,9 @@
 
     .venv/bin/python bench/noop_server.py --port 8765 [--record]
 
-Every method and path answers 200 "ok" after reading the body. With --record it also
+Every method and path answers 200 "ok" after reading the body, except paths under
+`/fail-twice`: those answer 503 to the first two requests of each `Idempotency-Key`, so a
+run needs three attempts (bench/storage.py measures such a run's row). With --record it also
 keeps, per request, the wall-clock arrival time and the X-Scheduled-At header the
 executor sends (runs/execution/targets.run_headers), so bench/lag.py can compute arrival -
 scheduled_at; `GET /__arrivals` returns them as JSON, `GET /__count` how many, and `POST /__reset`
@@ -24,6 +26,7 @@ import time
 ARRIVALS_PATH = "/__arrivals"
 COUNT_PATH = "/__count"
 RESET_PATH = "/__reset"
+FAIL_TWICE_PATH = "/fail-twice"
 
 
 def serve(port: int, record: bool) -> None:
@@ -32,7 +35,15 @@ def serve(port: int, record: bool) -> None:
     arrivals: list[float] = []
     scheduled: list[str] = []
 
+    failures: dict[str, int] = {}
+
     async def ok(request: web.Request) -> web.Response:
+        if request.path.startswith(FAIL_TWICE_PATH):
+            key = request.headers.get("Idempotency-Key", "")
+            failures[key] = failures.get(key, 0) + 1
+            if failures[key] <= 2:
+                await request.read()
+                return web.Response(status=503, text="try again")
         if record:
             arrivals.append(time.time())
             scheduled.append(request.headers.get("X-Scheduled-At", ""))

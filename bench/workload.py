@@ -110,24 +110,28 @@ def make_due(conn: psycopg.Connection) -> datetime:
     return moment
 
 
-def verify(conn: psycopg.Connection, *, n: int, moment: datetime) -> dict:
-    """Duplicates, missing runs and next times that differ from the product's, after a round."""
+def verify(conn: psycopg.Connection, *, n: int, moment: datetime, runs_table: str = "job_runs") -> dict:
+    """Duplicates, missing runs and next times that differ from the product's, after a round
+    (`runs_table`: a trusted constant, job_runs or the minimal limit's table)."""
     from jobs.dispatch.planning import next_slot
     from jobs.models import Job
 
     duplicates = conn.execute(
-        "SELECT count(*) FROM (SELECT 1 FROM job_runs GROUP BY job_id, scheduled_at HAVING count(*) > 1) d"
+        f"SELECT count(*) FROM (SELECT 1 FROM {runs_table} GROUP BY job_id, scheduled_at"
+        " HAVING count(*) > 1) d"
     ).fetchone()[0]
     fired = conn.execute(
-        "SELECT count(DISTINCT job_id) FROM job_runs WHERE scheduled_at = %s", [moment]
+        f"SELECT count(DISTINCT job_id) FROM {runs_table} WHERE scheduled_at = %s", [moment]
     ).fetchone()[0]
-    extra = conn.execute("SELECT count(*) FROM job_runs WHERE scheduled_at <> %s", [moment]).fetchone()[0]
+    extra = conn.execute(f"SELECT count(*) FROM {runs_table} WHERE scheduled_at <> %s", [moment]).fetchone()[
+        0
+    ]
     # A dense job (`H * * * *`, 1 min) can fire again while a long round runs: its next
     # time follows its latest run, not the moment.
     sample = list(Job.objects.order_by("?")[:VERIFY_SAMPLE])
     latest = dict(
         conn.execute(
-            "SELECT job_id, max(scheduled_at) FROM job_runs WHERE job_id = ANY(%s) GROUP BY job_id",
+            f"SELECT job_id, max(scheduled_at) FROM {runs_table} WHERE job_id = ANY(%s) GROUP BY job_id",
             [[job.id for job in sample]],
         ).fetchall()
     )

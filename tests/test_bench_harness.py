@@ -26,10 +26,14 @@ HEADINGS = [
     "## End-to-end lag: scheduled_at → the target receives the request",
     "## Occurrence ledger: a year of a minutely job, page by page",
     "## Load forecast: the next 24 h by minute",
+    "## Storage: bytes on disk per finished run",
 ]
 TABLE_HEADERS = [
-    "| workload | jobs | schedulers | Cronyard runs/s | limit runs/s | ratio |",
-    "| executors | runs | Cronyard runs/s | raw claim+complete runs/s | ratio |",
+    "| workload | jobs | schedulers | Cronyard runs/s | minimal limit runs/s | ratio to minimal "
+    "| own-schema limit runs/s | ratio |",
+    "| executors | runs | Cronyard runs/s | minimal limit runs/s | ratio to minimal "
+    "| raw claim+complete runs/s | ratio |",
+    "| runs | attempts | heap + TOAST B/run | indexes B/run (count) | total B/run | budget |",
     "| tenants | runs/s per round | median runs/s | vs 1 tenant |",
     "| executors | runs | Cronyard runs/s | raw aiohttp runs/s | ratio |",
     "| steady rate | schedulers | executors | window | received/expected | p50 s | p99 s |",
@@ -40,7 +44,7 @@ PLOTS = ["dispatch.png", "executors.png", "lag.png"]
 # (execution table header, CPU budget table header, Cronyard's parts, the limit's parts)
 CPU_BUDGETS = [
     (
-        "| executors | runs | Cronyard runs/s | raw claim+complete runs/s |",
+        "| executors | runs | Cronyard runs/s | minimal limit runs/s |",
         "| executors | executor | PostgreSQL | Cronyard total | raw client | raw PostgreSQL |",
         ["executor", "PostgreSQL"],
         ["raw client", "raw PostgreSQL"],
@@ -112,6 +116,14 @@ def test_smoke_run_writes_the_report_with_every_table_and_plot(transactional_db,
     # no part's size is asserted, only that it was measured and counted.
     for execution, budget, ours, raw in CPU_BUDGETS:
         check_cpu_budget(text, execution=execution, budget=budget, ours=ours, raw=raw)
+    # Storage: a round of first-attempt successes and one of runs that took three, each
+    # measured from its own scratch database's partitions.
+    storage = table_at(text, "| runs | attempts |")
+    assert [(row["runs"], row["attempts"], row["budget"]) for row in storage] == [
+        ("200", "1.0", "200"),
+        ("50", "3.0", "400"),
+    ]
+    assert all(int(row["total B/run"].strip("*")) > int(row["live row B"]) > 0 for row in storage)
     # The smoke form stays on plain PostgreSQL and says so where the Citus rows would be.
     assert "\nCitus rows skipped: --smoke\n" in text
     for name in PLOTS:

@@ -1,0 +1,209 @@
+"""Bytes on disk per finished run, as a user's runs leave them.
+
+    DATABASE_URL=... .venv/bin/python bench/storage.py [--runs 20000] [--retried 5000] [--json out.json]
+
+A scratch database on the same cluster (`cronyard_bench_storage`, dropped and migrated
+afresh, so nothing else shares its tables; `--db` names another) holds N jobs with the realistic HTTP target
+of docs/CONTRACT.md's benchmark workload: a POST with a JSON body of about 150 bytes and
+two headers, `Authorization` marked secret. Every job is due once; one `run_scheduler`
+and two `run_executor` processes fire and execute them against the no-op server
+(bench/noop_server.py) until every run has succeeded. Then a plain `VACUUM` of the run
+partitions, and:
+
+    heap + TOAST   pg_table_size of every job_runs partition (with its TOAST, FSM, VM)
+    indexes        pg_indexes_size of every partition
+    row            avg(pg_column_size(job_runs.*)): the live tuple alone
+
+each divided by the runs. A second round does the same with a target under
+`/fail-twice`, which answers 503 twice per run key: runs that needed three attempts.
+
+The budget is the seed's: about 200 bytes per run (240M runs a day, 30 days kept); the
+report prints the seed-scale figures these bytes come to. The scratch database is left
+for inspection (`psql .../cronyard_bench_storage`) and dropped by the next run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DATABASE = "cronyard_bench_storage"
+RUNS_A_DAY = 240_000_000  # the seed's volume
+DAYS_KEPT = 30
+BUDGET = {1: 200, 3: 400}  # bytes per finished run, by attempts
+BODY = json.dumps(
+    {
+        "event": "nightly-rollup",
+        "account": "acct_4f1c2b9e",
+        "window": {"from": "2026-01-01T00:00:00Z", "to": "2026-01-02T00:00:00Z"},
+        "options": {"dry_run": False, "notify": ["ops@example.com"]},
+    }
+)
+
+
+def target(url: str) -> dict:
+    return {
+        "type": "http",
+        "url": url,
+        "method": "POST",
+        "headers": {
+            "Authorization": "Bearer 7f3c9a1e5b2d4f6a8c0e1b3d5f7a9c2e",
+            "Content-Type": "application/json",
+        },
+        "secret_headers": ["Authorization"],
+        "body": BODY,
+        "timeout_seconds": 10,
+    }
+
+
+def fresh_database(base: str, name: str) -> str:
+    from bench.dispatch import ensure_database
+
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return ensure_database(base, name)
+
+
+def seed(*, n: int, url: str) -> None:
+    """N jobs of one tenant, each due now and then not for a day: one run each."""
+    from bench.execute import make_jobs
+    from jobs.models import Job, Tenant
+    from runs.execution.signing import new_secret
+
+    tenant = Tenant.objects.create(
+        slug="bench-storage", name="bench-storage", max_concurrency=1_000_000, signing_secret=new_secret()
+    )
+    jobs = make_jobs(
+        tenant=tenant.id, n=n, target=target(url), interval_seconds=86400, next_run_at=datetime.now(UTC)
+    )
+    for job in jobs:
+        job.retry_backoff_seconds, job.retry_backoff_cap_seconds = 1, 2
+    Job.objects.bulk_create(jobs, batch_size=2000)
+
+
+def wait_done(conn: psycopg.Connection, n: int, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done = conn.execute("SELECT count(*) FROM job_runs WHERE status = 'succeeded'").fetchone()[0]
+        if done >= n:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"only {done} of {n} runs succeeded within {timeout:.0f} s")
+
+
+def measure(conn: psycopg.Connection) -> dict:
+    conn.execute("VACUUM job_runs")
+    runs, row, attempts = conn.execute(
+        "SELECT count(*), avg(pg_column_size(r.*)), avg(r.attempt) FROM job_runs AS r"
+    ).fetchone()
+    heap, indexes, index_count = conn.execute(
+        """
+        SELECT sum(pg_table_size(relid)), sum(pg_indexes_size(relid)),
+               (SELECT count(*) FROM pg_indexes WHERE tablename = 'job_runs')
+        FROM pg_partition_tree('job_runs') WHERE isleaf
+        """
+    ).fetchone()
+    heap, indexes = int(heap), int(indexes)
+    total = (heap + indexes) / runs
+    return {
+        "runs": runs,
+        "attempts": round(float(attempts), 2),
+        "heap_bytes_per_run": round(heap / runs),
+        "index_bytes_per_run": round(indexes / runs),
+        "indexes": index_count,
+        "total_bytes_per_run": round(total),
+        "row_bytes": round(float(row)),
+        "gb_a_day_at_seed_scale": round(total * RUNS_A_DAY / 1e9, 1),
+        "tb_for_30_days": round(total * RUNS_A_DAY * DAYS_KEPT / 1e12, 2),
+    }
+
+
+def one_round(base: str, *, db: str, n: int, path: str, expect_attempts: int) -> dict:
+    from django.db import connections
+
+    connections.close_all()  # the previous round's, to the database about to be dropped
+    url = fresh_database(base, db)
+    os.environ["DATABASE_URL"] = url
+    from bench.execute import executor_env
+    from bench.noop_server import NoopServer
+    from tests.support.processes import Processes
+
+    logs = ROOT / "var" / "bench" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with NoopServer() as server, psycopg.connect(url, autocommit=True) as conn:
+        seed(n=n, url=server.url.replace("/noop", path))
+        # Every run of the retried round fails twice against one host: that would open the
+        # host's breaker and spend its retry budget, and the round would measure deferrals.
+        # Both are lifted for it (the storage of a retried run is what is measured here).
+        lifted = {
+            "EXECUTOR_CIRCUIT_FAILURES": "100000000",
+            "EXECUTOR_RETRY_BUDGET_RATIO": "100",
+            "EXECUTOR_RETRY_BUDGET_FLOOR": "100000000",
+        }
+        procs = Processes({**executor_env(), **lifted, "DATABASE_URL": url}, logs)
+        try:
+            procs.start("run_scheduler")
+            for _ in range(2):
+                procs.start("run_executor", "--concurrency", "64")
+            wait_done(conn, n)
+        finally:
+            procs.stop_all()
+        row = measure(conn)
+    row["case"] = f"{expect_attempts} attempt" + ("s" if expect_attempts > 1 else "")
+    row["budget"] = BUDGET[expect_attempts]
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| runs | attempts | heap + TOAST B/run | indexes B/run (count) | total B/run | budget | live row B |"
+        " GB a day at 240M runs | TB for 30 days |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['runs']} | {r['attempts']} | {r['heap_bytes_per_run']}"
+            f" | {r['index_bytes_per_run']} ({r['indexes']}) | **{r['total_bytes_per_run']}** | {r['budget']}"
+            f" | {r['row_bytes']} | {r['gb_a_day_at_seed_scale']} | {r['tb_for_30_days']} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--runs", type=int, default=20_000, help="runs that succeed on their first attempt")
+    parser.add_argument("--retried", type=int, default=5_000, help="runs that need three attempts (0: skip)")
+    parser.add_argument("--db", default=DATABASE, help="scratch database name (dropped and made afresh)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings")
+    base = os.environ["DATABASE_URL"]
+    import django
+
+    # Settings read DATABASE_URL once: point them at the scratch database before setup.
+    os.environ["DATABASE_URL"] = f"{base.rsplit('/', 1)[0]}/{args.db}"
+    django.setup()
+    rows = [one_round(base, db=args.db, n=args.runs, path="/ok", expect_attempts=1)]
+    if args.retried:
+        rows.append(one_round(base, db=args.db, n=args.retried, path="/fail-twice", expect_attempts=3))
+    for r in rows:
+        print(json.dumps(r), file=sys.stderr)
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
