@@ -830,7 +830,8 @@ def test_dashboard_forecast_marks_spikes_and_says_how_to_spread_them(signed_in, 
 def test_preview_changes_shows_both_lists_and_saves_nothing(signed_in, acme):
     page = signed_in
     job = services.create_job(
-        tenant=acme, fields=dict(name="hourly report", cron_expr="0 * * * *", target=HOOK)
+        tenant=acme,
+        fields=dict(name="hourly report", cron_expr="0 * * * *", time_zone="Europe/Berlin", target=HOOK),
     )
     page.goto(f"/admin/jobs/job/{job.pk}/change/")
     panel = page.locator("#cronyard-edit-preview")
@@ -847,13 +848,14 @@ def test_preview_changes_shows_both_lists_and_saves_nothing(signed_in, acme):
     before, after = page.locator("#cronyard-edit-before"), page.locator("#cronyard-edit-after")
     expect(before.locator("li.removed")).to_have_count(50)
     expect(after.locator("li.added")).to_have_count(50)
-    expect(before.locator("li").first).to_contain_text(":00:00Z")
-    expect(after.locator("li").first).to_contain_text(":30:00Z")
+    # The wall time in the job's zone, then the UTC instant (shown because they differ).
+    expect(before.locator("li").first).to_contain_text(re.compile(r":00 CET \(\S+:00:00Z\)"))
+    expect(after.locator("li").first).to_contain_text(re.compile(r":30 CET \(\S+:30:00Z\)"))
     left, right = before.bounding_box(), after.bounding_box()
     assert left["x"] + left["width"] <= right["x"] and abs(left["y"] - right["y"]) < 2  # side by side
     expect(panel).to_contain_text("an edit never fires a past slot")
     expect(panel).to_contain_text("Audit entry: cron_expr changed.")
-    first_after = after.locator("li").first.inner_text().split()[0]
+    first_after = re.search(r"\((\S+Z)\)", after.locator("li").first.inner_text()).group(1)
     b.screenshot(page, "job_edit_preview")
     page.locator("#cronyard-edit-preview-module").evaluate("e => e.scrollIntoView({block: 'start'})")
     b.screenshot(page, "tour_edit_preview", full_page=False)
