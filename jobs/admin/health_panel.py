@@ -1,20 +1,42 @@
-"""The job page's health panel: the figures of jobs.health.job_health (the same the job
-API's `health` object gives), as a small table an operator reads at a glance."""
+"""Jobs' health in the console: the jobs list's `health` filter (the status strip's links
+land on it) and the job page's health panel, the figures of jobs.health.job_health (the
+same the job API's `health` object gives) as a table an operator reads at a glance."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from urllib.parse import urlencode
 
+from django.contrib import admin
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from jobs import health
 from jobs.admin.display import moment_html
 from jobs.health import HEALTH_WINDOWS, JobHealth, SlotWindow
 from jobs.models import Job
 
 WINDOW_TITLES = {"last_24h": "last 24 h", "last_7d": "last 7 days"}
+
+
+class HealthFilter(admin.SimpleListFilter):
+    """Jobs failing or overdue (`?health=`), by the rules the status strip counts by
+    (jobs.health): the strip's links land here."""
+
+    title = "health"
+    parameter_name = "health"
+
+    def lookups(self, request, model_admin):
+        return [("failing", "Failing"), ("overdue", "Overdue")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "failing":
+            return queryset.filter(health.FAILING)
+        if self.value() == "overdue":
+            return queryset.filter(health.overdue(now=timezone.now()))
+        return queryset
 
 
 def panel(job: Job, *, figures: JobHealth, now: datetime) -> SafeString:

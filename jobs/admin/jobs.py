@@ -68,24 +68,6 @@ def _policy_param(params: Mapping[str, str]) -> dict:
         raise ValueError("dst_policy: " + " ".join(map(str, exc.args))) from None
 
 
-class HealthFilter(admin.SimpleListFilter):
-    """Jobs failing or overdue (`?health=`), by the rules the status strip counts by
-    (jobs.health): the strip's links land here."""
-
-    title = "health"
-    parameter_name = "health"
-
-    def lookups(self, request, model_admin):
-        return [("failing", "Failing"), ("overdue", "Overdue")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "failing":
-            return queryset.filter(health.FAILING)
-        if self.value() == "overdue":
-            return queryset.filter(health.overdue(now=timezone.now()))
-        return queryset
-
-
 class TriggerTypeFilter(admin.SimpleListFilter):
     title = "trigger type"
     parameter_name = "trigger"
@@ -117,7 +99,14 @@ class JobAdmin(admin.ModelAdmin):
         "last_run",
         "priority",
     )
-    list_filter = ("paused", HealthFilter, TriggerTypeFilter, "tenant", "misfire_policy", "overlap_policy")
+    list_filter = (
+        "paused",
+        health_panel.HealthFilter,
+        TriggerTypeFilter,
+        "tenant",
+        "misfire_policy",
+        "overlap_policy",
+    )
     search_fields = ("name", "cron_expr")
     search_help_text = "Name or cron text; a whole job id finds that job."
     list_select_related = ("tenant",)
