@@ -74,6 +74,12 @@ def overdue_by_tenant(*, now: datetime, late_seconds: float) -> dict[str, int]:
     return dict(rows.annotate(n=Count("id")))
 
 
+def failing_by_tenant() -> dict[str, int]:
+    """Failing jobs (FAILING) per tenant slug: an index-only walk of jobs_failing_streak_idx."""
+    rows = Job.objects.filter(FAILING).values_list("tenant__slug")
+    return dict(rows.annotate(n=Count("id")))
+
+
 _OVERDUE_SQL = """
 UPDATE jobs j SET overdue_alerted_for = j.next_run_at
 FROM tenants t

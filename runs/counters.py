@@ -14,7 +14,7 @@ folded into one `(retired)` row per counter and label in a single statement
 What can be lost: a process killed without a clean exit loses what it counted since its
 last flush (at most FLUSH_EVERY_SECONDS); a flush whose commit fails on a lost connection
 may be lost or, if the commit did land, counted again on the retry. Counters describe
-rates, not the exact history: the run rows are that (docs/decisions/0070-process-counters.md).
+rates, not the exact history: the run rows are that (docs/decisions/0066-metrics-gauges.md).
 
 Labels are bounded: statuses and alert types, never a job, run or tenant.
 """

@@ -50,12 +50,20 @@ class CronyardCollector(Collector):
         yield GaugeMetricFamily("cronyard_jobs_due", "Unpaused jobs whose next_run_at has passed.", value=due)
         late = settings.SCHEDULER_OVERDUE_ALERT_SECONDS
         overdue = health.overdue_by_tenant(now=now, late_seconds=late)
+        tenants = selectors.tenant_slugs(limit=TENANTS_SHOWN)
         yield _labelled(
             "cronyard_jobs_overdue",
             "Unpaused jobs whose next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS, per tenant "
             "(0 for a tenant with none).",
             "tenant",
-            sorted({**dict.fromkeys(selectors.tenant_slugs(limit=TENANTS_SHOWN), 0), **overdue}.items()),
+            sorted({**dict.fromkeys(tenants, 0), **overdue}.items()),
+        )
+        yield _labelled(
+            "cronyard_jobs_failing",
+            "Jobs whose streak of failed runs has reached their alert_after_failures, per tenant "
+            "(0 for a tenant with none).",
+            "tenant",
+            sorted({**dict.fromkeys(tenants, 0), **health.failing_by_tenant()}.items()),
         )
         yield from self.counters()
 
