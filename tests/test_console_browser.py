@@ -309,7 +309,15 @@ def test_dead_letter_queue_bulk_replay(signed_in, acme):
     expect(b.row(page, "flaky export")).to_contain_text("HTTP 500 from target")
     expect(b.row(page, "flaky export")).to_contain_text(z(dead.scheduled_at))
 
-    messages = b.run_action(page, "replay_selected", "flaky export")
+    # The action asks first, naming the runs; nothing changes until Yes.
+    assert b.run_action(page, "replay_selected", "flaky export") == []
+    expect(page.locator("#cronyard-confirm-runs li")).to_have_count(1)
+    expect(page.locator("#cronyard-confirm-runs")).to_contain_text(dead.run_key)
+    dead.refresh_from_db()
+    assert dead.status == "dead"
+    with page.expect_navigation():
+        page.click("input[value='Yes, replay']")
+    messages = b.messages(page)
     assert messages == [("success", "Replayed 1 run(s); ignored 0 that were not dead or cancelled.")]
     dead.refresh_from_db()
     waiting.refresh_from_db()
@@ -331,9 +339,15 @@ def test_dead_letter_queue_replay_from_the_row(signed_in, acme):
     expect(page.locator("#result_list tbody tr")).to_have_count(2)
     row = page.locator("#result_list tbody tr", has_text=z(first.scheduled_at))
     with page.expect_navigation():
-        row.get_by_role("button", name="Replay").click()
+        row.get_by_role("link", name="Replay…").click()
+    expect(page.locator("#cronyard-confirm-runs")).to_contain_text(first.run_key)
+    with page.expect_navigation():
+        page.click("input[value='Yes, replay']")
     assert page.url.endswith("/admin/runs/deadrun/")
     assert b.messages(page)[0] == ("success", f"Replayed: re-queued under the same run key. {first.run_key}")
+    # The message links to the run it replayed.
+    link = page.locator(".messagelist a", has_text=first.run_key)
+    assert link.get_attribute("href") == f"/admin/runs/jobrun/{first.pk}/change/"
     first.refresh_from_db()
     second.refresh_from_db()
     assert (first.status, second.status) == ("queued", "dead")  # only that row
