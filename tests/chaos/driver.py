@@ -525,6 +525,14 @@ def run(params: Params, *, workdir: Path, report: Path | None) -> int:
             },
         }
         print(json.dumps(summary, indent=2, default=str), flush=True)
+        for fault in faults:
+            say(
+                f"{fault['action']}: took {fault['seconds']} s; rate back after"
+                f" {fault.get('rate back after s')} s, on time after {fault.get('on time after s')} s"
+            )
+            if "healthy jobs" in fault:
+                ratio = fault["healthy jobs"]["healthy during / before"]
+                say(f"one worker down: the jobs on the healthy workers kept {ratio} of their request rate")
         if report:
             report.write_text(json.dumps(summary, indent=2, default=str) + "\n")
         say("PASS" if not problems else f"FAIL: {problems}")
