@@ -375,7 +375,7 @@ def act(
             cluster.check_alive()
             time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
 
-    partitions = {p for p in cluster.job_partitions.values()}
+    partitions = set(cluster.job_partitions.values())
     if action == "stop worker":
         nodes = citus_faults.placements(partitions)
         cluster.placement = {job: nodes[p] for job, p in cluster.job_partitions.items()}
