@@ -48,6 +48,7 @@ from uuid import UUID
 import aiohttp
 import psycopg
 
+from runs import counters
 from runs.execution import retry
 from runs.keys import format_utc, run_key
 
@@ -253,8 +254,10 @@ class WebhookSender:
         backoff_cap_seconds: float = BACKOFF_CAP_SECONDS,
         timeout_seconds: float = WEBHOOK_TIMEOUT_SECONDS,
         rng: random.Random | None = None,
+        tally: counters.Tally | None = None,
     ) -> None:
         self.destination = destination
+        self.tally = tally  # the process's Prometheus counters: alerts accepted, by type
         self.tenant_slugs = tenant_slugs
         self.attempts = attempts
         self.backoff_seconds = backoff_seconds
@@ -299,6 +302,8 @@ class WebhookSender:
                     kind = retry.classify_status(response.status)
                     if kind == retry.SUCCESS:
                         self.counters.delivered += 1
+                        if self.tally is not None:
+                            self.tally.add(counters.ALERTS, label=body["type"])
                         return True
                     problem = f"HTTP {response.status}"
                     retry_after = retry.parse_retry_after(

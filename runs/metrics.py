@@ -1,10 +1,13 @@
-"""/metrics: Prometheus text computed from the database at scrape time.
+"""/metrics: Prometheus text computed from the database at scrape time, so any web
+worker answers the same.
 
-Every value is a gauge read from the tables (so no name ends in `_total`, which
-Prometheus reserves for counters), so any web worker answers the same and
-no process keeps counters in memory. Each query is bounded: active runs come from
-the partial claim/running indexes, totals only from runs scheduled in the last
+Gauges are read from the tables. Counters (`_total`, for `rate()` and `increase()`) are
+the sums of what every scheduler and executor counted and flushed into
+`process_counters` (runs/counters.py). Each query is bounded: active runs come from the
+partial claim/running indexes, windows only from runs scheduled in the last
 TOTALS_WINDOW (the recent day partitions), never a count(*) of the whole job_runs.
+Every declared series is exported from the first scrape, 0 until it counts something:
+an alert rule on a missing series never fires. docs/CONTRACT.md ("Metrics") lists them.
 Restrict access at the proxy, or set METRICS_TOKEN to require `Authorization: Bearer`.
 """
 
@@ -20,14 +23,16 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from jobs import health
-from runs import selectors
+from runs import counters, selectors
 from runs.models import ACTIVE_STATUSES
 
 TOTALS_WINDOW = timedelta(hours=24)
+# Per-tenant series stop here: a label per tenant, bounded like the tenant_* gauges.
+TENANTS_SHOWN = 1000
 
 
 class CronyardCollector(Collector):
@@ -44,12 +49,23 @@ class CronyardCollector(Collector):
         )
         yield GaugeMetricFamily("cronyard_jobs_due", "Unpaused jobs whose next_run_at has passed.", value=due)
         late = settings.SCHEDULER_OVERDUE_ALERT_SECONDS
+        overdue = health.overdue_by_tenant(now=now, late_seconds=late)
+        tenants = selectors.tenant_slugs(limit=TENANTS_SHOWN)
         yield _labelled(
             "cronyard_jobs_overdue",
-            "Unpaused jobs whose next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS, per tenant.",
+            "Unpaused jobs whose next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS, per tenant "
+            "(0 for a tenant with none).",
             "tenant",
-            sorted(health.overdue_by_tenant(now=now, late_seconds=late).items()),
+            sorted({**dict.fromkeys(tenants, 0), **overdue}.items()),
         )
+        yield _labelled(
+            "cronyard_jobs_failing",
+            "Jobs whose streak of failed runs has reached their alert_after_failures, per tenant "
+            "(0 for a tenant with none).",
+            "tenant",
+            sorted({**dict.fromkeys(tenants, 0), **health.failing_by_tenant()}.items()),
+        )
+        yield from self.counters()
 
         depth = GaugeMetricFamily(
             "cronyard_queue_depth", "Active runs by priority and status.", labels=["priority", "status"]
@@ -113,7 +129,7 @@ class CronyardCollector(Collector):
             value=selectors.unowned_partitions(nodes=nodes, total=settings.SCHEDULER_PARTITIONS),
         )
 
-        loads = selectors.tenant_load(limit=1000)
+        loads = selectors.tenant_load(limit=TENANTS_SHOWN)
         yield _labelled(
             "cronyard_tenant_running",
             "Running runs per tenant (tenants with active runs).",
@@ -131,9 +147,18 @@ class CronyardCollector(Collector):
             "1 per tenant and target host (scheme://host:port) whose circuit breaker is open or half-open.",
             labels=["tenant", "host"],
         )
-        for circuit in selectors.open_circuits(limit=1000):
+        for circuit in selectors.open_circuits(limit=TENANTS_SHOWN):
             circuits.add_metric([circuit.tenant_slug, circuit.host], 1)
         yield circuits
+
+    def counters(self) -> Iterator[Metric]:
+        """Every counter of runs/counters.py, summed over the processes that counted."""
+        found = selectors.counter_totals()
+        for spec in counters.SPECS:
+            family = CounterMetricFamily(spec.name, spec.help, labels=[spec.label] if spec.label else None)
+            for label, value in counters.samples(spec, found):
+                family.add_metric([label] if spec.label else [], value)
+            yield family
 
 
 def _labelled(

@@ -17,10 +17,12 @@ from uuid import UUID
 
 from django.contrib.admin.models import LogEntry
 from django.contrib.postgres.aggregates import JSONBAgg
+from django.db import connection
 from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
 from jobs.models import Job, SchedulerNode, Tenant
+from runs import counters
 from runs.attempts import LEASE_EXPIRED, used_up
 from runs.keys import format_utc
 from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
@@ -295,3 +297,14 @@ def open_circuits(*, limit: int = 100) -> list[TargetHost]:
     for circuit in circuits:
         circuit.tenant_slug = slugs.get(circuit.tenant_id, f"#{circuit.tenant_id}")
     return circuits
+
+
+def tenant_slugs(*, limit: int) -> list[str]:
+    """The first `limit` tenant slugs, in order: the label values of per-tenant gauges."""
+    return list(Tenant.objects.order_by("slug").values_list("slug", flat=True)[:limit])
+
+
+def counter_totals() -> dict[tuple[str, str], int]:
+    """Every Prometheus counter's total per label (runs/counters.py)."""
+    with connection.cursor() as cursor:
+        return counters.totals(cursor)

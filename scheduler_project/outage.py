@@ -13,7 +13,12 @@ loop of a process reports to the same `OutageLog` instead:
   outage: ONE warning, "database unreachable since ...";
 * the first `ok()` after that: ONE info line, "database reachable again after N s";
 * an error that is not about the connection (a bad statement, refused data) is no
-  outage: it is logged as a warning every time, as before.
+  outage: it is logged as a warning every time, as before;
+* on Citus, a worker the coordinator cannot reach ("connection to the remote node
+  HOST:PORT failed") is an outage of that worker, with its own pair of lines naming
+  it. The coordinator still answers meanwhile: the statements that touch only healthy
+  shards succeed between the ones that need the worker, so an `ok()` proves nothing
+  about the worker. It is back once no call has failed on it for `settle_seconds`.
 
 Thread-safe: the scheduler's heartbeat thread and its dispatch loop share one.
 """
@@ -21,9 +26,11 @@ Thread-safe: the scheduler's heartbeat thread and its dispatch loop share one.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import psycopg
 
@@ -34,6 +41,17 @@ AWAY = "database unreachable"
 # OperationalError/InterfaceError, which the loops here do not use).
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError, OSError)
 BACK = "database reachable again"
+# Citus's error when the coordinator cannot reach a worker: "connection to the remote
+# node user@host:port failed with the following error: ...".
+_REMOTE_NODE = re.compile(r"connection to the remote node (?:[^@\s]+@)?(\S+?:\d+) failed")
+
+
+@dataclass
+class _Episode:
+    since: float
+    last_failure: float
+    failures: int = 0
+    announced: bool = False
 
 
 def _first_line(exc: BaseException) -> str:
@@ -47,10 +65,14 @@ class OutageLog:
         *,
         name: str,
         grace_seconds: float = 0.5,
+        settle_seconds: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.grace_seconds = grace_seconds
+        self.settle_seconds = settle_seconds
+        # Citus workers out of reach: "host:port" -> its episode.
+        self._workers: dict[str, _Episode] = {}
         self._clock = clock
         self._lock = threading.Lock()
         self._failing_since: float | None = None
@@ -60,12 +82,16 @@ class OutageLog:
     @property
     def away(self) -> bool:
         """True between the "unreachable" line and the "reachable again" line."""
-        return self._announced
+        return self._announced or any(e.announced for e in self._workers.values())
 
     def failed(self, exc: BaseException) -> None:
         """A database call failed; the caller retries on its own schedule."""
         if not isinstance(exc, CONNECTION_ERRORS):
             log.warning("%s: database call failed (%s); retrying", self.name, _first_line(exc))
+            return
+        worker = _REMOTE_NODE.search(str(exc))
+        if worker:
+            self._worker_failed(worker.group(1), exc)
             return
         with self._lock:
             now = self._clock()
@@ -84,8 +110,30 @@ class OutageLog:
                 _first_line(exc),
             )
 
+    def _worker_failed(self, worker: str, exc: BaseException) -> None:
+        with self._lock:
+            now = self._clock()
+            episode = self._workers.setdefault(worker, _Episode(since=now, last_failure=now))
+            episode.failures += 1
+            episode.last_failure = now
+            if episode.announced or now - episode.since < self.grace_seconds:
+                log.debug("%s: Citus worker %s failed (%s); retrying", self.name, worker, _first_line(exc))
+                return
+            episode.announced = True
+            log.warning(
+                "%s: %s: Citus worker %s since %.1fs (%s); retrying quietly until it is back",
+                self.name,
+                AWAY,
+                worker,
+                now - episode.since,
+                _first_line(exc),
+            )
+
     def ok(self) -> None:
-        """A database call succeeded: whatever outage there was is over."""
+        """A database call succeeded: whatever outage there was is over (a Citus
+        worker's once no call has failed on it for settle_seconds)."""
+        if self._workers:
+            self._workers_ok()
         if self._failing_since is None:  # the common case, without taking the lock
             return
         with self._lock:
@@ -102,3 +150,20 @@ class OutageLog:
             self._failing_since = None
             self._failures = 0
             self._announced = False
+
+    def _workers_ok(self) -> None:
+        with self._lock:
+            now = self._clock()
+            for worker, episode in list(self._workers.items()):
+                if now - episode.last_failure < self.settle_seconds:
+                    continue
+                if episode.announced:
+                    log.info(
+                        "%s: %s: Citus worker %s after %.1fs away (%d failed attempts)",
+                        self.name,
+                        BACK,
+                        worker,
+                        episode.last_failure - episode.since,
+                        episode.failures,
+                    )
+                del self._workers[worker]

@@ -137,8 +137,9 @@ def test(args: list[str]) -> int:
 
 # What `make test-citus` runs on the local Citus cluster: the database-facing files (keys
 # and distribution, dispatch, the ledger, the API's jobs and runs, retention, every
-# console page, the executor's claim and fencing) and the exactly-once process test (schedulers and
-# executors SIGKILLed and SIGSTOPped).
+# console page, the executor's claim and fencing), the exactly-once process test (schedulers and
+# executors SIGKILLed and SIGSTOPped) and the short Citus chaos run (a worker crashed, a
+# shard moved, on a cluster of its own).
 CITUS_TESTS = (
     "tests/test_partition_keys.py",
     "tests/test_citus_retention.py",
@@ -165,6 +166,7 @@ CITUS_TESTS = (
     "tests/test_executor_reaping.py",
     "tests/test_exactly_once.py",
     "tests/test_job_health.py",
+    "tests/test_chaos_citus.py",
 )
 # A short dispatch and execute run: enough to see Citus's overhead, not a benchmark.
 # The raw dispatch loop too (--with-limit): `make bench`'s Citus rows run it there.

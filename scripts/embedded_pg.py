@@ -795,7 +795,8 @@ def start_server(layout: Layout, *, fast: bool, dbs: list[str], settings: tuple[
     return port
 
 
-def cmd_stop(layout: Layout) -> int:
+def cmd_stop(layout: Layout, *, mode: str = "fast") -> int:
+    """pg_ctl stop; mode "immediate" is a crash (no checkpoint, recovery at the next start)."""
     if not layout.initialized():
         log("no cluster; nothing to stop")
         return 0
@@ -809,7 +810,7 @@ def cmd_stop(layout: Layout) -> int:
     with Lock(layout.lockfile):
         log(f"stopping PostgreSQL (pid {state.pid})")
         proc = run(
-            [pg(bindir, "pg_ctl"), "-D", layout.data, "-m", "fast", "-w", "-t", "60", "stop"],
+            [pg(bindir, "pg_ctl"), "-D", layout.data, "-m", mode, "-w", "-t", "60", "stop"],
             layout,
             who,
             timeout=90,

@@ -50,6 +50,7 @@ SQL_MODULES = {
     "jobs.health",
     "runs.queue",
     "runs.alerts",
+    "runs.counters",
     "runs.execution.claims",
     "runs.execution.run_leases",
     "runs.execution.fair_share",

@@ -176,7 +176,10 @@ def test_every_admin_action_is_recorded_with_the_admin_user(admin_client, tenant
         "/admin/runs/deadrun/", {"action": "replay_selected_dry_run", ACTION_CHECKBOX_NAME: [dead.pk]}
     )
     assert JobRun.objects.get(pk=dead.pk).status == "dead"  # the dry run wrote nothing
-    admin_client.post("/admin/runs/deadrun/", {"action": "replay_selected", ACTION_CHECKBOX_NAME: [dead.pk]})
+    admin_client.post(
+        "/admin/runs/deadrun/",
+        {"action": "replay_selected", "confirmed": "yes", ACTION_CHECKBOX_NAME: [dead.pk]},
+    )
     assert admin_client.post(f"/admin/runs/jobrun/{queued.pk}/cancel/").status_code == 302
     assert admin_client.post(f"{CHANGELIST}{job.pk}/delete/", {"post": "yes"}).status_code == 302
 

@@ -86,3 +86,46 @@ def test_short_chaos_run_keeps_exactly_once(tmp_path):
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-8000:]
     assert "PASS" in proc.stdout
+
+
+def synthetic_arrivals(
+    *, down: tuple[float, float], stopped: set[str], jobs: list[str], backlog: float = 0
+) -> dict[str, float]:
+    """One slot per job per second from T0; each arrives 0.5 s late, except that the
+    `stopped` jobs' slots due while `down` arrive all at once when it ends, and those
+    due in the `backlog` seconds after it 5 s late."""
+    first_seen = {}
+    for second in range(200):
+        for job in jobs:
+            at = T0 + timedelta(seconds=second)
+            arrived = at.timestamp() + 0.5
+            if job in stopped and down[0] <= arrived < down[1]:
+                arrived = down[1] + 0.1
+            elif job in stopped and down[1] <= at.timestamp() < down[1] + backlog:
+                arrived = at.timestamp() + 5
+            first_seen[run_key(job, at)] = arrived
+    return first_seen
+
+
+def test_the_chaos_measures_healing_and_the_healthy_share_of_an_outage():
+    from tests.chaos import measure
+
+    jobs = [str(uuid.UUID(int=i)) for i in range(10)]
+    start, end = T0.timestamp() + 100, T0.timestamp() + 120
+    everything = measure.Timeline(
+        measure.arrivals(synthetic_arrivals(down=(start, end), stopped=set(jobs), jobs=jobs, backlog=10))
+    )
+    heal = everything.heal(start=start, end=end, horizon=T0.timestamp() + 200)
+    assert heal["requests/s before"] == 10.0 and heal["lowest requests/s over 5 s during"] == 0.0
+    # The backlog arrives at once (the rate is back); the slots due in the 10 s after
+    # the outage are still 5 s late (not on time yet).
+    assert heal["rate back after s"] == 0.0 and heal["on time after s"] == 10.0
+    outage = {"down from": start, "down until": end}
+    placement = {job: "w1" if i < 5 else "w2" for i, job in enumerate(jobs)}
+    ratio = measure.shard_outage_ratio(everything, outage=outage, placement=placement, down="w1")
+    assert ratio["healthy during / before"] == 0.0
+    half = measure.Timeline(
+        measure.arrivals(synthetic_arrivals(down=(start, end), stopped=set(jobs[:5]), jobs=jobs))
+    )
+    ratio = measure.shard_outage_ratio(half, outage=outage, placement=placement, down="w1")
+    assert ratio["healthy during / before"] == 1.0 and ratio["stopped jobs' requests/s during"] == 0.0

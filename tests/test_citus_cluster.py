@@ -39,3 +39,13 @@ def test_each_node_has_its_own_folder():
     # embedded_pg relocates a cluster root cannot reach to a folder named after a hash
     # of `root`: distinct roots, distinct folders.
     assert len({cluster.ep.fallback_dir(layout) for layout in cluster.layouts("/project")}) == 3
+
+
+def test_a_cluster_of_its_own_lists_the_workers_added_to_it(tmp_path):
+    # make chaos-citus's private cluster under --base, after add-worker made worker3:
+    # stop and destroy must reach it too, workers in their order, coordinator first.
+    cluster = load()
+    for name in ("coordinator", "worker1", "worker2", "worker3", "worker10"):
+        (tmp_path / name).mkdir()
+    names = [Path(layout.link).name for layout in cluster.layouts("/project", str(tmp_path))]
+    assert names == ["coordinator", "worker1", "worker2", "worker3", "worker10"]

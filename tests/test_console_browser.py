@@ -309,7 +309,15 @@ def test_dead_letter_queue_bulk_replay(signed_in, acme):
     expect(b.row(page, "flaky export")).to_contain_text("HTTP 500 from target")
     expect(b.row(page, "flaky export")).to_contain_text(z(dead.scheduled_at))
 
-    messages = b.run_action(page, "replay_selected", "flaky export")
+    # The action asks first, naming the runs; nothing changes until Yes.
+    assert b.run_action(page, "replay_selected", "flaky export") == []
+    expect(page.locator("#cronyard-confirm-runs li")).to_have_count(1)
+    expect(page.locator("#cronyard-confirm-runs")).to_contain_text(dead.run_key)
+    dead.refresh_from_db()
+    assert dead.status == "dead"
+    with page.expect_navigation():
+        page.click("input[value='Yes, replay']")
+    messages = b.messages(page)
     assert messages == [("success", "Replayed 1 run(s); ignored 0 that were not dead or cancelled.")]
     dead.refresh_from_db()
     waiting.refresh_from_db()
@@ -331,9 +339,15 @@ def test_dead_letter_queue_replay_from_the_row(signed_in, acme):
     expect(page.locator("#result_list tbody tr")).to_have_count(2)
     row = page.locator("#result_list tbody tr", has_text=z(first.scheduled_at))
     with page.expect_navigation():
-        row.get_by_role("button", name="Replay").click()
+        row.get_by_role("link", name="Replay…").click()
+    expect(page.locator("#cronyard-confirm-runs")).to_contain_text(first.run_key)
+    with page.expect_navigation():
+        page.click("input[value='Yes, replay']")
     assert page.url.endswith("/admin/runs/deadrun/")
     assert b.messages(page)[0] == ("success", f"Replayed: re-queued under the same run key. {first.run_key}")
+    # The message links to the run it replayed.
+    link = page.locator(".messagelist a", has_text=first.run_key)
+    assert link.get_attribute("href") == f"/admin/runs/jobrun/{first.pk}/change/"
     first.refresh_from_db()
     second.refresh_from_db()
     assert (first.status, second.status) == ("queued", "dead")  # only that row
@@ -876,3 +890,146 @@ def test_preview_changes_shows_both_lists_and_saves_nothing(signed_in, acme):
     assert b.messages(page)[0][0] == "success"
     job.refresh_from_db()
     assert job.cron_expr == "30 * * * *" and z(job.next_run_at) == first_after
+
+
+def strip_counts(page) -> dict[str, str]:
+    """The status strip's numbers as shown, by count."""
+    boxes = page.locator("#cronyard-strip a.cy-count")
+    return {
+        (boxes.nth(i).get_attribute("id") or "").removeprefix("strip-"): boxes.nth(i)
+        .locator(".cy-n")
+        .inner_text()
+        for i in range(boxes.count())
+    }
+
+
+def test_status_strip_counts_and_links_for_everyone_and_for_one_tenant(signed_in, acme):
+    """The strip on the admin home and the dashboard: each count is exactly the rows its
+    link lists; narrowed to a tenant, another tenant's jobs and runs are not counted."""
+    page = signed_in
+    globex, _ = tenant_services.create_tenant(slug="globex", name="Globex")
+
+    def job(tenant, name: str, **fields) -> Job:
+        return services.create_job(
+            tenant=tenant, fields=dict(name=name, interval_seconds=3600, target=HOOK, **fields)
+        )
+
+    failing = job(acme, "acme failing")
+    wobbly = job(acme, "acme wobbly")  # one failure, alerts at 3: not failing
+    stuck = job(acme, "acme stuck")
+    held = job(acme, "acme held", paused=True)
+    job(acme, "acme fine")
+    theirs_failing = job(globex, "globex failing")
+    theirs_stuck = job(globex, "globex stuck")
+    job(globex, "globex held", paused=True)
+    now = timezone.now()
+    Job.objects.filter(pk__in=[failing.pk, theirs_failing.pk]).update(consecutive_failures=3)
+    Job.objects.filter(pk=wobbly.pk).update(consecutive_failures=1)
+    Job.objects.filter(pk__in=[stuck.pk, theirs_stuck.pk]).update(next_run_at=now - timedelta(hours=1))
+    # Paused is not overdue, however old its slot.
+    Job.objects.filter(pk=held.pk).update(next_run_at=now - timedelta(hours=2))
+    (mine,) = enqueue(wobbly, *minutes_ago(5))
+    (theirs,) = enqueue(theirs_failing, *minutes_ago(6))
+    JobRun.objects.filter(pk__in=[mine.pk, theirs.pk]).update(status="dead", attempt=5, finished_at=now)
+
+    for home in ("/admin/", "/admin/runs/jobrun/dashboard/?refresh=0"):
+        page.goto(home)
+        assert strip_counts(page) == {"failing": "2", "dead": "2", "overdue": "2", "paused": "2"}, home
+    page.goto("/admin/")
+    b.screenshot(page, "status_strip", full_page=False)
+
+    page.select_option("#strip-tenant", "acme")
+    with page.expect_navigation():
+        page.click("#strip-tenant-form input[type=submit]")
+    expect(page.locator("#cronyard-strip")).to_have_attribute("data-strip-tenant", "acme")
+    assert strip_counts(page) == {"failing": "1", "dead": "1", "overdue": "1", "paused": "1"}
+    listed = {}
+    for key in ("failing", "dead", "overdue", "paused"):
+        page.goto("/admin/?tenant=acme")
+        with page.expect_navigation():
+            page.click(f"#strip-{key}")
+        listed[key] = sorted(b.listed_names(page))
+    assert listed == {
+        "failing": ["acme failing"],
+        "dead": ["acme wobbly"],
+        "overdue": ["acme stuck"],
+        "paused": ["acme held"],
+    }
+
+    # Everyone's links list everyone's rows: the same rule, no tenant filter.
+    page.goto("/admin/runs/jobrun/dashboard/?refresh=0")
+    with page.expect_navigation():
+        page.click("#strip-failing")
+    assert sorted(b.listed_names(page)) == ["acme failing", "globex failing"]
+    # The dashboard's strip keeps the dashboard's own parameters when narrowed.
+    page.goto("/admin/runs/jobrun/dashboard/?refresh=0")
+    page.select_option("#strip-tenant", "globex")
+    with page.expect_navigation():
+        page.click("#strip-tenant-form input[type=submit]")
+    assert "refresh=0" in page.url and "tenant=globex" in page.url
+    assert strip_counts(page) == {"failing": "1", "dead": "1", "overdue": "1", "paused": "1"}
+
+
+def test_status_strip_counts_only_what_the_user_may_list(page, web_server, transactional_db, acme):
+    """A staff user who may view jobs but not runs gets the jobs' counts, not the dead runs'."""
+    from django.contrib.auth.models import Permission, User
+
+    viewer = User.objects.create_user("viewer", password="password", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    failing = services.create_job(tenant=acme, fields=dict(name="failing", interval_seconds=60, target=HOOK))
+    Job.objects.filter(pk=failing.pk).update(consecutive_failures=5)
+    (run,) = enqueue(failing, *minutes_ago(2))
+    JobRun.objects.filter(pk=run.pk).update(status="dead")
+    b.log_in(page, web_server.url, "viewer", "password")
+    assert strip_counts(page) == {"failing": "1", "overdue": "0", "paused": "0"}
+
+
+def test_job_page_health_panel(signed_in, acme):
+    """The job page's health figures, from seeded runs (expected values computed in
+    tests/support/job_health.py), the same the job API's `health` object gives."""
+    from tests.support import job_health
+
+    page = signed_in
+    job = services.create_job(tenant=acme, fields=dict(name="nightly sync", interval_seconds=60, target=HOOK))
+    want = job_health.seed(job, consecutive_failures=4)
+    Job.objects.filter(pk=job.pk).update(next_run_at=timezone.now() - timedelta(seconds=900))
+
+    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    panel = page.locator(".field-health_figures")
+
+    def fact(key: str) -> str:
+        return panel.locator(f"[data-health='{key}'] td").inner_text().strip()
+
+    assert fact("consecutive_failures") == "4 failed attempts in a row (alerts at 3)"
+    assert fact("last_success_at").startswith(z(want.last_success_at))
+    assert fact("last_failure_at").startswith(z(want.last_failure_at))
+    assert re.fullmatch(r"9\d\d\.\d s late", fact("overdue_seconds")), fact("overdue_seconds")
+    assert fact("misfire_count") == "2"
+
+    def figures(key: str) -> list[str]:
+        return panel.locator(f"[data-window-figure='{key}'] td").all_inner_texts()
+
+    day, week = want.last_24h, want.last_7d
+    assert figures("slots") == [str(day.slots), str(week.slots)]
+    assert figures("on_time_rate") == [
+        f"{day.rate * 100:.1f}% ({day.on_time} of {day.slots})",
+        f"{week.rate * 100:.1f}% ({week.on_time} of {week.slots})",
+    ]
+    assert figures("lateness_p50_seconds") == [f"{day.p50:.1f} s", f"{week.p50:.1f} s"]
+    assert figures("lateness_p99_seconds") == [f"{day.p99:.1f} s", f"{week.p99:.1f} s"]
+
+    # The misfires link lists this job's misfires.
+    with page.expect_navigation():
+        panel.locator("[data-health='misfire_count'] a").click()
+    expect(page.locator("#result_list tbody tr")).to_have_count(2)
+
+    # alert_after_failures is on the form, and saving it changes what "failing" means.
+    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    panel.scroll_into_view_if_needed()
+    b.screenshot(page, "job_health", full_page=False)
+    page.fill("#id_alert_after_failures", "10")
+    with page.expect_navigation():
+        page.click("input[name=_continue]")
+    job.refresh_from_db()
+    assert job.alert_after_failures == 10
+    assert fact("consecutive_failures") == "4 failed attempts in a row (alerts at 10)"

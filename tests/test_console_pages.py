@@ -170,7 +170,9 @@ def test_the_run_page_and_the_dead_letter_replay(admin_client, console):
     redirected(admin_client.post(f"/admin/runs/jobrun/{queued.pk}/cancel/"))
     assert JobRun.objects.get(pk=queued.pk).status == "cancelled"
     response = admin_client.post(
-        "/admin/runs/jobrun/", {"action": "replay_selected", ACTION_CHECKBOX_NAME: [queued.pk]}, follow=True
+        "/admin/runs/jobrun/",
+        {"action": "replay_selected", "confirmed": "yes", ACTION_CHECKBOX_NAME: [queued.pk]},
+        follow=True,
     )
     ok(response)
     assert JobRun.objects.get(pk=queued.pk).status == "queued"

@@ -143,9 +143,15 @@ def test_metrics_follow_the_database_between_scrapes(client, tenant):
     assert value(empty, "cronyard_partitions_unowned") == 256
     assert empty["cronyard_tenant_running"] == {}
     assert value(empty, "cronyard_runs_last_24h", status="dispatched") == 0
+    # Per-tenant gauges have a sample for every tenant, 0 when it has nothing to count.
+    assert value(empty, "cronyard_jobs_overdue", tenant="acme") == 0
+    assert value(empty, "cronyard_jobs_failing", tenant="acme") == 0
 
-    run = make_dead_run(make_job(tenant, "later"), minute_slots(1)[0], attempts=2)
+    job = make_job(tenant, "later")
+    run = make_dead_run(job, minute_slots(1)[0], attempts=2)
+    Job.objects.filter(pk=job.pk).update(consecutive_failures=3, alert_after_failures=3)
     after = scrape(client)
+    assert value(after, "cronyard_jobs_failing", tenant="acme") == 1
     assert value(after, "cronyard_runs_last_24h", status="dead") == 1
     assert value(after, "cronyard_runs_last_24h", status="retried") == 1
     run.status = "queued"

@@ -62,6 +62,38 @@ def test_one_broken_connection_replaced_at_once_is_not_an_outage(caplog):
     assert lines(caplog, AWAY) == [] and lines(caplog, BACK) == []
 
 
+def test_a_citus_worker_out_of_reach_is_one_away_line_and_one_back_line_naming_it(caplog):
+    # What an executor sees while one Citus worker is down: its claims, which read every
+    # shard, fail about once a second, and between them the statements that touch only
+    # healthy shards (heartbeats, outcomes) succeed. That is one outage, of that worker.
+    caplog.set_level(logging.DEBUG, logger="scheduler_project.outage")
+    clock = FakeClock()
+    outage = OutageLog(name="executor", grace_seconds=0.5, clock=clock)  # settles after 3 s
+    refused = psycopg.OperationalError(
+        "connection to the remote node cronyard@127.0.0.1:41867 failed with the following error: "
+        "Connection refused"
+    )
+    for _ in range(20):
+        outage.failed(refused)
+        clock.now += 0.5
+        outage.ok()
+        clock.now += 0.5
+    assert outage.away
+    for _ in range(5):  # the worker is back: nothing fails any more
+        outage.ok()
+        clock.now += 1
+    assert not outage.away
+    assert lines(caplog, AWAY) == [
+        "executor: database unreachable: Citus worker 127.0.0.1:41867 since 1.0s (connection to the remote "
+        "node cronyard@127.0.0.1:41867 failed with the following error: Connection refused); retrying "
+        "quietly until it is back"
+    ]
+    assert lines(caplog, BACK) == [
+        "executor: database reachable again: Citus worker 127.0.0.1:41867 after 19.0s away"
+        " (20 failed attempts)"
+    ]
+
+
 def child_env(pg: PrivatePg) -> dict:
     env = dict(os.environ)
     env.update(

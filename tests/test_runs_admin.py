@@ -86,8 +86,19 @@ def test_dead_letter_page_lists_only_dead_runs(admin_client, runs):
 
 def test_bulk_replay_action_replays_only_dead_and_cancelled_and_is_audited(admin_client, runs):
     chosen = [runs[k].pk for k in ("dead_a", "dead_b", "cancelled", "running", "succeeded")]
+    # Unconfirmed, the action asks: the page names every selected run and posts them all back.
+    asked = admin_client.post(
+        "/admin/runs/jobrun/", {"action": "replay_selected", ACTION_CHECKBOX_NAME: chosen}
+    )
+    page = asked.content.decode()
+    assert asked.status_code == 200 and "Yes, replay" in page and 'name="confirmed" value="yes"' in page
+    assert all(f'name="_selected_action" value="{pk}"' in page for pk in chosen)
+    assert all(runs[k].run_key in page for k in ("dead_a", "dead_b", "cancelled", "running", "succeeded"))
+    assert JobRun.objects.get(pk=runs["dead_a"].pk).status == "dead" and not LogEntry.objects.exists()
     response = admin_client.post(
-        "/admin/runs/jobrun/", {"action": "replay_selected", ACTION_CHECKBOX_NAME: chosen}, follow=True
+        "/admin/runs/jobrun/",
+        {"action": "replay_selected", "confirmed": "yes", ACTION_CHECKBOX_NAME: chosen},
+        follow=True,
     )
     assert response.status_code == 200
     assert "Replayed 3 run(s); ignored 2 that were not dead or cancelled." in response.content.decode()
@@ -104,7 +115,11 @@ def test_bulk_replay_action_replays_only_dead_and_cancelled_and_is_audited(admin
 def test_bulk_replay_from_the_dead_letter_queue(admin_client, runs):
     response = admin_client.post(
         "/admin/runs/deadrun/",
-        {"action": "replay_selected", ACTION_CHECKBOX_NAME: [runs["dead_a"].pk, runs["dead_b"].pk]},
+        {
+            "action": "replay_selected",
+            "confirmed": "yes",
+            ACTION_CHECKBOX_NAME: [runs["dead_a"].pk, runs["dead_b"].pk],
+        },
         follow=True,
     )
     assert "Replayed 2 run(s); ignored 0" in response.content.decode()
@@ -119,7 +134,9 @@ def test_bulk_replay_from_the_dead_letter_queue(admin_client, runs):
 def test_bulk_cancel_action(admin_client, runs):
     chosen = [runs[k].pk for k in ("queued", "running", "dead_a")]
     response = admin_client.post(
-        "/admin/runs/jobrun/", {"action": "cancel_selected", ACTION_CHECKBOX_NAME: chosen}, follow=True
+        "/admin/runs/jobrun/",
+        {"action": "cancel_selected", "confirmed": "yes", ACTION_CHECKBOX_NAME: chosen},
+        follow=True,
     )
     assert "Cancelled 2 run(s); ignored 1 that were already finished." in response.content.decode()
     queued, running = JobRun.objects.get(pk=runs["queued"].pk), JobRun.objects.get(pk=runs["running"].pk)
@@ -148,7 +165,12 @@ def test_run_page_is_read_only_with_attempts_and_redacted_target(admin_client, r
 
 def test_single_replay_and_cancel_buttons(admin_client, runs):
     dead = runs["dead_b"]
-    assert admin_client.get(f"/admin/runs/deadrun/{dead.pk}/replay/").status_code == 405
+    # A GET asks (what will happen, to which run) and changes nothing.
+    asked = admin_client.get(f"/admin/runs/deadrun/{dead.pk}/replay/")
+    assert asked.status_code == 200
+    assert dead.run_key in asked.content.decode() and "Yes, replay" in asked.content.decode()
+    assert JobRun.objects.get(pk=dead.pk).status == "dead" and not LogEntry.objects.exists()
+    assert admin_client.put(f"/admin/runs/deadrun/{dead.pk}/replay/").status_code == 405
     response = admin_client.post(f"/admin/runs/deadrun/{dead.pk}/replay/")
     assert response.status_code == 302 and response["Location"] == f"/admin/runs/jobrun/{dead.pk}/change/"
     assert JobRun.objects.get(pk=dead.pk).status == "queued"
@@ -202,7 +224,8 @@ def test_dashboard_shows_the_database_state(admin_client, runs, tenant):
         partitions=list(range(200, 256)),
     )
     admin_client.post(  # something for the audit log
-        "/admin/runs/jobrun/", {"action": "replay_selected", ACTION_CHECKBOX_NAME: [runs["dead_a"].pk]}
+        "/admin/runs/jobrun/",
+        {"action": "replay_selected", "confirmed": "yes", ACTION_CHECKBOX_NAME: [runs["dead_a"].pk]},
     )
 
     # node-b is connected but silent for 10 minutes: stale by the heartbeat half of the rule.

@@ -34,6 +34,7 @@ POLICY_FORM_FIELDS = (
     "retry_backoff_seconds",
     "retry_backoff_cap_seconds",
     "lease_seconds",
+    "alert_after_failures",
 )
 FORM_FIELDS = ("tenant", "name", "paused", "priority", *SCHEDULE_FORM_FIELDS, "target", *POLICY_FORM_FIELDS)
 # Fields jobs.rules.job judges; the rest (tenant, paused) need only the form's own checks.

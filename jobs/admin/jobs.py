@@ -26,13 +26,12 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 
-from jobs import edit_preview, services
-from jobs.admin import activity, change_preview, console, dst_form, load
+from jobs import edit_preview, health, services
+from jobs.admin import activity, change_preview, console, dst_form, health_panel, load
 from jobs.admin.base import actor_of
 from jobs.admin.display import in_zone, relative
 from jobs.admin.forms import POLICY_FORM_FIELDS, SCHEDULE_FORM_FIELDS, JobAdminForm
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
-from jobs.health import overdue_seconds
 from jobs.models import Job, Misfire, SlotRange
 from jobs.rules.fields import check_dst_policy
 from jobs.rules.job import JobInvalid
@@ -100,7 +99,14 @@ class JobAdmin(admin.ModelAdmin):
         "last_run",
         "priority",
     )
-    list_filter = ("paused", TriggerTypeFilter, "tenant", "misfire_policy", "overlap_policy")
+    list_filter = (
+        "paused",
+        health_panel.HealthFilter,
+        TriggerTypeFilter,
+        "tenant",
+        "misfire_policy",
+        "overlap_policy",
+    )
     search_fields = ("name", "cron_expr")
     search_help_text = "Name or cron text; a whole job id finds that job."
     list_select_related = ("tenant",)
@@ -144,7 +150,7 @@ class JobAdmin(admin.ModelAdmin):
             in_zone(job.next_run_at, job.time_zone),
             relative(job.next_run_at, now=now),
         )
-        late = overdue_seconds(job, now=now)
+        late = health.overdue_seconds(job, now=now)
         if late is None:
             return text
         # The same rule as the API's overdue_seconds, /metrics and the alert sweep.
@@ -187,6 +193,7 @@ class JobAdmin(admin.ModelAdmin):
         "created_at",
         "state",
         "last_outcome",
+        "health_figures",
         "recent_runs",
         "recent_occurrences",
     )
@@ -205,7 +212,10 @@ class JobAdmin(admin.ModelAdmin):
     )
     activity_fieldset = (
         "Activity",
-        {"fields": ("last_outcome", "recent_runs", "recent_occurrences"), "classes": ("cronyard-activity",)},
+        {
+            "fields": ("last_outcome", "health_figures", "recent_runs", "recent_occurrences"),
+            "classes": ("cronyard-activity",),
+        },
     )
 
     def get_fieldsets(self, request, obj=None):
@@ -350,6 +360,11 @@ class JobAdmin(admin.ModelAdmin):
             relative(run.finished_at, now=timezone.now()),
             f" — {activity.excerpt(run.last_error)}" if run.last_error and run.status != "succeeded" else "",
         )
+
+    @admin.display(description="health")
+    def health_figures(self, job: Job) -> str:
+        now = timezone.now()
+        return health_panel.panel(job, figures=health.job_health(job, now=now), now=now)
 
     @admin.display(description=f"recent runs (last {activity.RECENT_RUNS})")
     def recent_runs(self, job: Job) -> str:

@@ -8,7 +8,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from jobs import schedule
+from jobs import health, schedule
 from jobs.describe import describe_job
 from jobs.health import overdue_seconds
 from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
@@ -161,15 +161,64 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
         }
     )
     def get_misfires(self, job: Job) -> dict:
-        count = getattr(job, "misfire_count", None)
-        if count is None:
-            count = job.misfires.count()
-        return {"count": count, "url": f"/api/v1/jobs/{job.id}/misfires/"}
+        return {"count": health.misfire_count(job), "url": f"/api/v1/jobs/{job.id}/misfires/"}
 
     def to_representation(self, job: Job) -> dict:
         data = super().to_representation(job)
         data["cron"] = job.cron_expr or None
         return data
+
+
+class SlotWindowSerializer(serializers.Serializer):
+    """A window of jobs.health.job_health (a shape)."""
+
+    seconds = serializers.IntegerField(
+        help_text="The window's length: slots scheduled in the last this many s."
+    )
+    slots = serializers.IntegerField(
+        help_text="Slots of the schedule in the window whose run started, or whose on-time threshold "
+        "passed without a start (manual, backfill and replayed runs, overlap-skipped runs and runs "
+        "cancelled before starting are not counted)."
+    )
+    on_time = serializers.IntegerField(
+        help_text="Of those, runs that started within the threshold of their slot."
+    )
+    on_time_rate = serializers.FloatField(allow_null=True, help_text="on_time / slots; null without a slot.")
+    lateness_p50_seconds = serializers.FloatField(
+        allow_null=True,
+        help_text="Median of started_at - scheduled_at over the window's started runs (a retried run's "
+        "latest start; percentile_cont, linear between ranks); null without one.",
+    )
+    lateness_p99_seconds = serializers.FloatField(allow_null=True, help_text="Its 99th percentile.")
+
+
+class JobHealthSerializer(serializers.Serializer):
+    """jobs.health.job_health (a shape)."""
+
+    consecutive_failures = serializers.IntegerField()
+    alert_after_failures = serializers.IntegerField()
+    failing = serializers.BooleanField(help_text="consecutive_failures >= alert_after_failures.")
+    last_success_at = UtcDateTimeField(allow_null=True)
+    last_failure_at = UtcDateTimeField(allow_null=True)
+    overdue_seconds = serializers.FloatField(
+        allow_null=True,
+        help_text="Null unless the next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS.",
+    )
+    misfire_count = serializers.IntegerField()
+    on_time_threshold_seconds = serializers.IntegerField(help_text="SCHEDULER_MISFIRE_THRESHOLD_SECONDS.")
+    last_24h = SlotWindowSerializer()
+    last_7d = SlotWindowSerializer()
+
+
+class JobDetailSerializer(JobSerializer):
+    """A job as GET /jobs/{id}/ gives it: the job and its `health`."""
+
+    health = serializers.SerializerMethodField()
+
+    @extend_schema_field(JobHealthSerializer)
+    def get_health(self, job: Job) -> dict:
+        figures = health.job_health(job, now=self.context.get("now") or timezone.now())
+        return JobHealthSerializer(figures).data
 
 
 class ResumeSerializer(RejectUnknownMixin, serializers.Serializer):

@@ -36,6 +36,7 @@ from .serializers import (
     BackfillSerializer,
     EditPreviewSerializer,
     HealthSerializer,
+    JobDetailSerializer,
     JobSerializer,
     MisfireSerializer,
     OccurrenceQuerySerializer,
@@ -78,7 +79,13 @@ def _misfire_count() -> Coalesce:
         ],
     ),
     create=extend_schema(summary="Create a job", responses={201: JobSerializer}),
-    retrieve=extend_schema(summary="A job"),
+    retrieve=extend_schema(
+        summary="A job, with its health",
+        description="The job and a `health` object: its failure streak, last success and failure, "
+        "overdue_seconds, misfires, and over the last 24 h and 7 days its slots' on-time rate and "
+        "start lateness p50/p99 (README, Job health).",
+        responses=JobDetailSerializer,
+    ),
     partial_update=extend_schema(
         summary="Change a job (or, with dry_run=true, say what the change would do)",
         description="Naming one of cron / interval_seconds / run_at replaces the trigger (the other two "
@@ -129,6 +136,15 @@ class JobViewSet(
         if params.get("name"):
             qs = qs.filter(name__icontains=params["name"])
         return qs.order_by("-created_at", "id")
+
+    def get_serializer_class(self):
+        # Only a single job's read carries the health figures: each costs an aggregate
+        # over the job's runs of the last week, too much for every row of a list.
+        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    def get_serializer_context(self):
+        # One instant for the answer: overdue_seconds and health.overdue_seconds agree.
+        return {**super().get_serializer_context(), "now": timezone.now()}
 
     def _job(self) -> Job:
         # Lock-free read; services re-read under select_for_update where it matters.

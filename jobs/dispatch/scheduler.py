@@ -36,7 +36,7 @@ from jobs import health
 from jobs.dispatch import partition_leases, queries, rate_limits
 from jobs.dispatch.planning import DueJob, Plan, plan_job
 from jobs.models import Misfire, SlotRange
-from runs import alerts, partitions
+from runs import alerts, counters, partitions
 from runs.execution import breakers
 from runs.queue import enqueue_runs, notify_executors
 from scheduler_project import db, liveness
@@ -121,7 +121,10 @@ class Scheduler(Loop):
         self._next_maintenance = 0.0
         self._next_alert_sweep = 0.0
         # The one alert sender (runs/alerts.py) on a private event loop: the sweep only hands over.
-        self._alerts = alerts.BackgroundSender(alerts.Destination.from_settings())
+        # The process's Prometheus counters (runs/counters.py), written every few seconds.
+        self.tally = counters.Tally(self.node_id)
+        self._next_counter_flush = 0.0
+        self._alerts = alerts.BackgroundSender(alerts.Destination.from_settings(), tally=self.tally)
         self._next_summary = time.monotonic() + SUMMARY_EVERY_SECONDS
         self._dispatched_since_summary = 0
         self._unusable_logged_generation = -1
@@ -142,6 +145,7 @@ class Scheduler(Loop):
         self._maybe_maintain()
         self._maybe_sweep_alerts()
         self._maybe_summary()
+        self._maybe_flush_counters()
         snap = self.lease.snapshot
         if not snap.usable(now=time.monotonic(), lease_seconds=self.lease_seconds):
             if snap.owned or self._unusable_logged_generation != snap.generation:
@@ -190,6 +194,8 @@ class Scheduler(Loop):
             self.lease.close()
             self._started = False
         self._alerts.close(timeout=ALERT_CLOSE_SECONDS)
+        self._next_counter_flush = 0.0
+        self._maybe_flush_counters()
 
     # -- dispatch --------------------------------------------------------------------
 
@@ -240,6 +246,9 @@ class Scheduler(Loop):
             if inserted:
                 notify_executors()
         skipped = sum(1 for r in inserted if r.status == "skipped")
+        self.tally.add(counters.DISPATCHED, len(inserted) - skipped, label="queued")
+        self.tally.add(counters.DISPATCHED, skipped, label="skipped")
+        self.tally.add(counters.MISFIRES, len(misfires))
         result = BatchResult(
             jobs=len(plans),
             runs=len(runs),
@@ -361,6 +370,7 @@ class Scheduler(Loop):
             # stays locked while days are created, moved or dropped.
             with connection.cursor() as cursor:
                 breakers.prune_idle(cursor)
+                counters.fold_retired(cursor)
         except DatabaseError as exc:
             log.warning("partition maintenance failed: %s", exc)
             connection.close()
@@ -379,6 +389,19 @@ class Scheduler(Loop):
             connection.close()
             return
         self._alerts.send(due)
+
+    def _maybe_flush_counters(self) -> None:
+        """Write what this process counted (runs/counters.py): a statement of its own, after
+        the batch's commit; a failure keeps the counts for the next try."""
+        if time.monotonic() < self._next_counter_flush:
+            return
+        self._next_counter_flush = time.monotonic() + counters.FLUSH_EVERY_SECONDS
+        try:
+            with connection.cursor() as cursor:
+                self.tally.flush(cursor)
+        except DatabaseError as exc:
+            log.warning("counters not written (kept for the next try): %s", exc)
+            connection.close()
 
     def _maybe_summary(self) -> None:
         if time.monotonic() < self._next_summary:

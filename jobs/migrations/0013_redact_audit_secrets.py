@@ -50,7 +50,9 @@ def _redacted(target, marked):
 
 def redact(apps, schema_editor):
     AuditEntry = apps.get_model("jobs", "AuditEntry")
-    entries = AuditEntry.objects.filter(changes__has_key="target").order_by("job_id", "id")
+    # The database being migrated, which is not always the default one.
+    db = schema_editor.connection.alias
+    entries = AuditEntry.objects.using(db).filter(changes__has_key="target").order_by("job_id", "id")
     by_job = {}
     for entry in entries.iterator(chunk_size=2000):
         by_job.setdefault(entry.job_id, []).append(entry)
@@ -72,7 +74,7 @@ def redact(apps, schema_editor):
                 if new != value:
                     entry.changes = {**entry.changes, "target": new}
                     changed.append(entry)
-            AuditEntry.objects.bulk_update(changed, ["changes"])
+            AuditEntry.objects.using(db).bulk_update(changed, ["changes"])
             _mark_stored(cursor, job_id, marked)
 
 

@@ -33,10 +33,9 @@ class DeadRunAdmin(JobRunAdmin):
 
     @admin.display(description="")
     def replay_button(self, run: JobRun) -> str:
-        # A submit button of the changelist's own form (it carries the CSRF token),
-        # posting to this run's replay URL instead of the actions URL.
+        # The run's confirmation page; its Yes brings the operator back to this queue.
         url = reverse("admin:runs_deadrun_replay", args=[run.pk]) + "?from=list"
-        return format_html('<button type="submit" class="button" formaction="{}">Replay</button>', url)
+        return format_html('<a class="button" href="{}">Replay…</a>', url)
 
     @admin.display(description="last error")
     def short_error(self, run: JobRun) -> str:

@@ -1,8 +1,10 @@
 """What an operator may do to runs from the admin: replay and cancel, in bulk from a list
-(the runs list, the dead-letter queue) or one run from its page.
+(the runs list, the dead-letter queue) or one run from its page or its row.
 
-Each goes through runs.services (the same conditional UPDATEs as the API) and is recorded
-as an admin LogEntry against JobRun.
+Every one asks first: a GET (or a bulk action without `confirmed=yes`) shows what will
+happen to which runs, and only the confirmation's POST changes anything. Each goes
+through runs.services (the same conditional UPDATEs as the API), is recorded as an admin
+LogEntry against JobRun, and its message links to the run.
 """
 
 from __future__ import annotations
@@ -10,15 +12,64 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.html import format_html
 
 from jobs.admin.base import actor_of
 from runs import services
 from runs.models import DeadRun, JobRun
 
+# What each operation does, as the confirmation page says it.
+CONSEQUENCES = {
+    "replay": "Each run goes back to the queue under its own run key and runs again as its next "
+    "attempt; its attempt history is kept, and the target sees the same Idempotency-Key. "
+    "Only dead and cancelled runs are replayed.",
+    "cancel": "Queued and retrying runs never start; a running attempt's result is dropped when "
+    "it reports (the call itself is not interrupted). Finished runs are left alone.",
+}
+CONFIRM_LISTED = 50  # runs named on a bulk confirmation page; the rest are counted
+
 
 class RunOperations:
     """Mixed into the runs' ModelAdmins; `can_operate` is theirs."""
+
+    def _confirm(
+        self, request: HttpRequest, *, operation: str, runs: list, total: int, back_url: str, bulk: str = ""
+    ) -> TemplateResponse:
+        """The page that asks before `operation` changes `runs`: it says what will happen,
+        and its Yes posts back (to the same URL, or with the bulk action and its ids)."""
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{operation.capitalize()} {total} run{'s' if total != 1 else ''}?",
+            "opts": self.opts,
+            "operation": operation,
+            "consequence": CONSEQUENCES[operation],
+            "runs": runs,
+            "more": total - len(runs),
+            "bulk_action": bulk,
+            "selected": [str(run.pk) for run in runs] if bulk else [],
+            "back_url": back_url,
+        }
+        return TemplateResponse(request, "admin/runs/operate_confirm.html", context)
+
+    def _bulk_confirmed(self, request: HttpRequest, queryset, operation: str, action: str):
+        """None when the bulk action was confirmed; the confirmation page otherwise."""
+        if request.POST.get("confirmed") == "yes":
+            return None
+        ids = list(queryset.values_list("id", flat=True))
+        runs = list(JobRun.objects.filter(id__in=ids).order_by("scheduled_at")[:CONFIRM_LISTED])
+        response = self._confirm(
+            request,
+            operation=operation,
+            runs=runs,
+            total=len(ids),
+            back_url=request.get_full_path(),
+            bulk=action,
+        )
+        # Every selected id is posted back, not only the ones listed.
+        response.context_data["selected"] = [str(i) for i in ids]
+        return response
 
     def _log(self, request: HttpRequest, ids: list[int], message: str) -> None:
         # Logged against JobRun even from the dead-letter page, so a run's history page
@@ -36,8 +87,10 @@ class RunOperations:
             messages.SUCCESS if result.done else messages.WARNING,
         )
 
-    @admin.action(description="Replay selected dead/cancelled runs", permissions=["change"])
-    def replay_selected(self, request: HttpRequest, queryset) -> None:
+    @admin.action(description="Replay selected dead/cancelled runs…", permissions=["change"])
+    def replay_selected(self, request: HttpRequest, queryset) -> HttpResponse | None:
+        if (page := self._bulk_confirmed(request, queryset, "replay", "replay_selected")) is not None:
+            return page
         self._bulk(
             request,
             queryset,
@@ -58,8 +111,10 @@ class RunOperations:
             messages.INFO,
         )
 
-    @admin.action(description="Cancel selected queued/retrying/running runs", permissions=["change"])
-    def cancel_selected(self, request: HttpRequest, queryset) -> None:
+    @admin.action(description="Cancel selected queued/retrying/running runs…", permissions=["change"])
+    def cancel_selected(self, request: HttpRequest, queryset) -> HttpResponse | None:
+        if (page := self._bulk_confirmed(request, queryset, "cancel", "cancel_selected")) is not None:
+            return page
         self._bulk(
             request,
             queryset,
@@ -69,13 +124,19 @@ class RunOperations:
         )
 
     def _operate(self, request: HttpRequest, object_id: str, operation: str) -> HttpResponse:
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
+        """GET asks (the confirmation page), POST does it."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
         if not self.can_operate(request):
             raise PermissionDenied
         run = self.get_object(request, object_id)
         if run is None:
             return self._get_obj_does_not_exist_redirect(request, self.opts, object_id)
+        from_list = self.model is DeadRun and request.GET.get("from") == "list"
+        if request.method == "GET":
+            back = reverse("admin:runs_deadrun_changelist" if from_list else "admin:runs_jobrun_change",
+                           args=[] if from_list else [run.pk])  # fmt: skip
+            return self._confirm(request, operation=operation, runs=[run], total=1, back_url=back)
         service = services.replay_run if operation == "replay" else services.cancel_run
         try:
             service(job_id=run.job_id, scheduled_at=run.scheduled_at, actor=actor_of(request))
@@ -86,8 +147,11 @@ class RunOperations:
         else:
             verb = "Replayed: re-queued under the same run key." if operation == "replay" else "Cancelled."
             self._log(request, [run.pk], verb)
-            self.message_user(request, f"{verb} {run.run_key}", messages.SUCCESS)
-        if self.model is DeadRun and request.GET.get("from") == "list":
+            url = reverse("admin:runs_jobrun_change", args=[run.pk])
+            self.message_user(
+                request, format_html('{} <a href="{}">{}</a>', verb, url, run.run_key), messages.SUCCESS
+            )
+        if from_list:
             # Replayed from its row in the dead-letter queue: back to the queue, where
             # the message says what happened and the next dead run is one click away.
             return HttpResponseRedirect(reverse("admin:runs_deadrun_changelist"))

@@ -54,13 +54,13 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
 import psycopg
 
-from runs import alerts, rows, tasks
+from runs import alerts, counters, rows, tasks
 from runs.attempts import HANDED_BACK
 from runs.execution import (
     breakers,
@@ -92,6 +92,16 @@ T = TypeVar("T")
 REAP_EVERY_SECONDS = 1.0
 HEARTBEAT_TICK_SECONDS = 0.25
 WRITE_BATCH = 500
+# Which field of Counters feeds which Prometheus counter (runs/counters.py), with its label.
+_EXPORTED = (
+    ("claimed", counters.ATTEMPTS, ""),
+    ("succeeded", counters.FINISHED, "succeeded"),
+    ("dead", counters.FINISHED, "dead"),
+    ("retried", counters.RETRIES, ""),
+    ("deferred", counters.DEFERRALS, ""),
+    ("lease_expiries", counters.LEASE_EXPIRIES, ""),
+    ("fenced", counters.FENCED, ""),
+)
 
 
 @dataclass
@@ -121,8 +131,11 @@ class Executor:
         self.planner = fair_share.Planner()  # the claims' fair-share plan, reused while they come back full
         self._results: list[tuple[InFlight, rows.Completion]] = []
         # Alerts are sent by tasks of this loop (runs/alerts.py): a slow webhook holds no step.
+        # The process's Prometheus counters (runs/counters.py), flushed with the node heartbeat.
+        self.tally = counters.Tally(self.owner)
+        self._counted = Counters()  # self.counters as of the last handover to the tally
         self.alert_sender = alerts.WebhookSender(
-            self.alert_destination, tenant_slugs=alerts.TenantSlugs(self._conninfo())
+            self.alert_destination, tenant_slugs=alerts.TenantSlugs(self._conninfo()), tally=self.tally
         )
         # All connections report here: one "away" and one "back" line per outage.
         self._outage = OutageLog(name="executor")
@@ -162,6 +175,10 @@ class Executor:
         await asyncio.gather(*(e.task for e in self._inflight.values() if e.task), return_exceptions=True)
         await self.alert_sender.close(timeout=min(self.grace_seconds, 5.0))
         await self._session.close()
+        try:
+            await self.flush_counters()
+        except psycopg.Error:
+            pass  # what this process counted since its last beat is lost (runs/counters.py)
         try:
             await nodes.leave(self._node_conn, node_id=self.owner)
         except psycopg.Error:
@@ -274,7 +291,16 @@ class Executor:
             last_claim_at=self._last_claim_at,
             expire_after_seconds=5 * self.node_lease_seconds,
         )
+        await self.flush_counters()
         return len(self._inflight)
+
+    async def flush_counters(self) -> None:
+        """Hand what self.counters gained since the last flush to the tally, and write it."""
+        now = self.counters
+        for attr, spec, label in _EXPORTED:
+            self.tally.add(spec, getattr(now, attr) - getattr(self._counted, attr), label=label)
+        self._counted = replace(now)
+        await self.tally.flush_async(self._node_conn)
 
     async def put_back_unsent(self) -> int:
         """Shutting down: put the runs claimed ahead, never called, back as they were

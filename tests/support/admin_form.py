@@ -32,6 +32,7 @@ def job_form_data(tenant: Tenant, *, target: dict | str | None = None, **overrid
         "retry_backoff_cap_seconds": "3600",
         "lease_seconds": "30",
         "priority": "0",
+        "alert_after_failures": "3",
     }
     data.update(overrides)
     return data

@@ -43,6 +43,9 @@ class HttpTarget:
         self.keep_requests = keep_requests
         self.requests: list[Received] = []
         self.keys: set[tuple[str, str]] = set()
+        # Idempotency-Key -> time.time() of its first request: when each (job, slot)
+        # reached the target, for the chaos driver's rates and lateness.
+        self.first_seen: dict[str, float] = {}
         self.count = 0
         self._scripts: dict[str, list[Reply]] = {}
         self._default: dict[str, Reply] = {}
@@ -65,6 +68,7 @@ class HttpTarget:
                     key = self.headers.get("Idempotency-Key")
                     if key is not None:
                         target.keys.add((key, self.headers.get("X-Run-Attempt", "")))
+                        target.first_seen.setdefault(key, time.time())
                     if target.keep_requests:
                         target.requests.append(
                             Received(

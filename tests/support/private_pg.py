@@ -72,20 +72,24 @@ class PrivatePg:
         self.start()
 
     def migrate(self, env: dict) -> None:
-        subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput"],
-            cwd=ROOT,
-            env={**env, "DATABASE_URL": self.url},
-            check=True,
-            stdout=subprocess.DEVNULL,
-            timeout=300,
-        )
+        migrate(self.url, env)
 
     def destroy(self) -> None:
         try:
             self.stop()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def migrate(url: str, env: dict) -> None:
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "migrate", "--noinput"],
+        cwd=ROOT,
+        env={**env, "DATABASE_URL": url},
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=600,
+    )
 
 
 def wait_port_closed(url: str, timeout: float = 30) -> None:
@@ -98,3 +102,75 @@ def wait_port_closed(url: str, timeout: float = 30) -> None:
                 return
         time.sleep(0.1)
     raise AssertionError(f"port {port} still accepts connections")
+
+
+CITUS_CLUSTER = ROOT / "scripts" / "citus_cluster.py"
+
+
+class PrivateCitus:
+    """A Citus coordinator + 2 workers of one's own (scripts/citus_cluster.py --base),
+    with PrivatePg's interface for the coordinator (start/stop/restart/migrate/destroy)
+    and node faults besides: a run that crashes workers and moves shards must never
+    do so under the shared cluster of `make test-citus`."""
+
+    DB = "cronyard_chaos"
+
+    def __init__(self) -> None:
+        base = ROOT / "var" / "private-citus"
+        base.mkdir(parents=True, exist_ok=True)
+        os.chmod(ROOT / "var", 0o755)
+        os.chmod(base, 0o755)
+        self.base = Path(tempfile.mkdtemp(prefix="citus-", dir=base))
+        os.chmod(self.base, 0o755)
+        self.url = ""
+        self.workers: list[str] = []
+
+    def _cmd(self, *args: str) -> str:
+        proc = subprocess.run(
+            [sys.executable, str(CITUS_CLUSTER), *args, "--base", str(self.base)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"citus_cluster.py {' '.join(args)} failed: {proc.stderr[-2000:]}")
+        return proc.stdout
+
+    def start(self) -> str:
+        """The whole cluster the first time; the coordinator alone after stop()."""
+        if self.url:
+            self.start_node("coordinator")
+            return self.url
+        out = dict(line.split("=", 1) for line in self._cmd("start", "--db", self.DB).split())
+        self.url = out["DATABASE_URL"]
+        self.workers = out["CRONYARD_CITUS_WORKERS"].split(",")
+        return self.url
+
+    def stop(self) -> None:
+        self.stop_node("coordinator")
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def stop_node(self, name: str, *, immediate: bool = False) -> None:
+        self._cmd("stop-node", name, *(["--immediate"] if immediate else []))
+
+    def start_node(self, name: str) -> str:
+        return self._cmd("start-node", name).strip()
+
+    def add_worker(self) -> str:
+        """Start one more worker and citus_add_node it (it holds nothing until a rebalance)."""
+        worker = self._cmd("add-worker", "--db", self.DB).strip().splitlines()[-1]
+        self.workers.append(worker)
+        return worker
+
+    def migrate(self, env: dict) -> None:
+        migrate(self.url, env)
+
+    def destroy(self) -> None:
+        try:
+            self._cmd("destroy")
+        finally:
+            shutil.rmtree(self.base, ignore_errors=True)

@@ -1,0 +1,184 @@
+"""Prometheus counters kept across processes: what each one means, how a process adds to
+them, and how /metrics reads their totals.
+
+A counter only goes up, so `rate()` and `increase()` work on it, and it must survive the
+process that counted: any web worker answers the scrape, and schedulers and executors
+come and go. Each process counts in memory (`Tally`) and flushes what it counted since
+its last flush into `process_counters`, one row per (process, counter, label), adding to
+that row: rows of its own only, so no two processes ever wait on one row. A flush is one
+small autocommit statement, never inside a transaction that holds run or job rows. /metrics
+sums the rows per counter and label (`totals`). Rows of processes gone for a day are
+folded into one `(retired)` row per counter and label in a single statement
+(`fold_retired`), which leaves every sum unchanged.
+
+What can be lost: a process killed without a clean exit loses what it counted since its
+last flush (at most FLUSH_EVERY_SECONDS); a flush whose commit fails on a lost connection
+may be lost or, if the commit did land, counted again on the retry. Counters describe
+rates, not the exact history: the run rows are that (docs/decisions/0066-metrics-gauges.md).
+
+Labels are bounded: statuses and alert types, never a job, run or tenant.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# How often a process writes its counts; also when it exits cleanly.
+FLUSH_EVERY_SECONDS = 5.0
+# A process whose rows have not changed for this long is gone: its rows are folded.
+RETIRE_AFTER_SECONDS = 24 * 3600
+RETIRED = "(retired)"
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    help: str
+    label: str = ""  # the one label's name, or "" for none
+    values: tuple[str, ...] = ("",)  # every label value, each exported from the start (0 if none yet)
+
+
+DISPATCHED = Spec(
+    "cronyard_runs_dispatched",
+    "Runs the schedulers created: queued to run, or skipped by the job's overlap policy "
+    "(written as skipped, never executed).",
+    "outcome",
+    ("queued", "skipped"),
+)
+MISFIRES = Spec("cronyard_misfires", "Misfires the schedulers recorded (slots missed past the threshold).")
+ATTEMPTS = Spec("cronyard_run_attempts", "Attempts the executors started (claims that sent a call).")
+FINISHED = Spec(
+    "cronyard_runs_finished",
+    "Runs that ended, by status: succeeded, or dead (attempts used up, or a permanent failure).",
+    "status",
+    ("succeeded", "dead"),
+)
+RETRIES = Spec("cronyard_run_retries", "Attempts that failed and left their run to retry after a backoff.")
+DEFERRALS = Spec(
+    "cronyard_run_deferrals",
+    "Claims put back unsent by an open circuit breaker or a spent retry budget (no attempt used).",
+)
+LEASE_EXPIRIES = Spec(
+    "cronyard_lease_expiries", "Attempts whose executor stopped heartbeating; their runs were reaped."
+)
+FENCED = Spec(
+    "cronyard_fenced_results",
+    "Results an executor dropped because its attempt no longer held the run (lease lost, run cancelled).",
+)
+ALERTS = Spec(
+    "cronyard_alerts_sent",
+    "Alerts the alert webhook accepted, by type.",
+    "type",
+    ("run.dead", "job.failing", "job.overdue", "task.missing"),
+)
+SPECS: tuple[Spec, ...] = (
+    DISPATCHED,
+    MISFIRES,
+    ATTEMPTS,
+    FINISHED,
+    RETRIES,
+    DEFERRALS,
+    LEASE_EXPIRIES,
+    FENCED,
+    ALERTS,
+)
+
+_FLUSH_SQL = """
+INSERT INTO process_counters (node_id, name, label, value, updated_at)
+SELECT %(node_id)s, n, l, v, now()
+FROM unnest(%(names)s::text[], %(labels)s::text[], %(values)s::bigint[]) AS u(n, l, v)
+ON CONFLICT (node_id, name, label)
+DO UPDATE SET value = process_counters.value + EXCLUDED.value, updated_at = EXCLUDED.updated_at
+"""
+_TOTALS_SQL = "SELECT name, label, sum(value)::bigint FROM process_counters GROUP BY name, label"
+# One statement: the rows leave and their sums arrive together, so no scrape sees a dip.
+_FOLD_SQL = """
+WITH gone AS (
+    DELETE FROM process_counters
+    WHERE node_id <> %(retired)s AND updated_at < now() - make_interval(secs => %(after)s)
+    RETURNING name, label, value
+)
+INSERT INTO process_counters (node_id, name, label, value, updated_at)
+SELECT %(retired)s, name, label, sum(value), now() FROM gone GROUP BY name, label
+ON CONFLICT (node_id, name, label)
+DO UPDATE SET value = process_counters.value + EXCLUDED.value, updated_at = EXCLUDED.updated_at
+"""
+
+
+class Tally:
+    """One process's counts since its last flush. `add` may be called from any thread."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self._pending: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, spec: Spec, n: int = 1, *, label: str = "") -> None:
+        if n > 0:
+            with self._lock:
+                self._pending[(spec.name, label)] += n
+
+    def _take(self) -> Counter[tuple[str, str]]:
+        with self._lock:
+            taken, self._pending = self._pending, Counter()
+        return taken
+
+    def _give_back(self, taken: Counter[tuple[str, str]]) -> None:
+        with self._lock:
+            self._pending.update(taken)
+
+    def _params(self, taken: Counter[tuple[str, str]]) -> dict:
+        keys = sorted(taken)
+        return {
+            "node_id": self.node_id,
+            "names": [name for name, _ in keys],
+            "labels": [label for _, label in keys],
+            "values": [taken[key] for key in keys],
+        }
+
+    def flush(self, cursor) -> None:
+        """Write what was counted since the last flush (a sync cursor, autocommit or a
+        transaction of its own). On an error the counts stay pending for the next flush."""
+        taken = self._take()
+        if not taken:
+            return
+        try:
+            cursor.execute(_FLUSH_SQL, self._params(taken))
+        except BaseException:
+            self._give_back(taken)
+            raise
+
+    async def flush_async(self, conn) -> None:
+        """`flush` on an async autocommit connection (the executor's node connection)."""
+        taken = self._take()
+        if not taken:
+            return
+        try:
+            await conn.execute(_FLUSH_SQL, self._params(taken))
+        except BaseException:
+            self._give_back(taken)
+            raise
+
+
+def totals(cursor) -> dict[tuple[str, str], int]:
+    """Every counter's total per label, summed over all processes that ever counted."""
+    cursor.execute(_TOTALS_SQL)
+    return {(name, label): value for name, label, value in cursor.fetchall()}
+
+
+def fold_retired(cursor, *, after_seconds: float = RETIRE_AFTER_SECONDS) -> None:
+    """Fold the rows of processes silent for `after_seconds` into the `(retired)` rows."""
+    cursor.execute(_FOLD_SQL, {"retired": RETIRED, "after": after_seconds})
+
+
+def samples(spec: Spec, found: dict[tuple[str, str], int]) -> Iterable[tuple[str, int]]:
+    """(label value, total) of `spec`: every declared value (0 until counted), then any
+    other value the rows hold."""
+    declared = dict.fromkeys(spec.values, 0)
+    for (name, label), value in found.items():
+        if name == spec.name:
+            declared[label] = value
+    return declared.items()

@@ -1,0 +1,153 @@
+"""Prometheus counters (runs/counters.py): counted by real scheduler and executor processes,
+read through the real gunicorn's /metrics, parsed with prometheus_client's own parser and
+checked by promtool; and the example alert rules, checked and unit-tested by promtool."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+import pytest
+import requests
+from django.db import connection
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobs import services
+from runs import counters
+from runs.models import JobRun
+from tests.support.executor import http_spec, wait_for
+from tests.support.http_target import Reply
+
+ROOT = Path(__file__).resolve().parent.parent
+RULES = ROOT / "docs" / "prometheus" / "cronyard-alerts.yml"
+RULES_TESTS = ROOT / "docs" / "prometheus" / "cronyard-alerts.test.yml"
+
+
+def scrape(web_server) -> tuple[str, dict[tuple[str, tuple], float]]:
+    text = requests.get(f"{web_server.url}/metrics", timeout=30).text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return text, samples
+
+
+class LostConnection:
+    """A cursor whose connection is gone: every statement fails."""
+
+    def execute(self, *args) -> None:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    assert path, "promtool is missing: scripts/ensure_test_tools.sh installs it"
+    return path
+
+
+@pytest.mark.processes
+def test_counters_rise_by_what_the_processes_did(tenant, processes, http_target, web_server, settings):
+    settings.SCHEDULER_ALLOW_PRIVATE_TARGETS = True  # the target is on 127.0.0.1
+    http_target.script("/fail", Reply(500), then=Reply(500))
+    soon = timezone.now() + timedelta(seconds=1)
+    for i in range(3):
+        services.create_job(
+            tenant=tenant, fields=dict(name=f"ok{i}", run_at=soon, target=http_spec(http_target.url("/ok")))
+        )
+    services.create_job(
+        tenant=tenant,
+        fields=dict(
+            name="broken",
+            run_at=soon,
+            target=http_spec(http_target.url("/fail")),
+            max_attempts=2,
+            retry_backoff_seconds=1,
+            retry_backoff_cap_seconds=1,
+        ),
+    )
+    _, before = scrape(web_server)
+    env = {"SCHEDULER_ALERT_WEBHOOK_URL": http_target.url("/alerts")}
+    processes.start("run_scheduler", env=env)
+    processes.start("run_executor", env=env)
+    wait_for(
+        lambda: JobRun.objects.filter(status__in=("succeeded", "dead")).count() == 4,
+        timeout=60,
+        what="4 runs finished",
+    )
+    wait_for(lambda: http_target.received("/alerts"), timeout=30, what="the run.dead alert")
+    # A clean exit writes what each process counted since its last flush.
+    processes.stop_all()
+    text, after = scrape(web_server)
+
+    def rose(name: str, **labels) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before[key]
+
+    assert rose("cronyard_runs_dispatched_total", outcome="queued") == 4
+    assert rose("cronyard_runs_dispatched_total", outcome="skipped") == 0
+    assert rose("cronyard_run_attempts_total") == 5  # 3 calls that succeeded, 2 that failed
+    assert rose("cronyard_runs_finished_total", status="succeeded") == 3
+    assert rose("cronyard_runs_finished_total", status="dead") == 1
+    assert rose("cronyard_run_retries_total") == 1
+    assert rose("cronyard_alerts_sent_total", type="run.dead") == 1
+    assert rose("cronyard_lease_expiries_total") == rose("cronyard_fenced_results_total") == 0
+    checked = subprocess.run([promtool(), "check", "metrics"], input=text.encode(), capture_output=True)
+    assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_counter_is_exported_from_the_first_scrape(client):
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").content.decode())}
+    for spec in counters.SPECS:
+        family = families[spec.name]
+        assert family.type == "counter"
+        labels = {s.labels.get(spec.label, "") for s in family.samples if s.name.endswith("_total")}
+        assert set(spec.values) <= labels, spec.name
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_flush_keeps_its_counts_and_folding_keeps_every_sum():
+    def total(name: str) -> int:
+        with connection.cursor() as cursor:
+            return counters.totals(cursor).get((name, ""), 0)
+
+    start = total(counters.RETRIES.name)
+    gone, live = counters.Tally("gone-node"), counters.Tally("live-node")
+    gone.add(counters.RETRIES, 2)
+    live.add(counters.RETRIES, 5)
+    with connection.cursor() as cursor:
+        gone.flush(cursor)
+        cursor.execute(
+            "UPDATE process_counters SET updated_at = now() - interval '2 days' WHERE node_id = 'gone-node'"
+        )
+    # A flush whose statement fails (the connection is gone) gives its counts back; the
+    # next flush writes them.
+    live.add(counters.RETRIES, 1)
+    with pytest.raises(psycopg.OperationalError):
+        live.flush(LostConnection())
+    assert total(counters.RETRIES.name) == start + 2
+    with connection.cursor() as cursor:
+        live.flush(cursor)
+    assert total(counters.RETRIES.name) == start + 8
+
+    with connection.cursor() as cursor:
+        counters.fold_retired(cursor)
+        cursor.execute("SELECT node_id FROM process_counters WHERE name = %s", [counters.RETRIES.name])
+        nodes = {row[0] for row in cursor.fetchall()}
+    assert "gone-node" not in nodes and {counters.RETIRED, "live-node"} <= nodes
+    assert total(counters.RETRIES.name) == start + 8
+
+
+def test_the_example_alert_rules_load_and_fire_as_documented():
+    """promtool reads the rules file users copy, and its unit tests (series in, alerts out)
+    pass: the rules fire on what Cronyard exports, under the names it exports."""
+    checked = subprocess.run([promtool(), "check", "rules", str(RULES)], capture_output=True)
+    assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
+    tested = subprocess.run(
+        [promtool(), "test", "rules", str(RULES_TESTS)], capture_output=True, cwd=RULES.parent
+    )
+    assert tested.returncode == 0, (tested.stdout + tested.stderr).decode()
