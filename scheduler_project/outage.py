@@ -46,6 +46,24 @@ BACK = "database reachable again"
 _REMOTE_NODE = re.compile(r"connection to the remote node (?:[^@\s]+@)?(\S+?:\d+) failed")
 
 
+# SQLSTATEs of a database out of reach: class 08, a crash shutdown, a server starting up.
+# Not 57P01: pg_terminate_backend ends one session with it (an administrator, or a
+# timeout's watchdog), which says something about that statement, not the database.
+_LOST_CONNECTION_STATES = ("57P02", "57P03")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether `exc` says the database (or a Citus worker) is out of reach, not that a
+    statement failed: a statement timeout or a lock timeout is an OperationalError too,
+    and must still be reported every time."""
+    if not isinstance(exc, CONNECTION_ERRORS):
+        return False
+    if _REMOTE_NODE.search(str(exc)):
+        return True
+    state = getattr(exc, "sqlstate", None)
+    return state is None or state.startswith("08") or state in _LOST_CONNECTION_STATES
+
+
 @dataclass
 class _Episode:
     since: float

@@ -189,3 +189,56 @@ def test_processes_log_one_away_and_one_back_line_per_outage(tmp_path):
             processes.stop_all()
     finally:
         pg.destroy()
+
+
+@pytest.fixture
+def make_scheduler():
+    from datetime import UTC, datetime
+
+    from tests.support.scheduler import in_process_schedulers
+
+    yield from in_process_schedulers(at=datetime.now(UTC))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_scheduler_reports_an_unreachable_citus_worker_once_not_per_batch(make_scheduler, caplog):
+    """While one Citus worker is down every dispatch batch that needs it fails, about once a
+    second: the scheduler says so once (its outage log), not with a warning per batch; a
+    batch that fails for another reason is still a warning every time."""
+    from django.db import OperationalError
+
+    caplog.set_level(logging.INFO)
+    sched = make_scheduler()
+    sched.step()  # leased and dispatching
+    sched.lease.outage.settle_seconds = 0.3
+    dispatch = sched.dispatch
+
+    def unreachable(snap):
+        cause = psycopg.OperationalError(
+            "connection to the remote node cronyard@127.0.0.1:41867 failed with the following error: "
+            "Connection refused"
+        )
+        raise OperationalError(str(cause)) from cause
+
+    sched.dispatch = unreachable
+    for _ in range(15):
+        sched.step()
+        time.sleep(0.1)
+    sched.dispatch = dispatch
+    sched.step()
+    time.sleep(0.4)
+    sched.step()
+    assert lines(caplog, "dispatch failed") == []
+    assert [line.split(" since ")[0] for line in lines(caplog, AWAY)] == [
+        "scheduler: database unreachable: Citus worker 127.0.0.1:41867"
+    ]
+    assert len(lines(caplog, "reachable again: Citus worker 127.0.0.1:41867")) == 1
+
+    def refused(snap):
+        cause = psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+        raise OperationalError(str(cause)) from cause
+
+    sched.dispatch = refused
+    sched.step()
+    sched.step()
+    assert len(lines(caplog, "dispatch failed")) == 2

@@ -43,6 +43,7 @@ from scheduler_project import db, liveness
 from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
 from scheduler_project.loop import Loop
+from scheduler_project.outage import is_outage
 
 log = logging.getLogger(__name__)
 
@@ -166,14 +167,16 @@ class Scheduler(Loop):
             # the batch itself was the problem, a smaller one gets through; down to one
             # job, so a single poisonous job never blocks the rest of its partition.
             self.batch_limit = max(1, self.batch_limit // 2)
-            log.warning(
-                "dispatch failed node=%s: %s; the next batch takes at most %d jobs",
-                self.node_id,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-                self.batch_limit,
-            )
+            if not self._an_outage(exc):
+                log.warning(
+                    "dispatch failed node=%s: %s; the next batch takes at most %d jobs",
+                    self.node_id,
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                    self.batch_limit,
+                )
             connection.close()
             return False
+        self.lease.outage.ok()
         if result.full and self.batch_limit < self.batch_size:
             self.batch_limit = min(self.batch_size, self.batch_limit * 2)
         self._dispatched_since_summary += result.inserted
@@ -385,10 +388,22 @@ class Scheduler(Loop):
         try:
             due = health.sweep()
         except DatabaseError as exc:
-            log.warning("alert sweep failed: %s", exc)
+            if not self._an_outage(exc):
+                log.warning("alert sweep failed: %s", exc)
             connection.close()
             return
         self._alerts.send(due)
+
+    def _an_outage(self, exc: DatabaseError) -> bool:
+        """Whether a failed call of the loop is an outage (the database, or on Citus a
+        worker, out of reach): then the process's outage log has it, which says so once
+        when it starts and once when it ends instead of a warning per retry. Any other
+        error is the caller's to log."""
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        if not is_outage(cause):
+            return False
+        self.lease.outage.failed(cause)
+        return True
 
     def _maybe_flush_counters(self) -> None:
         """Write what this process counted (runs/counters.py): a statement of its own, after
