@@ -15,13 +15,12 @@ from dataclasses import fields as dataclass_fields
 from datetime import datetime
 from uuid import UUID
 
-from django.contrib.admin.models import LogEntry
 from django.contrib.postgres.aggregates import JSONBAgg
 from django.db import connection
 from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
-from jobs.models import Job, SchedulerNode, Tenant
+from jobs.models import AuditEntry, Job, SchedulerNode, Tenant
 from runs import counters
 from runs.attempts import LEASE_EXPIRED, used_up
 from runs.keys import format_utc
@@ -283,8 +282,10 @@ def tenant_load(*, limit: int = 100) -> list[TenantLoad]:
     return loads[:limit]
 
 
-def recent_admin_changes(*, limit: int = 20):
-    return LogEntry.objects.select_related("user", "content_type").order_by("-action_time")[:limit]
+def recent_changes(*, limit: int = 20) -> QuerySet:
+    """The newest audit entries: every change to jobs and runs, from the API, the console
+    and the scheduler alike (jobs.audit.record writes them all)."""
+    return AuditEntry.objects.select_related("tenant").order_by("-id")[:limit]
 
 
 def open_circuits(*, limit: int = 100) -> list[TargetHost]:

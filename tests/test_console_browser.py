@@ -431,6 +431,30 @@ def test_dashboard_numbers_for_a_known_state(signed_in, acme, request):
     assert page.locator("#tenants [data-tenant='acme'] td").all_inner_texts() == ["acme", "1 / 2", "2"]
     assert page.locator("#tenants [data-tenant='globex'] td").all_inner_texts() == ["globex", "0 / 5", "1"]
     expect(page.locator("#nodes [data-node='node-a']")).to_contain_text("alive")
+    # Recent changes are the audit log's, whoever made them (here the services, as the
+    # API would): the newest first, with the job and what changed.
+    audit = page.locator("#audit tbody tr")
+    expect(audit).to_have_count(3)
+    expect(audit.first).to_contain_text("globex: urgent")
+    expect(audit.first).to_contain_text("Create")
+    # A long executor id scrolls inside its card instead of pushing it out of its column.
+    from runs.models import ExecutorNode
+
+    ExecutorNode.objects.create(
+        node_id="executor-" + "x" * 90, hostname="a-rather-long-host-name.example.internal", pid=1,
+        started_at=now, heartbeat_at=now, concurrency=32,
+    )  # fmt: skip
+    page.reload()
+    card = page.locator("#executors")
+    expect(card.locator("table")).to_contain_text("executor-xxx")
+    spills = card.evaluate(
+        """e => {
+            const table = e.querySelector("table").getBoundingClientRect();
+            const box = e.getBoundingClientRect();
+            return table.right > box.right && !["auto", "scroll"].includes(getComputedStyle(e).overflowX);
+        }"""
+    )
+    assert not spills
 
     # The dead count links to the dead-letter queue, which lists exactly that run.
     page.locator("[data-metric='dead_last_day']").click()

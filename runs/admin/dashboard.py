@@ -67,7 +67,7 @@ def page(request: HttpRequest, *, admin_site: AdminSite) -> HttpResponse:
         "unowned_partitions": selectors.unowned_partitions(nodes=nodes, total=settings.SCHEDULER_PARTITIONS),
         "tenant_loads": selectors.tenant_load(limit=50),
         "open_circuits": selectors.open_circuits(limit=50),
-        "recent_changes": selectors.recent_admin_changes(limit=20),
+        "recent_changes": selectors.recent_changes(limit=20),
         "dead_last_day": selectors.dead_count(since=now - timedelta(hours=24)),
         "forecast": _forecast_panel(request.GET.get("forecast_tenant", ""), now=now),
     }
