@@ -70,10 +70,17 @@ FROM unnest(%b::uuid[], %b::timestamptz[]) AS v(id, new)
 WHERE j.partition_id = %b AND j.id = v.id
 """
 
-# The seed's minimal run row (see the module docstring); created in the scratch database.
+# The seed's minimal run row (see the module docstring); made afresh in the scratch database.
 MINIMAL_TABLE = "minimal_runs"
-MINIMAL_DDL = f"""
-CREATE TABLE IF NOT EXISTS {MINIMAL_TABLE} (
+
+
+def minimal_ddl(table: str) -> str:
+    """The seed's minimal run row as `table`, dropped and made afresh: its key and the one
+    partial index that finds queued runs (status 0 queued, 1 running, 2 succeeded). The
+    minimal limits of dispatch and of execution (bench/raw_limit.py) both use it."""
+    return f"""
+DROP TABLE IF EXISTS {table};
+CREATE TABLE {table} (
     job_id uuid NOT NULL,
     scheduled_at timestamptz NOT NULL,
     status smallint NOT NULL DEFAULT 0,
@@ -81,9 +88,10 @@ CREATE TABLE IF NOT EXISTS {MINIMAL_TABLE} (
     lease_until timestamptz,
     PRIMARY KEY (job_id, scheduled_at)
 );
-CREATE INDEX IF NOT EXISTS {MINIMAL_TABLE}_queue_idx ON {MINIMAL_TABLE} (scheduled_at) WHERE status = 0;
-TRUNCATE {MINIMAL_TABLE};
+CREATE INDEX {table}_queue_idx ON {table} (scheduled_at) WHERE status = 0;
 """
+
+
 MINIMAL_CLAIM = """
 SELECT id, next_run_at, cron_expr, time_zone, interval_seconds
 FROM jobs
@@ -156,7 +164,7 @@ def one_round(
     runs_table = MINIMAL_TABLE if minimal else "job_runs"
     if minimal:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(MINIMAL_DDL)
+            conn.execute(minimal_ddl(MINIMAL_TABLE))
     ctx = multiprocessing.get_context("fork")
     go, done = ctx.Event(), ctx.Event()
     procs = [

@@ -54,20 +54,8 @@ WHERE r.partition_id = d.partition_id AND r.id = d.id AND r.scheduled_at = d.sch
 """
 
 
-# The minimal row: status 0 queued, 1 running, 2 succeeded.
+# The minimal row (bench/raw_dispatch.minimal_ddl), in the DATABASE_URL database for the round.
 MINIMAL_TABLE = "bench_minimal_runs"
-MINIMAL_DDL = f"""
-DROP TABLE IF EXISTS {MINIMAL_TABLE};
-CREATE TABLE {MINIMAL_TABLE} (
-    job_id uuid NOT NULL,
-    scheduled_at timestamptz NOT NULL,
-    status smallint NOT NULL DEFAULT 0,
-    attempt smallint NOT NULL DEFAULT 0,
-    lease_until timestamptz,
-    PRIMARY KEY (job_id, scheduled_at)
-);
-CREATE INDEX {MINIMAL_TABLE}_queue_idx ON {MINIMAL_TABLE} (scheduled_at) WHERE status = 0;
-"""
 MINIMAL_CLAIM_SQL = f"""
 WITH picked AS (
     SELECT job_id, scheduled_at FROM {MINIMAL_TABLE}
@@ -112,8 +100,10 @@ def enqueue_minimal(conninfo: str, runs: int) -> None:
 
     import psycopg
 
+    from bench.raw_dispatch import minimal_ddl
+
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(MINIMAL_DDL)
+        conn.execute(minimal_ddl(MINIMAL_TABLE))
         with conn.cursor().copy(f"COPY {MINIMAL_TABLE} (job_id, scheduled_at) FROM STDIN") as copy:
             for _ in range(runs):
                 copy.write_row((uuid.uuid4(), "2026-01-01T00:00:00Z"))

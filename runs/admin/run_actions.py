@@ -35,7 +35,15 @@ class RunOperations:
     """Mixed into the runs' ModelAdmins; `can_operate` is theirs."""
 
     def _confirm(
-        self, request: HttpRequest, *, operation: str, runs: list, total: int, back_url: str, bulk: str = ""
+        self,
+        request: HttpRequest,
+        *,
+        operation: str,
+        runs: list,
+        total: int,
+        back_url: str,
+        bulk: str = "",
+        selected: list[int] = (),
     ) -> TemplateResponse:
         """The page that asks before `operation` changes `runs`: it says what will happen,
         and its Yes posts back (to the same URL, or with the bulk action and its ids)."""
@@ -48,7 +56,7 @@ class RunOperations:
             "runs": runs,
             "more": total - len(runs),
             "bulk_action": bulk,
-            "selected": [str(run.pk) for run in runs] if bulk else [],
+            "selected": [str(pk) for pk in selected],
             "back_url": back_url,
         }
         return TemplateResponse(request, "admin/runs/operate_confirm.html", context)
@@ -59,17 +67,16 @@ class RunOperations:
             return None
         ids = list(queryset.values_list("id", flat=True))
         runs = list(JobRun.objects.filter(id__in=ids).order_by("scheduled_at")[:CONFIRM_LISTED])
-        response = self._confirm(
+        # Every selected id is posted back, not only the ones listed.
+        return self._confirm(
             request,
             operation=operation,
             runs=runs,
             total=len(ids),
             back_url=request.get_full_path(),
             bulk=action,
+            selected=ids,
         )
-        # Every selected id is posted back, not only the ones listed.
-        response.context_data["selected"] = [str(i) for i in ids]
-        return response
 
     def _log(self, request: HttpRequest, ids: list[int], message: str) -> None:
         # Logged against JobRun even from the dead-letter page, so a run's history page
