@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from tests.chaos.driver import HEALTHY_PROBLEM
+from tests.chaos.driver import HEALTHY_PROBLEM, NO_FENCE_PROBLEM
 from tests.support.processes import ROOT
 
 pytestmark = [
@@ -57,7 +57,12 @@ def report(tmp_path_factory) -> dict:
 
 def test_worker_crash_and_shard_move_keep_exactly_once(report):
     assert report["chaos actions"] == {"stop worker": 1, "move shard": 1, "stall executor": 1}
-    problems = {k: n for k, n in report["problems"].items() if k != HEALTHY_PROBLEM}
+    # Two checks are not this short form's to hold: the healthy workers' rate (the strict
+    # xfail below), and that the one executor stall caught a run in flight to fence. In a
+    # 7 s stall at a few runs a second it sometimes holds none (0 duplicates, 0 fenced
+    # writes all the same); make chaos-citus, with its many stalls, requires it.
+    not_here = {HEALTHY_PROBLEM, NO_FENCE_PROBLEM}
+    problems = {k: n for k, n in report["problems"].items() if k not in not_here}
     assert problems == {}, report["output"]
     assert report["runs"] == report["expected (job, slot)"] > 0
 

@@ -122,6 +122,7 @@ SHORT_CITUS = dict(
 # One shard down is not everything down: while a worker is stopped, the jobs whose
 # shards are on the other workers keep at least this share of their request rate.
 HEALTHY_SHARE = 0.5
+NO_FENCE_PROBLEM = "chaos never reclaimed a run and fenced its old attempt"
 HEALTHY_PROBLEM = "jobs on the healthy workers slowed below half while one worker was down"
 
 
@@ -498,7 +499,7 @@ def run(params: Params, *, workdir: Path, report: Path | None) -> int:
             problems[HEALTHY_PROBLEM] = 1
         if not result.reclaimed_attempts or not fenced_lines:
             # Otherwise the run proved nothing about fencing: no kill or stall hit a call.
-            problems["chaos never reclaimed a run and fenced its old attempt"] = 1
+            problems[NO_FENCE_PROBLEM] = 1
         if not all(clean_exits):
             problems["processes that did not stop cleanly on SIGTERM"] = clean_exits.count(False)
         summary = {
