@@ -95,3 +95,23 @@ def test_job_health_reads_the_jobs_runs_by_index(acme):
     # Day partitions are job_runs_pYYYYMMDD (a shard's name adds _<shard id> on Citus).
     scanned = set(re.findall(r" on job_runs_(default|p\d{8})", aggregate))
     assert scanned and all(name == "default" or name[1:] in week for name in scanned), scanned
+
+
+def test_an_unknown_tenant_is_said_not_silently_widened(admin_client, acme):
+    page = admin_client.get("/admin/", {"tenant": "nope"}).content.decode()
+    assert "No tenant is named “nope”: the counts are for all tenants." in page
+    assert 'data-strip-tenant="' not in page
+    known = admin_client.get("/admin/", {"tenant": "acme"}).content.decode()
+    assert 'data-strip-tenant="acme"' in known and "No tenant is named" not in known
+
+
+def test_the_tenant_menu_becomes_a_text_box_past_its_cap(admin_client, acme, monkeypatch):
+    from runs.admin import health_strip
+
+    page = admin_client.get("/admin/").content.decode()
+    assert '<option value="acme"' in page
+    create_tenant(slug="zeta")
+    monkeypatch.setattr(health_strip, "TENANT_MENU_CAP", 1)
+    page = admin_client.get("/admin/").content.decode()
+    assert '<option value="acme"' not in page
+    assert 'type="text" name="tenant" id="strip-tenant"' in page

@@ -4,7 +4,8 @@ dead, jobs overdue, jobs paused, each a link to the list that shows exactly thos
 The counts are read through the admin's own pages (`get_queryset` and the view
 permission of the jobs list and the dead-letter queue), so a count never shows rows
 its list would not, and a user who may not see a list gets no count for it. `?tenant=`
-narrows the strip to one tenant, and its links carry the lists' tenant filter. Each
+narrows the strip to one tenant, and its links carry the lists' tenant filter; a slug
+that names no tenant is said so above counts for every tenant. Each
 count is capped at STRIP_CAP rows and each reads a partial index holding only its rows
 (jobs/migrations/0015 says which), so a page view costs the same at a million jobs.
 """
@@ -25,6 +26,8 @@ from jobs.models import Job, Tenant
 from runs.models import DeadRun
 
 STRIP_CAP = 1000
+# Past this many tenants the menu becomes a text box: a page must not list them all.
+TENANT_MENU_CAP = 200
 FAILING_HELP = "failed attempts in a row reached the job's alert_after_failures"
 OVERDUE_HELP = "next slot later than SCHEDULER_OVERDUE_ALERT_SECONDS: no scheduler has dispatched it"
 
@@ -43,7 +46,8 @@ class StripCount:
 class Strip:
     counts: list[StripCount]
     tenant: Tenant | None
-    tenants: list[str]  # slugs, for the tenant menu
+    tenants: list[str]  # slugs, for the tenant menu; empty when there are too many to list
+    unknown_tenant: str  # a `?tenant=` that names no tenant: the page says so
 
 
 def strip(request: HttpRequest, *, admin_site: AdminSite, now: datetime) -> Strip:
@@ -83,8 +87,13 @@ def strip(request: HttpRequest, *, admin_site: AdminSite, now: datetime) -> Stri
             tenant=tenant,
         )
         counts.insert(1 if counts else 0, runs)
-    visible_tenants = Tenant.objects.order_by("slug").values_list("slug", flat=True)
-    return Strip(counts=counts, tenant=tenant, tenants=list(visible_tenants))
+    slugs = list(Tenant.objects.order_by("slug").values_list("slug", flat=True)[: TENANT_MENU_CAP + 1])
+    return Strip(
+        counts=counts,
+        tenant=tenant,
+        tenants=slugs if len(slugs) <= TENANT_MENU_CAP else [],
+        unknown_tenant=slug if slug and tenant is None else "",
+    )
 
 
 def _visible(request: HttpRequest, *, admin_site: AdminSite, model) -> QuerySet | None:
