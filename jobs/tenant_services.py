@@ -13,8 +13,9 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
 
-from jobs.models import ApiToken, Tenant
+from jobs.models import ApiToken, Job, Tenant, TenantDispatchWindow
 from runs.execution import signing
+from runs.models import TargetHost
 from scheduler_project import db
 
 TOKEN_PREFIX = "cy_"
@@ -99,3 +100,35 @@ def rotate_signing_secret(*, tenant: Tenant, actor: str) -> tuple[str, datetime]
     )
     log.info("signing secret rotated: tenant=%s actor=%r previous valid until %s", tenant.slug, actor, until)
     return secret, until
+
+
+class TenantHasJobs(Exception):
+    """The tenant still has jobs: delete them first (each job's delete takes its runs)."""
+
+    def __init__(self, jobs: int):
+        super().__init__(f"the tenant still has {jobs} job{'s' if jobs != 1 else ''}: delete its jobs first")
+        self.jobs = jobs
+
+
+@transaction.atomic
+def delete_tenant(*, tenant: Tenant, actor: str) -> None:
+    """Delete a tenant that has no jobs left, with its tokens, audit entries, breakers and
+    dispatch windows; TenantHasJobs otherwise.
+
+    Runs carry no foreign key to their job (the run table is partitioned), so a cascade
+    from the tenant would delete its jobs and leave their queued runs for the executors,
+    which never read the jobs table, to call. A tenant's jobs go one by one through
+    jobs.services.delete_job, which takes their runs; a tenant with millions of jobs is
+    not a console request's work. The tenant row is locked first: a job created
+    meanwhile waits on it (its foreign key check) and then fails, instead of slipping in
+    under the check.
+    """
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+    jobs = Job.objects.filter(tenant_id=tenant.pk).count()
+    if jobs:
+        raise TenantHasJobs(jobs)
+    # No foreign keys on these two (each says why); they go with the tenant.
+    TargetHost.objects.filter(tenant_id=tenant.pk).delete()
+    TenantDispatchWindow.objects.filter(tenant_id=tenant.pk).delete()
+    tenant.delete()
+    log.info("tenant deleted: tenant=%s actor=%r", tenant.slug, actor)

@@ -160,6 +160,30 @@ def test_the_tenant_page_and_its_save(admin_client, console):
     assert Tenant.objects.filter(slug="initech").exists()
 
 
+def test_a_tenant_with_jobs_cannot_be_deleted_and_an_empty_one_can(admin_client, console):
+    """Runs have no foreign key to their job, so a cascade from the tenant would leave its
+    queued runs behind for executors to call. A tenant goes only once its jobs are gone
+    (each job's delete takes its runs); the page says so instead of a cascade list."""
+    other = console["other"]
+    url = f"/admin/jobs/tenant/{other.pk}/delete/"
+    page = ok(admin_client.get(url))
+    assert "2 jobs" not in page and "1 job" in page and "delete its jobs first" in page
+    ok(admin_client.post(url, {"post": "yes"}))
+    assert Tenant.objects.filter(pk=other.pk).exists()
+    assert JobRun.objects.filter(tenant_id=other.pk).count() == 2
+    bulk = {"action": "delete_selected", ACTION_CHECKBOX_NAME: [str(other.pk)], "post": "yes"}
+    admin_client.post("/admin/jobs/tenant/", bulk)
+    assert Tenant.objects.filter(pk=other.pk).exists()
+
+    services.delete_job(job=console["beta"], actor="admin:setup")
+    page = ok(admin_client.get(url))
+    assert "delete its jobs first" not in page
+    redirected(admin_client.post(url, {"post": "yes"}))
+    assert not Tenant.objects.filter(pk=other.pk).exists()
+    assert not JobRun.objects.filter(tenant_id=other.pk).exists()
+    assert Tenant.objects.filter(pk=console["tenant"].pk).exists()
+
+
 def test_the_run_page_and_the_dead_letter_replay(admin_client, console):
     dead = console["dead"]
     ok(admin_client.get(f"/admin/runs/jobrun/{dead.pk}/change/"))

@@ -10,14 +10,16 @@ from datetime import datetime
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
+from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.text import capfirst
 
 from jobs import tenant_services
 from jobs.admin import audit as _audit_page  # noqa: F401 (importing registers the page)
 from jobs.admin import jobs as _job_pages  # noqa: F401 (importing registers the pages)
 from jobs.admin.base import ReadOnlyAdmin, actor_of
 from jobs.admin.display import moment_html
-from jobs.models import ApiToken, Job, Misfire, SchedulerNode, Tenant
+from jobs.models import ApiToken, AuditEntry, Job, Misfire, SchedulerNode, Tenant
 from runs.keys import format_utc
 from scheduler_project import db, liveness
 
@@ -80,6 +82,49 @@ class TenantAdmin(admin.ModelAdmin):
         for tenant in tenants:
             tenant._jobs = jobs.get(tenant.pk, 0)
         return changelist
+
+    # --- deletion: only a tenant without jobs (tenant_services.delete_tenant says why) ---
+
+    def get_deleted_objects(self, objs, request):
+        tenants = list(objs)
+        jobs = dict(
+            Job.objects.filter(tenant_id__in=[t.pk for t in tenants])
+            .order_by()
+            .values_list("tenant_id")
+            .annotate(n=Count("*"))
+        )
+        label = capfirst(Tenant._meta.verbose_name)
+        to_delete = [format_html("{}: {}", label, tenant) for tenant in tenants if not jobs.get(tenant.pk)]
+        protected = [
+            format_html(
+                '{}: <a href="{}?tenant__id__exact={}">{} job{}</a>: delete its jobs first',
+                tenant,
+                reverse("admin:jobs_job_changelist"),
+                tenant.pk,
+                jobs[tenant.pk],
+                "s" if jobs[tenant.pk] != 1 else "",
+            )
+            for tenant in tenants
+            if jobs.get(tenant.pk)
+        ]
+        empty = [t.pk for t in tenants if not jobs.get(t.pk)]
+        model_count = {Tenant._meta.verbose_name_plural: len(empty)}
+        for model, rows in (
+            (ApiToken, ApiToken.objects.filter(tenant_id__in=empty)),
+            (AuditEntry, AuditEntry.objects.filter(tenant_id__in=empty)),
+        ):
+            count = rows.count() if empty else 0
+            if count:
+                model_count[model._meta.verbose_name_plural] = count
+        perms_needed = set() if self.has_delete_permission(request) else {Tenant._meta.verbose_name}
+        return to_delete, model_count, perms_needed, protected
+
+    def delete_model(self, request, obj: Tenant) -> None:
+        tenant_services.delete_tenant(tenant=obj, actor=actor_of(request))
+
+    def delete_queryset(self, request, queryset) -> None:
+        for tenant in queryset:
+            tenant_services.delete_tenant(tenant=tenant, actor=actor_of(request))
 
     @admin.display(description="active tokens", ordering="_tokens")
     def token_count(self, tenant: Tenant) -> int:
