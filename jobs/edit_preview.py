@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-
 from jobs import audit
 from jobs.dispatch import planning
 from jobs.models import Job, MisfirePolicy
@@ -182,9 +180,8 @@ def _past(job: Job, effects: planning.EditEffects, *, now: datetime) -> PastSlot
     if job.paused:
         return past(0, "paused", f"{span} fell while paused: what runs is decided by the resume's catch-up.")
     after = effects.job
-    late = (now - due).total_seconds()
-    if late <= settings.SCHEDULER_MISFIRE_THRESHOLD_SECONDS:
-        return past(n, "on_time", f"{span} due within the misfire threshold: they fire as scheduled.")
+    if now - due <= planning.starting_deadline(after):
+        return past(n, "on_time", f"{span} due within the starting deadline: they fire as scheduled.")
     policy = after.misfire_policy
     if policy == MisfirePolicy.SKIP:
         runs, what = 0, "none runs"

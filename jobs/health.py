@@ -31,6 +31,7 @@ from django.db.models import Aggregate, Count, F, FloatField, Func, OuterRef, Q,
 from django.db.models.functions import Greatest
 
 from jobs.dispatch.partition_leases import NAMESPACE
+from jobs.dispatch.planning import starting_deadline
 from jobs.models import Job
 from runs.alerts import Alert
 from runs.models import JobRun, RunStatus, RunTrigger
@@ -225,15 +226,17 @@ def job_health(job: Job, *, now: datetime) -> JobHealth:
     """The job's health figures at `now`: its row's counters, the API's last success and
     overdue rule, its misfires, and per window the on-time rate and the start lateness.
 
-    A slot is on time when its run started within SCHEDULER_MISFIRE_THRESHOLD_SECONDS of
-    it (a later start is what a scheduler would call a misfire). A slot counts once its
+    A slot is on time when its run started within the job's starting deadline of it
+    (jobs.dispatch.planning.starting_deadline: its starting_deadline_seconds, else
+    SCHEDULER_MISFIRE_THRESHOLD_SECONDS; a later start is what a scheduler would call a
+    misfire). A slot counts once its
     run started or the threshold passed without a start; skipped runs (the overlap
     policy) and runs cancelled before they started are not counted. started_at is the
     latest attempt's start (as on the dashboard's lateness chart): a retried run's
     lateness includes its retries. One aggregate over the job's runs of the last 7 days,
     on the (partition_id, job_id, scheduled_at) unique index of the day partitions the
     window reaches (in the job's shard on Citus)."""
-    threshold = settings.SCHEDULER_MISFIRE_THRESHOLD_SECONDS
+    threshold = int(starting_deadline(job).total_seconds())
     widest = max(span for _, span in HEALTH_WINDOWS)
     runs = JobRun.objects.filter(
         partition_id=job.partition_id,

@@ -147,6 +147,12 @@ class Job(PartitionKeyed):
     # Runs start up to this many seconds after their slot (a stable per-slot offset,
     # jobs/schedule/jitter.py); the slot itself, and so the run key, does not move.
     jitter_seconds = models.PositiveIntegerField(default=0)
+    # A slot found later than this is a misfire (Kubernetes' startingDeadlineSeconds);
+    # NULL: SCHEDULER_MISFIRE_THRESHOLD_SECONDS. jobs.rules.job.starting_deadline is the
+    # one reading of it.
+    starting_deadline_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
 
     partition_id = models.PositiveSmallIntegerField(editable=False)
     next_run_at = models.DateTimeField(null=True, blank=True)

@@ -17,14 +17,21 @@ may be lost or, if the commit did land, counted again on the retry. Counters des
 rates, not the exact history: the run rows are that (docs/decisions/0066-metrics-gauges.md).
 
 Labels are bounded: statuses and alert types, never a job, run or tenant.
+
+Beside the counters, a process keeps one gauge the same way: the finish time of the
+newest success it wrote per tenant (`Tally.succeeded`), flushed into `tenant_successes`
+with GREATEST instead of +, read as max per tenant (`last_successes`) and folded the
+same way. One row per (process, tenant) that succeeded; /metrics shows only existing
+tenants.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 # How often a process writes its counts; also when it exits cleanly.
 FLUSH_EVERY_SECONDS = 5.0
@@ -108,13 +115,40 @@ DO UPDATE SET value = process_counters.value + EXCLUDED.value, updated_at = EXCL
 """
 
 
+_SUCCESS_FLUSH_SQL = """
+INSERT INTO tenant_successes (node_id, tenant_id, at, updated_at)
+SELECT %(node_id)s, t, a, now() FROM unnest(%(tenants)s::bigint[], %(ats)s::timestamptz[]) AS u(t, a)
+ON CONFLICT (node_id, tenant_id)
+DO UPDATE SET at = GREATEST(tenant_successes.at, EXCLUDED.at), updated_at = EXCLUDED.updated_at
+"""
+_LAST_SUCCESSES_SQL = "SELECT tenant_id, max(at) FROM tenant_successes GROUP BY tenant_id"
+_SUCCESS_FOLD_SQL = """
+WITH gone AS (
+    DELETE FROM tenant_successes
+    WHERE node_id <> %(retired)s AND updated_at < now() - make_interval(secs => %(after)s)
+    RETURNING tenant_id, at
+)
+INSERT INTO tenant_successes (node_id, tenant_id, at, updated_at)
+SELECT %(retired)s, tenant_id, max(at), now() FROM gone GROUP BY tenant_id
+ON CONFLICT (node_id, tenant_id)
+DO UPDATE SET at = GREATEST(tenant_successes.at, EXCLUDED.at), updated_at = EXCLUDED.updated_at
+"""
+
+
 class Tally:
     """One process's counts since its last flush. `add` may be called from any thread."""
 
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self._pending: Counter[tuple[str, str]] = Counter()
+        self._successes: dict[int, datetime] = {}
         self._lock = threading.Lock()
+
+    def succeeded(self, tenant_id: int, at: datetime) -> None:
+        """A run of `tenant_id` succeeded, finished at `at` (its finished_at)."""
+        with self._lock:
+            if tenant_id not in self._successes or at > self._successes[tenant_id]:
+                self._successes[tenant_id] = at
 
     def add(self, spec: Spec, n: int = 1, *, label: str = "") -> None:
         if n > 0:
@@ -130,6 +164,19 @@ class Tally:
         with self._lock:
             self._pending.update(taken)
 
+    def _take_successes(self) -> dict[int, datetime]:
+        with self._lock:
+            taken, self._successes = self._successes, {}
+        return taken
+
+    def _give_back_successes(self, taken: dict[int, datetime]) -> None:
+        for tenant_id, at in taken.items():
+            self.succeeded(tenant_id, at)
+
+    def _success_params(self, taken: dict[int, datetime]) -> dict:
+        tenants = sorted(taken)
+        return {"node_id": self.node_id, "tenants": tenants, "ats": [taken[t] for t in tenants]}
+
     def _params(self, taken: Counter[tuple[str, str]]) -> dict:
         keys = sorted(taken)
         return {
@@ -139,28 +186,49 @@ class Tally:
             "values": [taken[key] for key in keys],
         }
 
+    def _statements(self) -> list[tuple[str, dict, Callable[[], None]]]:
+        """What a flush writes (nothing when nothing is pending), each statement with how
+        to give its data back to the tally when it fails."""
+        out: list[tuple[str, dict, Callable[[], None]]] = []
+        taken = self._take()
+        if taken:
+            out.append((_FLUSH_SQL, self._params(taken), lambda: self._give_back(taken)))
+        successes = self._take_successes()
+        if successes:
+            out.append(
+                (
+                    _SUCCESS_FLUSH_SQL,
+                    self._success_params(successes),
+                    lambda: self._give_back_successes(successes),
+                )
+            )
+        return out
+
     def flush(self, cursor) -> None:
         """Write what was counted since the last flush (a sync cursor, autocommit or a
         transaction of its own). On an error the counts stay pending for the next flush."""
-        taken = self._take()
-        if not taken:
-            return
-        try:
-            cursor.execute(_FLUSH_SQL, self._params(taken))
-        except BaseException:
-            self._give_back(taken)
-            raise
+        statements = self._statements()
+        for done, (sql, params, _) in enumerate(statements):
+            try:
+                cursor.execute(sql, params)
+            except BaseException:
+                _give_back(statements[done:])
+                raise
 
     async def flush_async(self, conn) -> None:
         """`flush` on an async autocommit connection (the executor's node connection)."""
-        taken = self._take()
-        if not taken:
-            return
-        try:
-            await conn.execute(_FLUSH_SQL, self._params(taken))
-        except BaseException:
-            self._give_back(taken)
-            raise
+        statements = self._statements()
+        for done, (sql, params, _) in enumerate(statements):
+            try:
+                await conn.execute(sql, params)
+            except BaseException:
+                _give_back(statements[done:])
+                raise
+
+
+def _give_back(statements: list[tuple[str, dict, Callable[[], None]]]) -> None:
+    for _, _, give_back in statements:
+        give_back()
 
 
 def totals(cursor) -> dict[tuple[str, str], int]:
@@ -172,6 +240,13 @@ def totals(cursor) -> dict[tuple[str, str], int]:
 def fold_retired(cursor, *, after_seconds: float = RETIRE_AFTER_SECONDS) -> None:
     """Fold the rows of processes silent for `after_seconds` into the `(retired)` rows."""
     cursor.execute(_FOLD_SQL, {"retired": RETIRED, "after": after_seconds})
+    cursor.execute(_SUCCESS_FOLD_SQL, {"retired": RETIRED, "after": after_seconds})
+
+
+def last_successes(cursor) -> dict[int, datetime]:
+    """Per tenant id, the finish time of its newest success any process wrote."""
+    cursor.execute(_LAST_SUCCESSES_SQL)
+    return dict(cursor.fetchall())
 
 
 def samples(spec: Spec, found: dict[tuple[str, str], int]) -> Iterable[tuple[str, int]]:

@@ -65,6 +65,16 @@ class CronyardCollector(Collector):
             "tenant",
             sorted({**dict.fromkeys(tenants, 0), **health.failing_by_tenant()}.items()),
         )
+        yield _labelled(
+            # Prometheus' base unit of time is the second and a moment is Unix seconds
+            # (process_start_time_seconds); `_timestamp_seconds` says it is a moment, not a
+            # duration, and `time() - x` is its age. A gauge: it can only be set, not rated.
+            "cronyard_tenant_last_success_timestamp_seconds",
+            "Unix time (seconds) the newest succeeded run of the tenant finished, per tenant "
+            "(0 for a tenant with no success yet).",
+            "tenant",
+            selectors.tenant_last_success(limit=TENANTS_SHOWN),
+        )
         yield from self.counters()
 
         depth = GaugeMetricFamily(

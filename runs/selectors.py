@@ -302,7 +302,23 @@ def open_circuits(*, limit: int = 100) -> list[TargetHost]:
 
 def tenant_slugs(*, limit: int) -> list[str]:
     """The first `limit` tenant slugs, in order: the label values of per-tenant gauges."""
-    return list(Tenant.objects.order_by("slug").values_list("slug", flat=True)[:limit])
+    return [slug for slug, _ in _tenants_shown(limit=limit)]
+
+
+def _tenants_shown(*, limit: int) -> list[tuple[str, int]]:
+    return list(Tenant.objects.order_by("slug").values_list("slug", "id")[:limit])
+
+
+def tenant_last_success(*, limit: int) -> list[tuple[str, float]]:
+    """(slug, Unix seconds of the newest success of its runs) of the tenants tenant_slugs
+    names; 0 for a tenant none of whose runs has succeeded since the executors keep it
+    (runs/counters.py, `tenant_successes`). Reads the per-process rows, never the runs."""
+    with connection.cursor() as cursor:
+        newest = counters.last_successes(cursor)
+    return [
+        (slug, newest[tenant_id].timestamp() if tenant_id in newest else 0.0)
+        for slug, tenant_id in _tenants_shown(limit=limit)
+    ]
 
 
 def counter_totals() -> dict[tuple[str, str], int]:

@@ -7,7 +7,7 @@ from django.contrib.messages import get_messages
 from rest_framework.test import APIClient
 
 from jobs import services, tenant_services
-from jobs.models import ApiToken, Job, SchedulerNode
+from jobs.models import ApiToken, AuditEntry, Job, SchedulerNode
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
 from tests.support.admin_form import job_form_data as form_data
@@ -135,6 +135,8 @@ def test_add_form_rejects_a_bad_cron_and_writes_nothing(admin_client, tenant):
         ({"lease_seconds": "2"}, "lease_seconds"),
         ({"cron_expr": "", "interval_seconds": "0"}, "interval_seconds"),
         ({"cron_expr": "", "run_at_0": "2001-01-01", "run_at_1": "00:00:00"}, "run_at"),
+        ({"starting_deadline_seconds": "0"}, "starting_deadline_seconds"),
+        ({"starting_deadline_seconds": "604801"}, "starting_deadline_seconds"),
     ],
 )
 def test_add_form_applies_the_api_rules(admin_client, tenant, overrides, field):
@@ -176,6 +178,26 @@ def test_change_form_edit_recomputes_next_run(admin_client, tenant):
     assert job.name == "edited" and job.cron_expr == "" and job.interval_seconds == 600
     assert job.overlap_policy == "allow"
     assert format_utc(job.next_run_at) == "2026-01-10T12:10:00Z"
+
+
+def test_change_form_sets_and_clears_the_starting_deadline(admin_client, tenant):
+    job = services.create_job(
+        tenant=tenant, fields=dict(name="deadline", cron_expr="*/5 * * * *", target=HOOK)
+    )
+    url = f"{CHANGELIST}{job.pk}/change/"
+    page = admin_client.get(url).content.decode()
+    assert "startingDeadlineSeconds" in page and "SCHEDULER_MISFIRE_THRESHOLD_SECONDS (60 s)" in page
+    response = admin_client.post(url, form_data(tenant, name="deadline", starting_deadline_seconds="45"))
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert Job.objects.get(pk=job.pk).starting_deadline_seconds == 45
+    response = admin_client.post(url, form_data(tenant, name="deadline", starting_deadline_seconds=""))
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    assert Job.objects.get(pk=job.pk).starting_deadline_seconds is None
+    changes = AuditEntry.objects.filter(job_id=job.pk, action="update").order_by("id")
+    assert [e.changes for e in changes] == [
+        {"starting_deadline_seconds": [None, 45]},
+        {"starting_deadline_seconds": [45, None]},
+    ]
 
 
 def test_change_form_cannot_move_a_job_to_another_tenant(admin_client, tenant, api):

@@ -60,6 +60,25 @@ def test_job_detail_health_from_seeded_runs(web_server, acme):
     assert health["last_24h"]["slots"] < health["last_7d"]["slots"]
 
 
+def test_the_on_time_rate_follows_the_jobs_starting_deadline(web_server, acme):
+    tenant, token = acme
+    fields = dict(name="strict", interval_seconds=60, target=HOOK, starting_deadline_seconds=30)
+    job = services.create_job(tenant=tenant, fields=fields)
+    want = job_health.seed(job)
+    health = get(web_server, token, f"/api/v1/jobs/{job.id}/").json()["health"]
+    assert health["on_time_threshold_seconds"] == 30
+    # A start 59.5 s late is on time under the global 60 s, not under the job's 30 s.
+    assert (health["last_24h"]["slots"], health["last_24h"]["on_time"]) == (8, 5)
+    assert (health["last_24h"]["on_time"], health["last_24h"]["on_time_rate"]) == (
+        want.last_24h.on_time,
+        want.last_24h.rate,
+    )
+    assert (health["last_7d"]["on_time"], health["last_7d"]["slots"]) == (
+        want.last_7d.on_time,
+        want.last_7d.slots,
+    )
+
+
 def test_a_job_without_runs_has_empty_windows(web_server, acme):
     tenant, token = acme
     job = services.create_job(tenant=tenant, fields=dict(name="new", cron_expr="0 3 * * *", target=HOOK))

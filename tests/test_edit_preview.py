@@ -72,6 +72,7 @@ EDITS = [
     {"name": "renamed", "priority": 7},
     {"misfire_policy": "catch_up", "max_catch_up": 3},
     {"end_at": "2026-06-01T13:00:00Z"},
+    {"starting_deadline_seconds": 900},
     {"target": {**HOOK, "headers": {"Authorization": "***"}, "body": "changed"}},
 ]
 
@@ -195,6 +196,23 @@ def test_the_misfire_rules_are_what_the_scheduler_then_does(api, tenant, make_sc
     while scheduler.step():
         pass
     assert JobRun.objects.filter(job_id=job.id, trigger="catch_up").count() == will_run
+
+
+def test_a_longer_starting_deadline_fires_the_late_slots_as_scheduled(api, tenant, make_scheduler):
+    job = overdue_job(tenant)  # its oldest due slot is 630 s late: a misfire under the global 60 s
+    body = {"starting_deadline_seconds": 900}
+    with clock.travel(T):
+        answer = dry(api, job, body).json()
+        assert api.patch(url(job), body, format="json").status_code == 200
+    past = answer["past_slots"]
+    assert (past["count"], past["rule"], past["will_run"]) == (11, "on_time", 11)
+    assert answer["changes"] == {"starting_deadline_seconds": [None, 900]}
+    scheduler = make_scheduler(node_id="preview")
+    scheduler.lease.tick_now()
+    while scheduler.step():
+        pass
+    assert JobRun.objects.filter(job_id=job.id, trigger="schedule").count() == 11
+    assert not Misfire.objects.filter(job_id=job.id).exists()
 
 
 def test_pausing_an_overdue_job_records_a_misfire_and_a_paused_range(api, tenant):

@@ -17,6 +17,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from jobs import services
+from jobs.tenant_services import create_tenant
 from runs import counters
 from runs.models import JobRun
 from tests.support.executor import http_spec, wait_for
@@ -97,6 +98,61 @@ def test_counters_rise_by_what_the_processes_did(tenant, processes, http_target,
     assert rose("cronyard_lease_expiries_total") == rose("cronyard_fenced_results_total") == 0
     checked = subprocess.run([promtool(), "check", "metrics"], input=text.encode(), capture_output=True)
     assert checked.returncode == 0, (checked.stdout + checked.stderr).decode()
+
+
+LAST_SUCCESS = "cronyard_tenant_last_success_timestamp_seconds"
+
+
+@pytest.mark.processes
+def test_a_tenants_last_success_moves_to_the_finish_of_its_newest_success(
+    tenant, processes, http_target, web_server, settings
+):
+    settings.SCHEDULER_ALLOW_PRIVATE_TARGETS = True  # the target is on 127.0.0.1
+    other = create_tenant(slug="quiet")[0]
+    soon = timezone.now() + timedelta(seconds=1)
+    job = services.create_job(
+        tenant=tenant, fields=dict(name="ok", run_at=soon, target=http_spec(http_target.url("/ok")))
+    )
+    _, before = scrape(web_server)
+    assert before[(LAST_SUCCESS, (("tenant", tenant.slug),))] == 0
+    processes.start("run_scheduler")
+    processes.start("run_executor")
+    wait_for(
+        lambda: JobRun.objects.filter(job_id=job.id, status="succeeded").exists(),
+        timeout=60,
+        what="the success",
+    )
+    processes.stop_all()  # a clean exit flushes what the executor kept
+    _, after = scrape(web_server)
+    finished = JobRun.objects.get(job_id=job.id).finished_at
+    assert after[(LAST_SUCCESS, (("tenant", tenant.slug),))] == pytest.approx(finished.timestamp(), abs=1e-3)
+    assert after[(LAST_SUCCESS, (("tenant", other.slug),))] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tenant_that_never_succeeded_is_0_and_the_newest_success_wins(client):
+    create_tenant(slug="never")
+    busy, _ = create_tenant(slug="busy")
+    base = timezone.now().replace(microsecond=0)
+    one, two = counters.Tally("one"), counters.Tally("two")
+    one.succeeded(busy.id, base - timedelta(hours=2))
+    one.succeeded(busy.id, base - timedelta(hours=3))  # older: kept out
+    two.succeeded(busy.id, base - timedelta(hours=1))
+    with pytest.raises(psycopg.OperationalError):
+        two.flush(LostConnection())  # given back: the next flush writes it
+    with connection.cursor() as cursor:
+        one.flush(cursor)
+        two.flush(cursor)
+        two.succeeded(busy.id, base - timedelta(hours=5))  # an older one later: no step back
+        two.flush(cursor)
+        cursor.execute(
+            "UPDATE tenant_successes SET updated_at = now() - interval '2 days' WHERE node_id = 'two'"
+        )
+        counters.fold_retired(cursor)  # the folded row keeps the newest
+    families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").content.decode())}
+    shown = {s.labels["tenant"]: s.value for s in families[LAST_SUCCESS].samples}
+    assert families[LAST_SUCCESS].type == "gauge"
+    assert shown == {"never": 0, "busy": (base - timedelta(hours=1)).timestamp()}
 
 
 @pytest.mark.django_db(transaction=True)

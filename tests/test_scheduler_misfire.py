@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection
 
+from jobs import ledger
 from jobs.dispatch.planning import MISFIRE_COUNT_CAP
 from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job, Misfire
@@ -181,3 +182,33 @@ def test_misfire_after_downtime_with_a_real_scheduler_process(tenant, processes)
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM scheduler_nodes")
         assert cursor.fetchone()[0] == 0
+
+
+def test_a_jobs_own_starting_deadline_decides_the_misfire(tenant, step):
+    """starting_deadline_seconds replaces the global threshold (60 s here) for its job: 5 s
+    makes a slot 20 s late a misfire, 300 s keeps one 120 s late on time; the ledger
+    gives each slot the reason the job's own deadline led to."""
+    hour = {"interval_seconds": 3600, "misfire_policy": "skip"}
+    strict = make_job(tenant, next_run_at=T - timedelta(seconds=20), starting_deadline_seconds=5, **hour)
+    lenient = make_job(tenant, next_run_at=T - timedelta(seconds=120), starting_deadline_seconds=300, **hour)
+    # The same lateness under the global threshold: the other way round.
+    plain_20 = make_job(tenant, next_run_at=T - timedelta(seconds=20), **hour)
+    plain_120 = make_job(tenant, next_run_at=T - timedelta(seconds=120), **hour)
+    Job.objects.update(created_at=T - timedelta(hours=1))
+    step()
+
+    assert runs_of(strict) == [] and the_misfire(strict).missed_count == 1
+    assert runs_of(lenient) == [(T - timedelta(seconds=120), "schedule", "queued")]
+    assert not Misfire.objects.filter(job=lenient).exists()
+    assert runs_of(plain_20) == [(T - timedelta(seconds=20), "schedule", "queued")]
+    assert runs_of(plain_120) == [] and the_misfire(plain_120).missed_count == 1
+
+    def ledger_of(job: Job) -> list[tuple[datetime, str, str | None]]:
+        job.refresh_from_db()
+        found, _ = ledger.occurrences(
+            job=job, start=T - timedelta(minutes=5), end=T + timedelta(seconds=1), now=T, after=None, limit=10
+        )
+        return [(o.scheduled_at, o.outcome, o.reason) for o in found]
+
+    assert ledger_of(strict) == [(T - timedelta(seconds=20), "skipped", "misfire_skip")]
+    assert ledger_of(lenient) == [(T - timedelta(seconds=120), "fired", None)]

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from django import forms
+from django.conf import settings
 
 from jobs.admin.dst_form import DstPolicyMenusField
 from jobs.models import Job
@@ -29,6 +30,7 @@ SCHEDULE_FORM_FIELDS = (
 POLICY_FORM_FIELDS = (
     "misfire_policy",
     "max_catch_up",
+    "starting_deadline_seconds",
     "overlap_policy",
     "max_attempts",
     "retry_backoff_seconds",
@@ -90,6 +92,9 @@ class JobAdminForm(forms.ModelForm):
             "run_at": "One-time run (UTC).",
             "jitter_seconds": "Runs start up to this many seconds after their slot (a stable offset per "
             "slot); at most the schedule's shortest gap.",
+            "starting_deadline_seconds": "A slot found later than this many seconds is a misfire (the "
+            "misfire policy decides); Kubernetes' startingDeadlineSeconds. Empty: the global "
+            f"SCHEDULER_MISFIRE_THRESHOLD_SECONDS ({settings.SCHEDULER_MISFIRE_THRESHOLD_SECONDS} s).",
             "target": "Fill in the fields (a task gets one input per kwarg); they write the JSON "
             "below it (the stored value), "
             f"e.g. {_TARGET_EXAMPLE} or "

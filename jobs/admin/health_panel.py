@@ -93,7 +93,8 @@ def panel(job: Job, *, figures: JobHealth, now: datetime) -> SafeString:
         '<div class="cy-health"><table class="cy-health-facts"><tbody>{}</tbody></table>'
         '<table class="cy-health-windows"><thead><tr><th></th>{}</tr></thead><tbody>{}</tbody></table>'
         '<p class="cy-health-note">On time: the run started within {} s of its slot '
-        "(SCHEDULER_MISFIRE_THRESHOLD_SECONDS). Slots are the schedule's runs (not manual, backfill or "
+        "(the job's starting deadline, else SCHEDULER_MISFIRE_THRESHOLD_SECONDS). "
+        "Slots are the schedule's runs (not manual, backfill or "
         "replayed ones); lateness is start &minus; slot, a retried run's latest start.</p></div>",
         facts,
         head,

@@ -104,6 +104,13 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
         "(job id, slot); the slot and run key do not move. 0..the schedule's shortest gap (interval, or the "
         "smallest distance among the next 50 cron fire times), at most 86400.",
     )
+    starting_deadline_seconds = StrictIntegerField(
+        required=False,
+        allow_null=True,
+        help_text="Kubernetes' startingDeadlineSeconds: a slot the scheduler finds later than this is a "
+        "misfire (misfire_policy decides what runs). 1..604800 (7 days); null (the default) means "
+        "SCHEDULER_MISFIRE_THRESHOLD_SECONDS. health.on_time_threshold_seconds shows the value in effect.",
+    )
     paused = StrictBooleanField(required=False)
     start_at = UtcDateTimeField(required=False, allow_null=True)
     end_at = UtcDateTimeField(required=False, allow_null=True)
@@ -205,7 +212,10 @@ class JobHealthSerializer(serializers.Serializer):
         help_text="Null unless the next slot is late by more than SCHEDULER_OVERDUE_ALERT_SECONDS.",
     )
     misfire_count = serializers.IntegerField()
-    on_time_threshold_seconds = serializers.IntegerField(help_text="SCHEDULER_MISFIRE_THRESHOLD_SECONDS.")
+    on_time_threshold_seconds = serializers.IntegerField(
+        help_text="The job's starting deadline in effect: starting_deadline_seconds, or when null "
+        "SCHEDULER_MISFIRE_THRESHOLD_SECONDS."
+    )
     last_24h = SlotWindowSerializer()
     last_7d = SlotWindowSerializer()
 

@@ -14,6 +14,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
+
 from jobs import schedule
 from jobs.models import Job, Misfire, MisfirePolicy, SlotOutcome, SlotRange, SlotReason
 from jobs.schedule import jitter
@@ -50,6 +52,8 @@ class DueJob:
     lease_seconds: int
     priority: int
     jitter_seconds: int
+    # The job's own misfire threshold (None: the global one; starting_deadline below).
+    starting_deadline_seconds: int | None
     next_run_at: datetime | None
     start_at: datetime | None
     end_at: datetime | None
@@ -72,6 +76,21 @@ _TICK = timedelta(microseconds=1)
 # Triggers whose runs start at their jittered offset. Manual runs, backfills and
 # replays were asked for by an operator, now: they start at once (not_before = now).
 JITTERED_TRIGGERS = frozenset({"schedule", "catch_up"})
+
+
+def starting_deadline(job: Job | DueJob, *, default: timedelta | None = None) -> timedelta:
+    """How late a slot of `job` may be found and still fire as scheduled; later is a misfire.
+
+    The job's `starting_deadline_seconds` (Kubernetes' startingDeadlineSeconds) when set,
+    else `default` (a scheduler's own threshold), else SCHEDULER_MISFIRE_THRESHOLD_SECONDS.
+    The one reading of that rule: the scheduler's misfire decision, the edit preview and
+    the on-time rate of job health all ask here.
+    """
+    if job.starting_deadline_seconds is not None:
+        return timedelta(seconds=job.starting_deadline_seconds)
+    if default is not None:
+        return default
+    return timedelta(seconds=settings.SCHEDULER_MISFIRE_THRESHOLD_SECONDS)
 
 
 def next_slot(job: Job | DueJob, *, after: datetime, anchor: datetime | None = None) -> datetime | None:
@@ -250,13 +269,16 @@ class Plan:
     ranges: list[SlotRange] = field(default_factory=list)  # ledger: slots this plan leaves unfired
 
 
-def plan_job(job: Job | DueJob, *, now: datetime, threshold: timedelta) -> Plan:
-    """Runs to create for a due job and its new next_run_at (pure: no writes)."""
+def plan_job(job: Job | DueJob, *, now: datetime, threshold: timedelta | None = None) -> Plan:
+    """Runs to create for a due job and its new next_run_at (pure: no writes).
+
+    A slot later than the job's starting deadline (`threshold`: the scheduler's default
+    for jobs without their own) is a misfire."""
     due = job.next_run_at
     assert due is not None
     if job.end_at is not None and due > job.end_at:
         return Plan(job=job, new_next=None)  # end_at moved before the pending slot
-    if now - due <= threshold:
+    if now - due <= starting_deadline(job, default=threshold):
         # On time (or a little late): fire exactly this slot. If more slots are
         # already due the job comes back in the next batch, one slot per batch, so
         # the overlap policy sees each earlier run when deciding the next.

@@ -97,6 +97,13 @@ def read_due(cursor, *, owned: Sequence[int], now: datetime, cutoff: datetime, l
     of misfired jobs (cheap to defer: their slots are already late) never makes
     on-time jobs late too. One round trip (the two branches of a UNION ALL come back
     in order); rows are plain DueJobs, not ORM instances.
+
+    `cutoff` is the scheduler's threshold, not each job's: it only orders the batch, and
+    a per-job bound (starting_deadline_seconds) could not be walked on
+    jobs_due_order_idx. Whether a slot is a misfire is plan_job's decision from the
+    job's own deadline, which comes back in the row: a job with a shorter deadline is
+    read with the on-time ones and planned as a misfire, one with a longer deadline is
+    read with the late ones (oldest first) and fires as scheduled.
     """
     cursor.execute(_READ_SQL, {"owned": list(owned), "now": now, "cutoff": cutoff, "limit": limit})
     return [DueJob(*row) for row in cursor.fetchmany(limit)]

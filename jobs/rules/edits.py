@@ -34,6 +34,7 @@ DEFAULTS: dict[str, Any] = {
     "priority": 0,
     "alert_after_failures": 3,
     "jitter_seconds": 0,
+    "starting_deadline_seconds": None,
     "paused": False,
     "start_at": None,
     "end_at": None,

@@ -30,6 +30,14 @@ RANGES: dict[str, tuple[int, int]] = {
 }
 
 
+# A job's own misfire threshold (starting_deadline_seconds): at most 7 days, the widest
+# window of job health (jobs.health.HEALTH_WINDOWS). A slot counts toward the on-time
+# rate once it started or its deadline passed; with a longer deadline an unstarted slot
+# would never count inside any window. A slot later than a week is an outage for the
+# misfire policy (run_once, skip, catch_up) to decide, not a start to wait for.
+STARTING_DEADLINE_MAX = 7 * 86_400
+
+
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -110,4 +118,15 @@ def check_interval(value: Any) -> int:
         raise ValueError("A whole number of seconds is required.")
     if not 1 <= value <= INTERVAL_MAX:
         raise ValueError(f"Must be between 1 and {INTERVAL_MAX} seconds (got {value}).")
+    return value
+
+
+def check_starting_deadline(value: Any) -> int | None:
+    """None (the global SCHEDULER_MISFIRE_THRESHOLD_SECONDS) or 1..STARTING_DEADLINE_MAX seconds."""
+    if value is None:
+        return None
+    if not is_int(value):
+        raise ValueError("A whole number of seconds, or null for the global misfire threshold, is required.")
+    if not 1 <= value <= STARTING_DEADLINE_MAX:
+        raise ValueError(f"Must be between 1 and {STARTING_DEADLINE_MAX} seconds, or null (got {value}).")
     return value

@@ -24,6 +24,7 @@ from jobs.rules.fields import (
     check_int,
     check_interval,
     check_name,
+    check_starting_deadline,
     check_zone,
     is_int,
 )
@@ -80,6 +81,7 @@ def validate_job(
     run("dst_policy", check_dst_policy)
     for field in RANGES:
         run(field, lambda v, f=field: check_int(f, v))
+    run("starting_deadline_seconds", check_starting_deadline)
     if "misfire_policy" in values and values["misfire_policy"] not in MisfirePolicy.values:
         _add(
             errors, "misfire_policy", f"Unknown misfire policy; use one of {', '.join(MisfirePolicy.values)}."

@@ -245,16 +245,17 @@ class Executor:
         del self._results[:WRITE_BATCH]
         for entry, _ in batch:
             entry.writing = True
+        now = datetime.now(UTC)
         try:
-            written = await outcomes.complete_runs(self._write_conn, [c for _, c in batch])
+            written = await outcomes.complete_runs(self._write_conn, [c for _, c in batch], now=now)
         except psycopg.DataError as exc:
             # The database refuses the data itself: retrying the same batch would
             # fail forever and stop this executor recording anything.
-            written = await self._write_one_by_one(batch, exc)
+            written = await self._write_one_by_one(batch, exc, now=now)
         except psycopg.Error:
             self._results[:0] = batch  # written after the reconnect
             raise
-        self._written(batch, written)
+        self._written(batch, written, finished_at=now)
         await self._record_hosts(batch)
         return Written(written=len(written), fenced=len(batch) - len(written))
 
@@ -409,7 +410,7 @@ class Executor:
             self._write_conn = await self.reconnect(self._write_conn)
 
     async def _write_one_by_one(
-        self, batch: list[tuple[InFlight, rows.Completion]], error: psycopg.DataError
+        self, batch: list[tuple[InFlight, rows.Completion]], error: psycopg.DataError, *, now: datetime
     ) -> set[RunKey]:
         """Write each outcome alone; one the database still refuses is stored without
         its error text and response details, which are what it could not take."""
@@ -419,14 +420,20 @@ class Executor:
         for _, completion in batch:
             for attempt in (completion, inflight.scrubbed(completion, error)):
                 try:
-                    written |= await outcomes.complete_runs(self._write_conn, [attempt])
+                    written |= await outcomes.complete_runs(self._write_conn, [attempt], now=now)
                     break
                 except psycopg.DataError as exc:
                     await self._write_conn.rollback()
                     log.error("outcome of %s refused by the database: %s", completion.job_id, exc)
         return written
 
-    def _written(self, batch: list[tuple[InFlight, rows.Completion]], written: set[RunKey]) -> None:
+    def _written(
+        self,
+        batch: list[tuple[InFlight, rows.Completion]],
+        written: set[RunKey],
+        *,
+        finished_at: datetime,
+    ) -> None:
         loop = asyncio.get_running_loop()
         for entry, completion in batch:
             self._inflight.pop(entry.key, None)
@@ -437,6 +444,8 @@ class Executor:
             self.counters.handed_back += int(handed_back)
             if completion.status == "succeeded":
                 self.counters.succeeded += 1
+                # The run's finished_at: its tenant's newest success (/metrics).
+                self.tally.succeeded(entry.run.tenant_id, finished_at)
             elif completion.status == "retrying" and not handed_back:
                 self.counters.retried += 1
                 # Retry our own backoff promptly instead of at the next poll.
@@ -707,11 +716,12 @@ class Executor:
                 entry.task.cancel()
         await asyncio.gather(*(e.task for e in entries if e.task is not None), return_exceptions=True)
         batch = [(e, inflight.hand_back_completion(e, owner=self.owner)) for e in entries]
+        now = datetime.now(UTC)
         try:
-            written = await outcomes.complete_runs(self._write_conn, [c for _, c in batch])
+            written = await outcomes.complete_runs(self._write_conn, [c for _, c in batch], now=now)
         except psycopg.Error as exc:
             log.error("could not hand back %d run(s) (%s); their leases will expire", len(batch), exc)
             return
-        self._written(batch, written)
+        self._written(batch, written, finished_at=now)
         dead = sum(1 for e, c in batch if e.key in written and c.status == "dead")
         log.info("handed back %d unfinished run(s), %d of them dead (no attempts left)", len(written), dead)

@@ -110,14 +110,17 @@ SELECT job_id, scheduled_at, attempt FROM done
 )
 
 
-async def complete_runs(conn, completions: Sequence[Completion]) -> set[RunKey]:
+async def complete_runs(
+    conn, completions: Sequence[Completion], *, now: datetime | None = None
+) -> set[RunKey]:
     """Write the outcomes of attempts, each only if that attempt still holds its run.
 
     Returns the keys written; the others were fenced off and wrote nothing. One
     statement, or one per partition on Citus (a job's runs and its jobs row share it, so each job's
-    health is judged from all its outcomes of the batch at once).
+    health is judged from all its outcomes of the batch at once). `now` (default: the
+    clock) is the finished_at the ended runs get.
     """
-    now = datetime.now(UTC)
+    now = now or datetime.now(UTC)
     written = await per_partition.run(
         conn,
         _COMPLETE_SQL,

@@ -26,6 +26,7 @@ def job_form_data(tenant: Tenant, *, target: dict | str | None = None, **overrid
         "target": target if isinstance(target, str) else json.dumps(target or HTTP_TARGET),
         "misfire_policy": "run_once",
         "max_catch_up": "100",
+        "starting_deadline_seconds": "",
         "overlap_policy": "skip",
         "max_attempts": "5",
         "retry_backoff_seconds": "10",

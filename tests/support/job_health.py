@@ -43,15 +43,20 @@ class Seeded:
     last_7d: Window
 
 
-def _window(lateness: list[float], *, unstarted_late: int) -> Window:
+def _window(lateness: list[float], *, unstarted_late: int, threshold: int) -> Window:
     cuts = statistics.quantiles(lateness, n=100, method="inclusive")
     slots = len(lateness) + unstarted_late
-    on_time = sum(1 for late in lateness if late <= THRESHOLD)
+    on_time = sum(1 for late in lateness if late <= threshold)
     return Window(slots=slots, on_time=on_time, rate=round(on_time / slots, 4), p50=cuts[49], p99=cuts[98])
 
 
 def seed(job: Job, *, consecutive_failures: int = 4) -> Seeded:
-    """Runs of `job` (whole-minute slots, minutes before now) and its health columns."""
+    """Runs of `job` (whole-minute slots, minutes before now) and its health columns.
+
+    The on-time figures are judged against the job's starting_deadline_seconds when set
+    (more than 5 s: the newest slot, 5 s old, must stay undecided), else THRESHOLD."""
+    threshold = job.starting_deadline_seconds or THRESHOLD
+    assert threshold > 5
     top = datetime.now(UTC).replace(second=0, microsecond=0)
 
     def ago(minutes: int) -> datetime:
@@ -105,6 +110,6 @@ def seed(job: Job, *, consecutive_failures: int = 4) -> Seeded:
         last_failure_at=failure_at,
         consecutive_failures=consecutive_failures,
         misfires=2,
-        last_24h=_window(day, unstarted_late=1),
-        last_7d=_window(day + list(IN_7D_ONLY.values()), unstarted_late=1),
+        last_24h=_window(day, unstarted_late=1, threshold=threshold),
+        last_7d=_window(day + list(IN_7D_ONLY.values()), unstarted_late=1, threshold=threshold),
     )
