@@ -165,7 +165,7 @@ class Job(PartitionKeyed):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
-    # Health: written by the executors' outcome statement (runs.execution.outcomes._COMPLETE_SQL),
+    # Health: written by the executors' outcome statement (runs.execution.queries.COMPLETE),
     # never by Django; a run's final or retried attempt counts, a hand-back does not.
     last_outcome = models.CharField(max_length=16, blank=True, default="", editable=False)
     last_success_at = models.DateTimeField(null=True, blank=True, editable=False)

@@ -12,9 +12,9 @@ expired lease (the reaping SQL, runs/execution/run_leases.py) and a hand-back
 
 Three writers build an entry: the executor (an answered or handed-back call, in Python), an
 operator's cancel (runs/services.py, in Python) and two SQL statements (a reaped lease,
-runs/execution/run_leases.py, and a cancel by a newer run,
-runs/execution/claims.py). Python writers use `AttemptRecord.to_json()`,
-SQL writers use `sql_entry()`; both give the same keys with the same formats:
+REAP, and a cancel by a newer run, CLAIM, both in runs/execution/queries.py). Python
+writers use `AttemptRecord.to_json()`, SQL writers use `sql_entry()`; both give the same
+keys with the same formats:
 
 - timestamps: RFC 3339 UTC, always with microseconds ("2026-03-08T07:00:00.000000Z"),
   which is what PostgreSQL's to_char gives; older rows hold seconds-only strings
@@ -120,9 +120,9 @@ def sql_entry(
     retry_in_s: str,
 ) -> str:
     """The `jsonb_build_object(...)` of one entry, from SQL expressions (trusted constants
-    of runs/execution/claims.py and run_leases.py, never user input). Timestamps are
-    timestamptz expressions and are formatted here; every key must be given, so a new
-    field cannot be forgotten in SQL."""
+    of runs/execution/queries.py, never user input). Timestamps are timestamptz
+    expressions and are formatted here; every key must be given, so a new field cannot be
+    forgotten in SQL."""
     values = {
         "attempt": attempt,
         "owner": owner,

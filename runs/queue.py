@@ -12,7 +12,7 @@ from dataclasses import fields
 
 from django.db import connection
 
-from runs.execution.connections import NOTIFY_CHANNEL
+from runs.execution.queries import NOTIFY_CHANNEL
 from runs.rows import InsertedRun, NewRun
 from scheduler_project.db import raw_cursor
 

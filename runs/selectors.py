@@ -28,7 +28,7 @@ from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
 from scheduler_project import liveness
 
 # The outcome the executor's reaper records for an attempt whose lease ran out
-# (runs/execution/run_leases.py _REAP_SQL); the underscore spelling is accepted too.
+# (runs/execution/queries.py REAP); the underscore spelling is accepted too.
 LEASE_EXPIRED_OUTCOMES = (LEASE_EXPIRED, "lease_expired")
 
 

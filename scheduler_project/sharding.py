@@ -8,6 +8,10 @@ distribution column (refused: "modifying the partition value of rows is not allo
 and, without `partition_id` in its WHERE, is sent to every shard. This mixin routes it:
 the row's own `partition_id` joins the WHERE and leaves the SET list. On plain
 PostgreSQL the same statement only gains a redundant, indexed condition.
+
+`_do_update` is private to Django; no public hook adds a condition to save()'s UPDATE
+(docs/decisions/0001-run-identity.md says why and what guards it:
+tests/test_partition_keys.py pins its parameters).
 """
 
 from __future__ import annotations

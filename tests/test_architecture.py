@@ -66,6 +66,10 @@ SQL_MODULES = {
     "scheduler_project.db",
     "scheduler_project.liveness",
 }
+# The executor's statements, every one named, in one module (the house model is
+# jobs/dispatch/queries.py). The other runs/execution modules run them.
+EXECUTOR_PACKAGE = "runs.execution"
+EXECUTOR_QUERIES = "runs.execution.queries"
 # A module that holds one concept may be long; past this it is worth a look.
 WARN_LINES = 600
 MAX_LINES = 1000
@@ -159,7 +163,7 @@ def test_migrations_import_no_application_code():
 def test_the_rules_cover_real_modules():
     # A renamed module must not make a rule vacuous.
     assert {EXECUTOR_COMMAND, SCHEDULER_COMMAND} <= set(MODULES)
-    assert SQL_MODULES | JOBS_SEEN_BY_RUNS | SCHEDULE_DOORS <= set(MODULES)
+    assert SQL_MODULES | JOBS_SEEN_BY_RUNS | SCHEDULE_DOORS | {EXECUTOR_QUERIES} <= set(MODULES)
     assert len(EXECUTOR_SIDE) > 20 and len(SCHEDULER_SIDE) > 15 and len(PURE_SCHEDULE) >= 4
 
 
@@ -261,6 +265,42 @@ def test_hand_written_sql_only_in_the_sql_modules():
             ):
                 offenders.append(f"{name}:{node.lineno} RawSQL")
     assert not offenders, f"cursor.execute outside {sorted(SQL_MODULES)}: {offenders}"
+
+
+# What a statement looks like: it starts with a statement's keyword, or holds one of the
+# pairs that only a statement has. Keywords in capitals, as every statement here is written.
+# Transaction control (BEGIN, COMMIT, ROLLBACK) is not a statement of its own: it stays
+# where the transaction is.
+_STATEMENT = re.compile(
+    r"^\s*\(?\s*(SELECT|WITH|INSERT|UPDATE|DELETE|ANALYZE|LISTEN|DEALLOCATE)\b"
+    r"|\bSELECT\b[\s\S]*\bFROM\b|\bUPDATE\s+\w+[\s\S]*\bSET\b|\bINSERT\s+INTO\b"
+    r"|\bDELETE\s+FROM\b|\bWITH\s+\w+\s+AS\s+(MATERIALIZED\s+)?\("
+)
+
+
+def _string_parts(tree: ast.Module) -> list[tuple[int, str]]:
+    """The string literals a module's code holds (f-strings by their literal parts), without
+    docstrings: prose about a statement is not one."""
+    stripped = ast.parse(_code(tree))
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(stripped)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
+
+
+def test_the_executors_statements_live_in_its_queries_module():
+    """Every SQL statement of the executor is a named constant of runs/execution/queries.py;
+    the other runs/execution modules run them and hold no SQL text of their own."""
+    offenders = []
+    for name, tree in MODULES.items():
+        if not name.startswith(f"{EXECUTOR_PACKAGE}.") or name == EXECUTOR_QUERIES:
+            continue
+        found = [text for _, text in _string_parts(tree) if _STATEMENT.search(text)]
+        offenders += [f"{name}: {text.strip()[:50]!r}" for text in found]
+    assert not offenders, f"SQL outside {EXECUTOR_QUERIES}: {offenders}"
+    # The pattern finds statements: the queries module's own text is full of them.
+    assert sum(bool(_STATEMENT.search(text)) for _, text in _string_parts(MODULES[EXECUTOR_QUERIES])) >= 25
 
 
 # Outgoing HTTP clients. Only two modules call out: the targets' calls and the alert sender.

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, time, timedelta
 import pytest
 from django.db import connection
 
-from runs.execution import claims, fair_share
+from runs.execution import claims, fair_share, queries
 from runs.partitions import maintain, partition_name
 from tests.support.executor import on_executor_connection, queue_runs, row, set_running, task_target
 
@@ -103,7 +103,7 @@ def test_the_bound_is_kept_for_a_second_unless_forgotten(monkeypatch):
         open_from = fair_share.OpenFrom()
         reads.append(await open_from.get(conn))
         # A run of an older day would change nothing until the bound is read again.
-        monkeypatch.setattr(fair_share, "_OPEN_FROM_SQL", "SELECT NULL::timestamptz")
+        monkeypatch.setattr(queries, "OLDEST_OPEN_DAY", "SELECT NULL::timestamptz")
         reads.append(await open_from.get(conn))  # kept
         open_from.forget()  # a NOTIFY, or an empty claim
         reads.append(await open_from.get(conn))  # read again

@@ -1,5 +1,5 @@
 """The fair-share probes' bounds on `scheduled_at` as the planner reads them
-(runs/execution/fair_share.py). No result shows it: a probe that reads a tenant's whole day and
+(runs/execution/queries.py). No result shows it: a probe that reads a tenant's whole day and
 sorts it returns the same runs as one that walks its ordered index to the first few."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from datetime import UTC, datetime, time, timedelta
 import pytest
 from django.db import connection
 
-from runs.execution import fair_share
+from runs.execution import queries
 from tests.support.executor import day_partition_of, on_executor_connection, queue_runs, task_target
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,7 +41,7 @@ def test_the_day_bounds_are_not_read_as_a_range_of_half_a_percent(tenant):
     keys = queue_runs(tenant, task_target("noop"), count=2000, start=start, spacing=timedelta(0))
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {day_partition_of(keys[0])}")
-    as_a_range = estimated_rows(f"{fair_share.OPEN_FROM} AND r.scheduled_at < now() + interval '1 day'")
-    as_written = estimated_rows(f"{fair_share.OPEN_FROM} AND {fair_share.NOT_AHEAD}")
+    as_a_range = estimated_rows(f"{queries.OPEN_FROM} AND r.scheduled_at < now() + interval '1 day'")
+    as_written = estimated_rows(f"{queries.OPEN_FROM} AND {queries.NOT_AHEAD}")
     assert as_a_range <= 2000 * 0.01  # the trap this guards against is still there
     assert as_written >= 2000 * 0.2  # each bound estimated on its own (1/3 for the parameter)

@@ -3,10 +3,11 @@ tables hanging off a job starts with partition_id, the run key still forbids a s
 run of a slot, and Django's save() never rewrites partition_id. On a database with the
 citus extension (make test-citus) the tables are also distributed and co-located."""
 
+import inspect
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, models, transaction
 from django.test.utils import CaptureQueriesContext
 
 from jobs.dispatch.planning import run_for
@@ -15,6 +16,7 @@ from jobs.services import create_job, pause_job
 from runs.models import JobRun
 from runs.queue import enqueue_runs
 from scheduler_project.citus import citus_installed
+from scheduler_project.sharding import PartitionKeyed
 
 pytestmark = pytest.mark.django_db
 
@@ -107,6 +109,21 @@ def test_saving_a_job_neither_rewrites_nor_ignores_its_partition(tenant):
     assert '"partition_id"' not in set_list
     assert '"partition_id"' in where
     assert Job.objects.get(pk=job.pk).name == "renamed"
+
+
+# What PartitionKeyed._do_update receives from Model._save_table and passes on to
+# Django's own, in this order.
+DO_UPDATE_PARAMETERS = ("self", "base_qs", "using", "pk_val", "values", "update_fields", "forced_update")
+
+
+def test_the_private_save_hook_is_the_one_django_has():
+    """PartitionKeyed overrides Django's private Model._do_update: Django has no public way
+    to put a condition into the UPDATE of save() (docs/decisions/0001-run-identity.md). A
+    Django whose _do_update takes other parameters fails here, in `make test`, rather
+    than have the override drop or misplace one and send UPDATEs Citus cannot route."""
+    django_hook = inspect.signature(models.Model._do_update)
+    assert tuple(django_hook.parameters) == DO_UPDATE_PARAMETERS
+    assert inspect.signature(PartitionKeyed._do_update) == django_hook
 
 
 # Co-located by partition_id: a job, its runs, misfires and ledger ranges share a shard.

@@ -9,10 +9,8 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from runs.execution import queries
 from scheduler_project.citus import citus_installed_async
-
-# The channel the dispatcher NOTIFYs (runs/queue.notify_executors) and executors LISTEN on.
-NOTIFY_CHANNEL = "cronyard_runs"
 
 
 def database_conninfo() -> str:
@@ -65,12 +63,7 @@ async def connect_async(conninfo: str | None = None):
     # its tenant locks across round trips; the server ends such a session, freeing the
     # tenant's other claimers (the scheduler arms the same for its dispatch transaction).
     mode = plan_cache_mode(citus=await citus_installed_async(conn))
-    await conn.execute(
-        "SELECT set_config('plan_cache_mode', %s, false),"
-        " set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false),"
-        " set_config('jit', 'off', false), set_config('idle_in_transaction_session_timeout', %s, false)",
-        [mode, str(int(IDLE_IN_TRANSACTION_SECONDS * 1000))],
-    )
+    await conn.execute(queries.SESSION_SETTINGS, [mode, str(int(IDLE_IN_TRANSACTION_SECONDS * 1000))])
     return conn
 
 
@@ -104,13 +97,13 @@ class Replanning:
 
 async def replan(conn) -> None:
     """Drop the connection's prepared statements: the next use plans them afresh."""
-    await conn.execute("DEALLOCATE ALL")
+    await conn.execute(queries.DEALLOCATE_ALL)
 
 
 async def listen_connection(conninfo: str | None = None):
     """A dedicated autocommit connection LISTENing on the executors' channel."""
     conn = await connect_async(conninfo)
-    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+    await conn.execute(queries.LISTEN)
     return conn
 
 

@@ -11,7 +11,8 @@ at the head of the list while a busy tenant's backlog waits: the partition of th
 run fair share would pick next is claimed next, wherever it lives.
 
 Reads may span partitions (docs/CONTRACT.md, "Beyond one server": a row lock must not). Two forms of the
-same read, chosen per connection by the per-partition policy (runs/per_partition.split):
+same read (queries.PLAN_PLAIN, queries.PLAN_CITUS), chosen per connection by the
+per-partition policy (runs/per_partition.split):
 - plain PostgreSQL: per open tenant, two index-ordered probes (best priority, longest
   waiting), as cheap as the claim's own;
 - Citus: a LIMIT inside a LATERAL subquery that correlates on a non-distribution
@@ -30,123 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from runs import partitions, per_partition
-
-_OPEN_TENANTS = """
-open_tenants AS (
-    SELECT t.id, t.weight, coalesce(ru.n, 0) AS n, t.max_concurrency - coalesce(ru.n, 0) AS free
-    FROM tenants t LEFT JOIN running ru ON ru.tenant_id = t.id
-    WHERE t.max_concurrency > coalesce(ru.n, 0)
-)"""
-
-# Runs of busy skip/buffer_one jobs are passed over, as in the claim (a tenant whose
-# only due runs are blocked would take a place for nothing).
-_NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
-               OR r.job_id NOT IN (SELECT job_id FROM busy))"""
-
-# The probes skip runs scheduled over a day ahead: none is created ahead of its slot
-# (dispatch, triggers, backfills and replays all use past or present slots; jitter only
-# delays not_before), and a bound on the partition key lets even a generic plan leave
-# out the future day partitions. A probe is a Merge Append over every day partition it
-# cannot rule out, two buffers for each empty one; on a fresh cluster 6 of its 9 are
-# future days. (The days before today are still probed: retries, replays and backfills
-# put due runs there.)
-# Written as an OR with a clause that is never true (scheduled_at is NOT NULL), which
-# changes neither the rows nor the pruning, so that the planner does not read it with
-# OPEN_FROM as a range "scheduled_at between two values". It estimates such a range at
-# 0.5% of the rows whenever one end is a parameter, as OPEN_FROM is in a generic plan,
-# and then the tenant's (tenant_id, scheduled_at) index looked cheaper than the probe's
-# ordered index: the generic plan read a tenant's whole day and sorted it (20,000 rows
-# for 32 picks, 3 ms of database time per run; docs/decisions/0035-claim-day-bounds.md).
-NOT_AHEAD = "(r.scheduled_at < now() + interval '1 day' OR r.scheduled_at IS NULL)"
-
-# ... and queued or retrying runs scheduled before the oldest day that holds an open run
-# (OpenFrom; running runs are all counted, see runs/execution/claims.py `busy`): the
-# days before it hold only finished runs, and with the default 30 days of retention a
-# probe that could not rule them out visited 30 empty index ranges per tenant
-# (docs/decisions/0035-claim-day-bounds.md). A parameter, so that even a generic
-# plan leaves those partitions out when it starts. '-infinity' where there is no bound.
-OPEN_FROM = "r.scheduled_at >= %(open_from)s::timestamptz"
-
-_PLAIN_SQL = f"""
-WITH busy AS MATERIALIZED (
-    SELECT tenant_id, job_id FROM job_runs WHERE status = 'running'
-),
-running AS (
-    SELECT tenant_id, count(*) AS n FROM busy GROUP BY tenant_id
-),
-{_OPEN_TENANTS},
-picks AS (
-    SELECT o.id AS tenant_id, o.n, o.weight, least(o.free, %(limit)s) AS cap, p.partition_id,
-           p.effective_priority, p.scheduled_at,
-           row_number() OVER (PARTITION BY o.id
-                              ORDER BY p.effective_priority DESC, p.scheduled_at) AS k
-    FROM open_tenants o CROSS JOIN LATERAL (
-        SELECT u.partition_id, u.scheduled_at,
-               CASE WHEN u.not_before <= now() - %(aging)s * interval '1 second' THEN 9
-                    ELSE u.priority END AS effective_priority
-        FROM ((SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
-               WHERE r.tenant_id = o.id
-                 AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD}
-                 AND {OPEN_FROM} AND {_NOT_BLOCKED}
-               ORDER BY r.priority DESC, r.scheduled_at
-               LIMIT least(o.free, %(limit)s, %(probe)s))
-              UNION
-              (SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
-               WHERE r.tenant_id = o.id
-                 AND r.status IN ('queued', 'retrying')
-                 AND r.not_before <= now() - %(aging)s * interval '1 second' AND {NOT_AHEAD}
-                 AND {OPEN_FROM} AND {_NOT_BLOCKED}
-               ORDER BY r.not_before
-               LIMIT least(o.free, %(limit)s, %(probe)s))) u
-    ) p
-)
--- A tenant whose probes came back full may have more runs than they show: count it
--- as having its whole cap (the claims find out).
-SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k,
-       CASE WHEN count(*) OVER w >= least(cap, %(probe)s) THEN cap ELSE count(*) OVER w END
-FROM picks
-WINDOW w AS (PARTITION BY tenant_id)
-"""
-
-# Per (partition, tenant): its runnable runs, the best effective priority among them
-# and the oldest slot, and its running runs; the tenant's k-th group ranks like its k-th
-# pick would (runs in one partition are claimed together, so a group stands for them).
-# One pass over the shards for both (a GROUP BY on the distribution column, pushed down):
-# a second multi-shard read for the running runs cost as much again. Runs of busy jobs
-# are not passed over here (that would ship the running set to every shard); the claim
-# passes over them, at the cost of a claim that may find nothing.
-_RUNNABLE = f"r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD}"
-_CITUS_SQL = f"""
-WITH groups AS MATERIALIZED (
-    SELECT r.partition_id, r.tenant_id,
-           count(*) FILTER (WHERE {_RUNNABLE}) AS runs,
-           count(*) FILTER (WHERE r.status = 'running') AS running,
-           min(r.scheduled_at) FILTER (WHERE {_RUNNABLE}) AS scheduled_at,
-           max(CASE WHEN NOT ({_RUNNABLE}) THEN NULL
-                    WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9
-                    ELSE r.priority END) AS effective_priority
-    FROM job_runs r
-    WHERE r.status IN ('queued', 'retrying', 'running')
-    GROUP BY r.partition_id, r.tenant_id
-),
-running AS (
-    SELECT tenant_id, sum(running)::bigint AS n FROM groups GROUP BY tenant_id
-),
-{_OPEN_TENANTS},
-picks AS (
-    SELECT g.partition_id, g.tenant_id, g.runs, g.scheduled_at, g.effective_priority,
-           o.n, o.weight, least(o.free, %(limit)s) AS cap,
-           row_number() OVER (PARTITION BY g.tenant_id
-                              ORDER BY g.effective_priority DESC, g.scheduled_at) AS k,
-           sum(g.runs) OVER (PARTITION BY g.tenant_id) AS found
-    FROM groups g JOIN open_tenants o ON o.id = g.tenant_id
-    WHERE g.runs > 0
-)
-SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k, least(cap, found)::bigint
-FROM picks WHERE k <= %(limit)s
-"""
-
+from runs import per_partition
+from runs.execution import queries
 
 # Picks read per tenant on plain PostgreSQL: enough to find where its next runs are;
 # the plan's rank bound counts a tenant's whole cap, so a batch is not cut to what the
@@ -213,7 +99,7 @@ def _places(tenant: Pick, *, limit: int) -> Iterator[float]:
 async def plan(conn, *, limit: int, aging_seconds: float, open_from: datetime | None = None) -> ClaimPlan:
     # The Citus form wherever the claims go per partition (runs/per_partition.split), so
     # that the tests of the per-partition forms run it on plain PostgreSQL too.
-    sql = _CITUS_SQL if await per_partition.split(conn) else _PLAIN_SQL
+    sql = queries.PLAN_CITUS if await per_partition.split(conn) else queries.PLAN_PLAIN
     params = {"limit": limit, "aging": aging_seconds, "probe": PROBE, "open_from": bound(open_from)}
     cursor = await conn.execute(sql, params)
     return rank([Pick(*row) for row in await cursor.fetchall()], limit=limit)
@@ -281,32 +167,9 @@ class Planner:
 
 
 def bound(open_from: datetime | None) -> datetime | str:
-    """The OPEN_FROM parameter: the bound, or none."""
+    """The parameter of queries.OPEN_FROM: the bound, or none."""
     return "-infinity" if open_from is None else open_from
 
-
-# The oldest day partition holding an open (queued, retrying or running) run, one day
-# earlier at the latest (a run of yesterday's last second dispatched after midnight),
-# or no bound when the default partition holds one (its rows may be of any day). Each
-# day is one EXISTS per partial index, pruned to its partition: two index descents per
-# day, about 200 buffers with 38 day partitions. Days are UTC days of 24 hours: the
-# session's time zone may be any, and '1 day' in a zone with daylight saving can be 23.
-_OPEN_FROM_SQL = f"""
-SELECT CASE
-    WHEN EXISTS (SELECT 1 FROM {partitions.DEFAULT} WHERE status IN ('queued', 'retrying'))
-      OR EXISTS (SELECT 1 FROM {partitions.DEFAULT} WHERE status = 'running') THEN NULL
-    ELSE least(
-        (SELECT d.day_start FROM ({partitions.DAY_STARTS_SQL}) d
-         WHERE EXISTS (SELECT 1 FROM job_runs r WHERE r.status IN ('queued', 'retrying')
-                         AND r.scheduled_at >= d.day_start
-                         AND r.scheduled_at < d.day_start + interval '24 hours')
-            OR EXISTS (SELECT 1 FROM job_runs r WHERE r.status = 'running'
-                         AND r.scheduled_at >= d.day_start
-                         AND r.scheduled_at < d.day_start + interval '24 hours')
-         ORDER BY d.day_start LIMIT 1),
-        date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '24 hours')
-    END
-"""
 
 # How long a read of OpenFrom serves; it is also read again after a NOTIFY (new runs;
 # a replay or a backfill may queue one in an older day) and after an empty claim.
@@ -315,9 +178,10 @@ OPEN_FROM_SECONDS = 1.0
 
 @dataclass
 class OpenFrom:
-    """One claimer's lower bound for the probes (OPEN_FROM), re-read every
-    OPEN_FROM_SECONDS or when forgotten. None on Citus: its plan reads the open runs
-    of every shard whole, not per tenant and day (not bounded yet)."""
+    """One claimer's lower bound for the probes (queries.OPEN_FROM, read by
+    queries.OLDEST_OPEN_DAY), re-read every OPEN_FROM_SECONDS or when forgotten. None
+    on Citus: its plan reads the open runs of every shard whole, not per tenant and day
+    (not bounded yet)."""
 
     value: datetime | None = None
     _read_at: float | None = None
@@ -332,7 +196,7 @@ class OpenFrom:
                 if await per_partition.split(conn):
                     self.value = None
                 else:
-                    cursor = await conn.execute(_OPEN_FROM_SQL)
+                    cursor = await conn.execute(queries.OLDEST_OPEN_DAY)
                     (self.value,) = await cursor.fetchone()
             except BaseException:
                 self._read_at = None

@@ -14,18 +14,7 @@ from datetime import datetime
 
 import psycopg
 
-# The refresh copies EXCLUDED's now(): Citus refuses a function in DO UPDATE SET on a
-# reference table (where executor_nodes lives on a Citus cluster).
-_UPSERT_SQL = """
-INSERT INTO executor_nodes
-    (node_id, hostname, pid, started_at, heartbeat_at, concurrency, in_flight, last_claim_at)
-VALUES (%(node_id)s, %(hostname)s, %(pid)s, now(), now(), %(concurrency)s, %(in_flight)s, %(last_claim_at)s)
-ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at, in_flight = EXCLUDED.in_flight,
-    last_claim_at = EXCLUDED.last_claim_at
-"""
-# Long-gone rows only (like scheduler_nodes): a stalled executor's row lingers a little.
-_EXPIRE_SQL = "DELETE FROM executor_nodes WHERE heartbeat_at < now() - make_interval(secs => %s)"
-_LEAVE_SQL = "DELETE FROM executor_nodes WHERE node_id = %s"
+from runs.execution import queries
 
 APPNAME_MAX = 63  # NAMEDATALEN - 1: what pg_stat_activity keeps of application_name
 
@@ -46,9 +35,9 @@ async def beat(
     expire_after_seconds: float,
 ) -> None:
     """Register or refresh this executor's row, and drop rows silent for far longer than a lease."""
-    await conn.execute(_EXPIRE_SQL, [expire_after_seconds])
+    await conn.execute(queries.NODE_EXPIRE, [expire_after_seconds])
     await conn.execute(
-        _UPSERT_SQL,
+        queries.NODE_UPSERT,
         {
             "node_id": node_id,
             "hostname": socket.gethostname(),
@@ -61,4 +50,4 @@ async def beat(
 
 
 async def leave(conn: psycopg.AsyncConnection, *, node_id: str) -> None:
-    await conn.execute(_LEAVE_SQL, [node_id])
+    await conn.execute(queries.NODE_LEAVE, [node_id])

@@ -46,7 +46,7 @@ import logging
 import psycopg
 from psycopg import sql
 
-from runs.partitions import DEFAULT, PARENT
+from runs.execution import queries
 from scheduler_project.citus import citus_installed_async
 
 log = logging.getLogger(__name__)
@@ -54,29 +54,6 @@ log = logging.getLogger(__name__)
 # Tables with fewer live rows than this are never "outgrown" (autovacuum's job): plans of
 # tables this small are cheap whatever their shape.
 ANALYZE_MIN_ROWS = 1000
-
-# The watched tables: jobs and the day partitions of job_runs this role may analyze.
-_WATCHED = f"""
-    (c.oid = 'jobs'::regclass
-     OR (c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '{PARENT}'::regclass)
-         AND c.relname <> '{DEFAULT}'))
-    AND pg_has_role(c.relowner, 'USAGE')
-"""
-
-# Day partitions whose statistics count fewer rows than pages: ANALYZE ran when (nearly)
-# every row was dead. Never-analyzed tables (reltuples -1) are estimated from their size.
-_UNDERSTATED_SQL = f"""
-SELECT c.oid::regclass::text, c.relpages FROM pg_class c
-WHERE c.reltuples >= 0 AND c.reltuples < c.relpages AND c.oid <> 'jobs'::regclass AND {_WATCHED}
-"""
-
-_WATCHED_SQL = f"""
-SELECT c.oid::regclass::text, c.reltuples, c.relpages, s.n_live_tup
-FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE {_WATCHED}
-"""
-
-_ANALYZED_AT_SQL = "SELECT pg_stat_get_last_analyze_time(%s::regclass)"
 
 
 def outgrown(*, rows_when_analyzed: float, rows_now: int, min_rows: int) -> bool:
@@ -91,9 +68,9 @@ async def _analyze(conn, table: str) -> bool:
     """ANALYZE `table` unless it is locked or gone; whether it ran (SKIP_LOCKED only
     warns when it skips, so the table's last analyze time says)."""
     try:
-        before = await (await conn.execute(_ANALYZED_AT_SQL, [table])).fetchone()
-        await conn.execute(sql.SQL("ANALYZE (SKIP_LOCKED) {}").format(sql.Identifier(*table.split("."))))
-        after = await (await conn.execute(_ANALYZED_AT_SQL, [table])).fetchone()
+        before = await (await conn.execute(queries.STATS_ANALYZED_AT, [table])).fetchone()
+        await conn.execute(sql.SQL(queries.STATS_ANALYZE).format(sql.Identifier(*table.split("."))))
+        after = await (await conn.execute(queries.STATS_ANALYZED_AT, [table])).fetchone()
     except psycopg.errors.UndefinedTable:
         return False  # dropped by retention since the catalog was read
     return after[0] is not None and after[0] != before[0]
@@ -112,13 +89,11 @@ async def analyze_if_called_empty(conn) -> tuple[str, ...]:
     empty while they hold a row a page. One catalog read when there is none."""
     if await citus_installed_async(conn):
         return ()
-    cursor = await conn.execute(_UNDERSTATED_SQL)
+    cursor = await conn.execute(queries.STATS_UNDERSTATED)
     analyzed = []
     for table, pages in await cursor.fetchall():
         # Counts at most `pages` rows: enough to tell, without reading a full table whole.
-        query = sql.SQL("SELECT count(*) FROM (SELECT FROM {} LIMIT %s) AS r").format(
-            sql.Identifier(*table.split("."))
-        )
+        query = sql.SQL(queries.STATS_ROWS_UP_TO).format(sql.Identifier(*table.split(".")))
         try:
             (rows,) = await (await conn.execute(query, [pages])).fetchone()
         except psycopg.errors.UndefinedTable:
@@ -134,7 +109,7 @@ async def keep_statistics(conn, *, min_rows: int = ANALYZE_MIN_ROWS) -> tuple[st
     Returns the tables analyzed."""
     if await citus_installed_async(conn):
         return ()
-    cursor = await conn.execute(_WATCHED_SQL)
+    cursor = await conn.execute(queries.STATS_WATCHED)
     analyzed = []
     for table, rows_then, pages_then, rows_now in await cursor.fetchall():
         stale = understated(rows_when_analyzed=rows_then, pages_when_analyzed=pages_then, rows_now=rows_now)

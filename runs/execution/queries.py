@@ -1,0 +1,752 @@
+"""Every SQL statement the executor process runs, each a named constant, in the order of
+an executor's day: its connections, its node row, the claim (the fair-share read that
+plans it, then the claim transaction), the outcome write, run leases (heartbeats and
+reaping), circuit breakers, the planner's statistics. The scheduler's statements are
+jobs/dispatch/queries.py.
+
+Nothing here runs a statement: the module named beside each one does (its cursor calls,
+batching and the choice of form per engine). A statement in two forms is a
+`per_partition.Forms` (runs/per_partition.py): `.one` names one partition (Citus), `.many`
+none (plain PostgreSQL). Fragments shared by several statements are composed here once,
+with f-strings: `NOT_AHEAD`, `OPEN_FROM` and `NOT_BLOCKED` (the claim and its fair-share
+read), attempts used (`runs/attempts.sql_used`, its one home) and the history entry
+(`runs/attempts.sql_entry`), the outcome name `HANDED_BACK` (runs/attempts.py).
+Transaction control (BEGIN, COMMIT, ROLLBACK) stays with the code that holds the
+transaction (runs/execution/claims.py).
+
+Rules every statement here follows on Citus: every statement that writes or locks a run
+names its one `partition_id` (docs/CONTRACT.md, "Beyond one server": `FOR UPDATE` and
+cheap writes exist only inside one shard); on plain PostgreSQL the heartbeat names all
+of a batch's partitions at once (runs/per_partition.py: one template, two forms), and the
+batch claim, one statement over every partition, names none (CLAIM says why). Keyed joins
+also name each row's own partition. Reads that only count or choose (tenants' running
+runs, which partitions to claim from, expired leases) may span partitions. Times derived
+from a column (lease ends, retry times) are computed from a timestamp passed in, not from
+now() inside the UPDATE, and attempt entries are built outside UPDATE ... SET: Citus
+refuses volatile functions, and stable ones applied to columns, in a distributed UPDATE.
+docs/decisions/0040-per-partition-statements.md.
+"""
+
+from __future__ import annotations
+
+from runs import attempts, partitions, per_partition
+from runs.attempts import HANDED_BACK
+
+# --- connections (runs/execution/connections.py) -------------------------------------------
+
+# The channel the dispatcher NOTIFYs (runs/queue.notify_executors) and executors LISTEN on.
+NOTIFY_CHANNEL = "cronyard_runs"
+
+# The session's planner settings and idle-in-transaction limit; connect_async runs it
+# (why each: its comments). Parameters: plan_cache_mode, the limit in ms.
+SESSION_SETTINGS = (
+    "SELECT set_config('plan_cache_mode', %s, false),"
+    " set_config('enable_seqscan', 'off', false), set_config('enable_bitmapscan', 'off', false),"
+    " set_config('jit', 'off', false), set_config('idle_in_transaction_session_timeout', %s, false)"
+)
+
+# Drop the connection's prepared statements so they are planned afresh; replan runs it.
+DEALLOCATE_ALL = "DEALLOCATE ALL"
+
+# Wake on new runs; listen_connection runs it.
+LISTEN = f"LISTEN {NOTIFY_CHANNEL}"
+
+# --- the node row (runs/execution/nodes.py) ------------------------------------------------
+
+# Register or refresh this executor's row; nodes.beat runs it. The refresh copies
+# EXCLUDED's now(): Citus refuses a function in DO UPDATE SET on a reference table
+# (where executor_nodes lives on a Citus cluster).
+NODE_UPSERT = """
+INSERT INTO executor_nodes
+    (node_id, hostname, pid, started_at, heartbeat_at, concurrency, in_flight, last_claim_at)
+VALUES (%(node_id)s, %(hostname)s, %(pid)s, now(), now(), %(concurrency)s, %(in_flight)s, %(last_claim_at)s)
+ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = EXCLUDED.heartbeat_at, in_flight = EXCLUDED.in_flight,
+    last_claim_at = EXCLUDED.last_claim_at
+"""
+
+# Drop long-gone rows only (like scheduler_nodes): a stalled executor's row lingers a
+# little; nodes.beat runs it.
+NODE_EXPIRE = "DELETE FROM executor_nodes WHERE heartbeat_at < now() - make_interval(secs => %s)"
+
+# This executor's row, at shutdown; nodes.leave runs it.
+NODE_LEAVE = "DELETE FROM executor_nodes WHERE node_id = %s"
+
+# --- fragments of the claim and of its fair-share read ---------------------------------------
+
+# The probes skip runs scheduled over a day ahead: none is created ahead of its slot
+# (dispatch, triggers, backfills and replays all use past or present slots; jitter only
+# delays not_before), and a bound on the partition key lets even a generic plan leave
+# out the future day partitions. A probe is a Merge Append over every day partition it
+# cannot rule out, two buffers for each empty one; on a fresh cluster 6 of its 9 are
+# future days. (The days before today are still probed: retries, replays and backfills
+# put due runs there.)
+# Written as an OR with a clause that is never true (scheduled_at is NOT NULL), which
+# changes neither the rows nor the pruning, so that the planner does not read it with
+# OPEN_FROM as a range "scheduled_at between two values". It estimates such a range at
+# 0.5% of the rows whenever one end is a parameter, as OPEN_FROM is in a generic plan,
+# and then the tenant's (tenant_id, scheduled_at) index looked cheaper than the probe's
+# ordered index: the generic plan read a tenant's whole day and sorted it (20,000 rows
+# for 32 picks, 3 ms of database time per run; docs/decisions/0035-claim-day-bounds.md).
+NOT_AHEAD = "(r.scheduled_at < now() + interval '1 day' OR r.scheduled_at IS NULL)"
+
+# ... and queued or retrying runs scheduled before the oldest day that holds an open run
+# (fair_share.OpenFrom; running runs are all counted, see CLAIM's `busy`): the
+# days before it hold only finished runs, and with the default 30 days of retention a
+# probe that could not rule them out visited 30 empty index ranges per tenant
+# (docs/decisions/0035-claim-day-bounds.md). A parameter, so that even a generic
+# plan leaves those partitions out when it starts. '-infinity' where there is no bound.
+OPEN_FROM = "r.scheduled_at >= %(open_from)s::timestamptz"
+
+# Runs of busy skip/buffer_one jobs are passed over, in the claim and in its plan (a
+# tenant whose only due runs are blocked would take a place for nothing). Needs `busy`.
+NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
+               OR r.job_id NOT IN (SELECT job_id FROM busy))"""
+
+# --- the fair-share read (runs/execution/fair_share.py) ---------------------------------------
+
+# Tenants with a free slot, with their running runs; needs `running`.
+_OPEN_TENANTS = """
+open_tenants AS (
+    SELECT t.id, t.weight, coalesce(ru.n, 0) AS n, t.max_concurrency - coalesce(ru.n, 0) AS free
+    FROM tenants t LEFT JOIN running ru ON ru.tenant_id = t.id
+    WHERE t.max_concurrency > coalesce(ru.n, 0)
+)"""
+
+# The fair-share read on plain PostgreSQL: per open tenant, its next picks from two
+# index-ordered probes; fair_share.plan runs it.
+PLAN_PLAIN = f"""
+WITH busy AS MATERIALIZED (
+    SELECT tenant_id, job_id FROM job_runs WHERE status = 'running'
+),
+running AS (
+    SELECT tenant_id, count(*) AS n FROM busy GROUP BY tenant_id
+),
+{_OPEN_TENANTS},
+picks AS (
+    SELECT o.id AS tenant_id, o.n, o.weight, least(o.free, %(limit)s) AS cap, p.partition_id,
+           p.effective_priority, p.scheduled_at,
+           row_number() OVER (PARTITION BY o.id
+                              ORDER BY p.effective_priority DESC, p.scheduled_at) AS k
+    FROM open_tenants o CROSS JOIN LATERAL (
+        SELECT u.partition_id, u.scheduled_at,
+               CASE WHEN u.not_before <= now() - %(aging)s * interval '1 second' THEN 9
+                    ELSE u.priority END AS effective_priority
+        FROM ((SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
+               WHERE r.tenant_id = o.id
+                 AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD}
+                 AND {OPEN_FROM} AND {NOT_BLOCKED}
+               ORDER BY r.priority DESC, r.scheduled_at
+               LIMIT least(o.free, %(limit)s, %(probe)s))
+              UNION
+              (SELECT r.id, r.scheduled_at, r.partition_id, r.priority, r.not_before FROM job_runs r
+               WHERE r.tenant_id = o.id
+                 AND r.status IN ('queued', 'retrying')
+                 AND r.not_before <= now() - %(aging)s * interval '1 second' AND {NOT_AHEAD}
+                 AND {OPEN_FROM} AND {NOT_BLOCKED}
+               ORDER BY r.not_before
+               LIMIT least(o.free, %(limit)s, %(probe)s))) u
+    ) p
+)
+-- A tenant whose probes came back full may have more runs than they show: count it
+-- as having its whole cap (the claims find out).
+SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k,
+       CASE WHEN count(*) OVER w >= least(cap, %(probe)s) THEN cap ELSE count(*) OVER w END
+FROM picks
+WINDOW w AS (PARTITION BY tenant_id)
+"""
+
+# The fair-share read wherever claims go per partition (Citus); fair_share.plan runs it.
+# Per (partition, tenant): its runnable runs, the best effective priority among them
+# and the oldest slot, and its running runs; the tenant's k-th group ranks like its k-th
+# pick would (runs in one partition are claimed together, so a group stands for them).
+# One pass over the shards for both (a GROUP BY on the distribution column, pushed down):
+# a second multi-shard read for the running runs cost as much again. Runs of busy jobs
+# are not passed over here (that would ship the running set to every shard); the claim
+# passes over them, at the cost of a claim that may find nothing.
+_RUNNABLE = f"r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD}"
+PLAN_CITUS = f"""
+WITH groups AS MATERIALIZED (
+    SELECT r.partition_id, r.tenant_id,
+           count(*) FILTER (WHERE {_RUNNABLE}) AS runs,
+           count(*) FILTER (WHERE r.status = 'running') AS running,
+           min(r.scheduled_at) FILTER (WHERE {_RUNNABLE}) AS scheduled_at,
+           max(CASE WHEN NOT ({_RUNNABLE}) THEN NULL
+                    WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9
+                    ELSE r.priority END) AS effective_priority
+    FROM job_runs r
+    WHERE r.status IN ('queued', 'retrying', 'running')
+    GROUP BY r.partition_id, r.tenant_id
+),
+running AS (
+    SELECT tenant_id, sum(running)::bigint AS n FROM groups GROUP BY tenant_id
+),
+{_OPEN_TENANTS},
+picks AS (
+    SELECT g.partition_id, g.tenant_id, g.runs, g.scheduled_at, g.effective_priority,
+           o.n, o.weight, least(o.free, %(limit)s) AS cap,
+           row_number() OVER (PARTITION BY g.tenant_id
+                              ORDER BY g.effective_priority DESC, g.scheduled_at) AS k,
+           sum(g.runs) OVER (PARTITION BY g.tenant_id) AS found
+    FROM groups g JOIN open_tenants o ON o.id = g.tenant_id
+    WHERE g.runs > 0
+)
+SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k, least(cap, found)::bigint
+FROM picks WHERE k <= %(limit)s
+"""
+
+# OPEN_FROM's bound, plain PostgreSQL; fair_share.OpenFrom.get runs it.
+# The oldest day partition holding an open (queued, retrying or running) run, one day
+# earlier at the latest (a run of yesterday's last second dispatched after midnight),
+# or no bound when the default partition holds one (its rows may be of any day). Each
+# day is one EXISTS per partial index, pruned to its partition: two index descents per
+# day, about 200 buffers with 38 day partitions. Days are UTC days of 24 hours: the
+# session's time zone may be any, and '1 day' in a zone with daylight saving can be 23.
+OLDEST_OPEN_DAY = f"""
+SELECT CASE
+    WHEN EXISTS (SELECT 1 FROM {partitions.DEFAULT} WHERE status IN ('queued', 'retrying'))
+      OR EXISTS (SELECT 1 FROM {partitions.DEFAULT} WHERE status = 'running') THEN NULL
+    ELSE least(
+        (SELECT d.day_start FROM ({partitions.DAY_STARTS_SQL}) d
+         WHERE EXISTS (SELECT 1 FROM job_runs r WHERE r.status IN ('queued', 'retrying')
+                         AND r.scheduled_at >= d.day_start
+                         AND r.scheduled_at < d.day_start + interval '24 hours')
+            OR EXISTS (SELECT 1 FROM job_runs r WHERE r.status = 'running'
+                         AND r.scheduled_at >= d.day_start
+                         AND r.scheduled_at < d.day_start + interval '24 hours')
+         ORDER BY d.day_start LIMIT 1),
+        date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '24 hours')
+    END
+"""
+
+# --- the claim (runs/execution/claims.py) ------------------------------------------------------
+
+# Step 1 of a claim: lock the tenants fair_share chose for it, in tenant id order
+# (claimers never deadlock); claims._claim_batch and claims._lock_and_count run it. A
+# statement without distributed tables: on Citus it runs on the coordinator, so one
+# tenant's claims are serialised whichever shard they touch (inside a statement on a
+# shard the lock would be taken on that worker).
+LOCK_TENANTS = """
+SELECT count(*) FROM (
+    SELECT pg_advisory_xact_lock(%(ns)s, u.t::integer)
+    FROM unnest(%(tenants)s::bigint[]) WITH ORDINALITY AS u(t, n)
+    ORDER BY u.n
+    OFFSET 0
+) locks
+"""
+
+# Step 2 on Citus, under those locks: the tenants' running runs, across every partition
+# (the cap is per tenant); claims._lock_and_count runs it. Plain PostgreSQL counts them
+# inside the claim (_COUNTED_RUNNING). On Citus, a read of its own, not a CTE of the
+# claim: there a statement that reads several shards is split into a plan per CTE with
+# intermediate results (about ten round trips to the workers); without it the claim goes
+# to one shard whole. READ COMMITTED: this statement sees every claim committed before
+# it began, and no claim of these tenants can commit before ours while we hold their locks.
+RUNNING = """
+SELECT tenant_id, count(*) FROM job_runs
+WHERE status = 'running' AND tenant_id = ANY(%(tenants)s::bigint[])
+GROUP BY tenant_id
+"""
+
+# The history entry of a run a newer run of a cancel_previous job cut short.
+_CANCELLED_BY_NEWER_ENTRY = attempts.sql_entry(
+    attempt="o.attempt",
+    owner="o.owner",
+    started_at="o.started_at",
+    finished_at="now()",
+    duration_ms=attempts.sql_duration_ms(started="o.started_at", finished="now()"),
+    outcome="'cancelled'",
+    result_code="NULL",
+    error="'cancelled by a newer run'",
+    retry_in_s="NULL",
+)
+
+# The tenants' running runs in the claim's `slots`, as (tenant_id, n) rows named `run`:
+# - plain PostgreSQL, counted by the claim itself: its snapshot is taken when it starts,
+#   after the lock statement before it returned, so it sees every claim of these
+#   tenants committed before ours and none can commit meanwhile (the locks);
+# - Citus (and the per-partition forms), given: RUNNING read them once for the
+#   batch (a read of every shard), and each partition's claim adds the ones before it.
+# Counted from `busy`, which the batch form reads over every partition: one pass over
+# the running runs. (A LATERAL count per tenant probed every day partition per tenant,
+# 340 buffers a claim with 20 tenants; a scalar subquery in the select list was pulled up
+# into `slots` and counted again at each use of n.)
+_COUNTED_RUNNING = """(
+    SELECT u.t AS tenant_id, count(b.tenant_id) AS n
+    FROM unnest(%(tenants)s::bigint[]) AS u(t) LEFT JOIN busy b ON b.tenant_id = u.t
+    GROUP BY u.t
+) AS run"""
+_GIVEN_RUNNING = "unnest(%(tenants)s::bigint[], %(running)s::bigint[]) AS run(tenant_id, n)"
+
+
+def _claim(running: str) -> str:
+    """The claim, with the tenants' running runs from `running` (_COUNTED_RUNNING or
+    _GIVEN_RUNNING); `{partition_filter}` is left for per_partition.Forms."""
+    return f"""
+WITH busy AS MATERIALIZED (
+    -- Every running run, older than the claim's bound too: the caps and the skip and
+    -- buffer_one checks count them, and the bound may be a second old.
+    SELECT tenant_id, job_id FROM job_runs r
+    WHERE r.partition_id {{partition_filter}} AND r.status = 'running'
+),
+slots AS (
+    -- probe: how many runs of the tenant `chosen` could take, its free slots and its
+    -- places within the batch's rank bound ((running + k) / weight <= max_rank). The
+    -- probes lock what they read (FOR UPDATE inside the LATERAL): probing each tenant
+    -- for the whole batch locked 640 rows to claim 32 among 20 tenants.
+    SELECT t.id AS tenant_id, t.weight, run.n AS running, t.max_concurrency - run.n AS free,
+           least(t.max_concurrency - run.n, %(limit)s,
+                 greatest(0, floor(%(max_rank)s::float8 * t.weight + 1e-9)::bigint - run.n)) AS probe,
+           -- The secrets that sign the tenant's calls (runs/execution/signing.py), read
+           -- with the row the claim reads anyway: the previous one too while the
+           -- overlap of a rotation lasts, on the database clock like the rotation.
+           CASE WHEN t.previous_signing_secret_until > now()
+                THEN ARRAY[t.signing_secret, t.previous_signing_secret]
+                ELSE ARRAY[t.signing_secret] END AS signing_secrets
+    FROM tenants t JOIN {running} ON run.tenant_id = t.id
+),
+by_priority AS (
+    SELECT c.* FROM slots s CROSS JOIN LATERAL (
+        SELECT r.partition_id, r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy,
+               r.not_before
+        FROM job_runs r
+        WHERE r.partition_id {{partition_filter}} AND r.tenant_id = s.tenant_id
+          AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD} AND {OPEN_FROM}
+          AND {NOT_BLOCKED}
+        ORDER BY r.priority DESC, r.scheduled_at
+        LIMIT s.probe
+        FOR UPDATE OF r SKIP LOCKED
+    ) c
+    WHERE s.free > 0
+),
+by_age AS (
+    SELECT c.* FROM slots s CROSS JOIN LATERAL (
+        SELECT r.partition_id, r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy,
+               r.not_before
+        FROM job_runs r
+        WHERE r.partition_id {{partition_filter}} AND r.tenant_id = s.tenant_id
+          AND r.status IN ('queued', 'retrying')
+          AND r.not_before <= now() - %(aging)s * interval '1 second' AND {NOT_AHEAD} AND {OPEN_FROM}
+          AND {NOT_BLOCKED}
+        ORDER BY r.not_before
+        LIMIT s.probe
+        FOR UPDATE OF r SKIP LOCKED
+    ) c
+    -- Only tenants the plan saw a run of effective priority 9 for (runs/execution/fair_share.py,
+    -- ClaimPlan.aged): for the others this probe found nothing, at two buffers per day
+    -- partition per tenant (a fifth of a claim's buffers with 20 tenants).
+    WHERE s.free > 0 AND s.tenant_id = ANY(%(aged)s::bigint[])
+),
+picked AS (
+    SELECT u.*,
+           CASE WHEN u.not_before <= now() - %(aging)s * interval '1 second' THEN 9
+                ELSE u.priority END AS effective_priority
+    FROM (SELECT * FROM by_priority UNION SELECT * FROM by_age) u
+),
+superseded AS (
+    -- cancel_previous: the newest occurrence wins. A run must not start while a newer
+    -- occurrence of its job waits, runs or has succeeded (an old retry or a replay
+    -- would run beside it, or redo stale work after it): it is cancelled instead.
+    -- Claims of one job are serialised by the tenant lock, so every order ends with
+    -- at most one running occurrence (see docs/decisions/0036-cancel-previous.md).
+    SELECT p.partition_id, p.id, p.job_id, p.scheduled_at FROM picked p
+    WHERE p.overlap_policy = 'cancel_previous'
+      AND EXISTS (SELECT 1 FROM job_runs n
+                  WHERE n.partition_id {{partition_filter}} AND n.partition_id = p.partition_id
+                    AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at
+                    AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
+),
+ranked AS (
+    SELECT p.*, row_number() OVER (PARTITION BY p.job_id ORDER BY p.scheduled_at) AS job_rank
+    FROM picked p
+    WHERE NOT EXISTS (SELECT 1 FROM superseded x WHERE x.id = p.id AND x.scheduled_at = p.scheduled_at)
+),
+dropped AS (
+    UPDATE job_runs d SET
+        status = 'cancelled', finished_at = now(), lease_until = NULL,
+        last_error = 'cancelled: a newer occurrence of this job supersedes it (cancel_previous)'
+    FROM superseded x
+    WHERE d.partition_id {{partition_filter}} AND d.partition_id = x.partition_id
+      AND d.job_id = x.job_id AND d.scheduled_at = x.scheduled_at
+    RETURNING d.job_id
+),
+eligible AS (
+    SELECT e.*, row_number() OVER (PARTITION BY e.tenant_id
+                                   ORDER BY e.effective_priority DESC, e.scheduled_at) AS tenant_rank
+    FROM ranked e WHERE e.job_rank = 1 OR e.overlap_policy = 'allow'
+),
+chosen AS (
+    -- The k-th pick of a tenant with n running ranks (n + k) / weight: fair share
+    -- across tenants first, effective priority and age within it. The running counts
+    -- include this batch's claims in earlier partitions, so the bound from the plan
+    -- holds across the batch (a small slack for float rounding).
+    SELECT e.*, s.signing_secrets FROM eligible e JOIN slots s ON s.tenant_id = e.tenant_id
+    WHERE e.tenant_rank <= s.free
+      AND (s.running + e.tenant_rank)::float8 / s.weight <= %(max_rank)s::float8 + 1e-9
+    ORDER BY (s.running + e.tenant_rank)::float8 / s.weight, e.effective_priority DESC, e.scheduled_at
+    LIMIT %(limit)s
+),
+claimed AS (
+    -- started_at is the claim statement's own time, not its transaction's: the claim
+    -- runs after the tenant locks and running counts of the same transaction, and a
+    -- previous run of a skip job can finish between the two (a run would look as if it
+    -- started before its predecessor finished).
+    UPDATE job_runs r SET
+        status = 'running', attempt = r.attempt + 1,
+        lease_until = to_timestamp(%(epoch)s + r.lease_seconds),
+        owner = %(owner)s, started_at = statement_timestamp(), finished_at = NULL
+    FROM chosen c
+    WHERE r.partition_id {{partition_filter}} AND r.partition_id = c.partition_id
+      AND r.job_id = c.job_id AND r.scheduled_at = c.scheduled_at
+    RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
+              r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
+              r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, c.signing_secrets,
+              r.deferrals, r.deferred_since,
+              CASE WHEN {attempts.sql_used("r")} > 1 THEN r.attempts -> -1 ->> 'outcome' END
+),
+older AS (
+    -- cancel_previous: the older running run loses the run; its worker finds out at
+    -- its next heartbeat (the row is no longer 'running') and stops its call. Its
+    -- history entry is built here, so the UPDATE below only copies it; the UPDATE
+    -- re-checks the attempt it was built for.
+    SELECT o.partition_id, o.job_id, o.scheduled_at, o.attempt,
+           jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY}) AS entry
+    FROM job_runs o JOIN chosen c ON o.partition_id = c.partition_id AND o.job_id = c.job_id
+    WHERE o.partition_id {{partition_filter}} AND c.overlap_policy = 'cancel_previous'
+      AND o.status = 'running' AND o.scheduled_at < c.scheduled_at
+),
+cancelled AS (
+    UPDATE job_runs o SET
+        status = 'cancelled', finished_at = now(), lease_until = NULL,
+        last_error = 'cancelled by a newer run',
+        attempts = o.attempts || x.entry
+    FROM older x
+    WHERE o.partition_id {{partition_filter}} AND o.partition_id = x.partition_id
+      AND o.job_id = x.job_id AND o.scheduled_at = x.scheduled_at
+      AND o.attempt = x.attempt AND o.status = 'running'
+    RETURNING o.job_id
+)
+SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
+"""
+
+
+# Step 3, the claim itself: in the partitions named (one per statement on Citus), with
+# those counts; claims._claim_batch runs `.many`, claims._claim `.one`.
+# Per locked tenant, its best runs by effective priority (a run waiting longer than
+# `aging` seconds counts as priority 9, so a flood of 9s cannot hold a 0 back forever):
+# the union of two index-ordered probes, the best by priority and the longest waiting,
+# each at most the tenant's places in the batch (slots.probe). Per job, at most one run
+# unless the job allows overlap (a job's runs are all in its partition). Across tenants,
+# the fair-share rank (running + k-th pick) / weight decides, as in fair_share.
+# The batch form counts (plain PostgreSQL), the one-partition form is given the counts.
+# The batch form names no partitions (runs/per_partition.py): with the plan's, each
+# tenant's probe fetched and skipped its runs elsewhere, 5,324 buffers for 102 runs.
+CLAIM = per_partition.Forms(
+    one=per_partition.Forms.of(_claim(_GIVEN_RUNNING)).one,
+    many=per_partition.every(_claim(_COUNTED_RUNNING)),
+)
+
+# --- outcomes (runs/execution/outcomes.py) ---------------------------------------------------
+
+# Write the outcomes of attempts, fenced by attempt, with each job's health in the same
+# statement (only where it changes); outcomes.complete_runs runs it.
+COMPLETE = per_partition.Forms.of(f"""
+WITH done AS (
+    UPDATE job_runs r SET
+        status = x.status,
+        not_before = CASE WHEN x.status = 'retrying' THEN x.not_before ELSE r.not_before END,
+        lease_until = NULL,
+        finished_at = CASE WHEN x.status IN ('succeeded', 'dead') THEN %(now)s END,
+        result_code = x.result_code,
+        last_error = x.error,
+        attempts = r.attempts || x.entry
+    FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(
+        partition_id smallint, job_id uuid, scheduled_at timestamptz, attempt integer, status text,
+        not_before timestamptz, result_code integer, error text, entry jsonb)
+    WHERE r.partition_id {{partition_filter}} AND r.partition_id = x.partition_id
+      AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+      AND r.attempt = x.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])
+    RETURNING r.partition_id, r.job_id, r.scheduled_at, r.attempt, r.status,
+              x.entry -> 0 ->> 'outcome' AS outcome
+),
+-- Job health, in the same statement (no extra round trip per batch). An attempt the
+-- executor handed back on shutdown says nothing about the target: it does not count.
+judged AS (
+    SELECT partition_id, job_id, scheduled_at, status,
+           row_number() OVER (PARTITION BY job_id ORDER BY scheduled_at DESC, attempt DESC) AS rn
+    FROM done WHERE outcome IS DISTINCT FROM '{HANDED_BACK}'
+),
+-- The rank of each job's newest success, as a window over the batch: a join of the batch
+-- with its own successes compared every pair of rows (quadratic in the batch size).
+ranked AS (
+    SELECT j.*, min(j.rn) FILTER (WHERE j.status = 'succeeded') OVER (PARTITION BY j.job_id) AS ok_rn
+    FROM judged j
+),
+per_job AS (
+    SELECT partition_id, job_id,
+           (array_agg(status ORDER BY rn))[1] AS last_status,
+           ok_rn IS NOT NULL AS any_ok,
+           count(*) FILTER (WHERE status <> 'succeeded') AS fails,
+           count(*) FILTER (WHERE status <> 'succeeded' AND rn < ok_rn) AS fails_since_ok,
+           max(scheduled_at) FILTER (WHERE status = 'succeeded') AS ok_slot
+    FROM ranked
+    GROUP BY partition_id, job_id, ok_rn
+),
+-- The job rows whose health changes, locked in id order: two executors completing runs
+-- of the same jobs in different orders must not deadlock (a deadlock would lose a batch
+-- of outcomes). A success of a job that is healthy already (last outcome succeeded, no
+-- streak) changes nothing but the time of its last success, which readers take from the
+-- job's newest succeeded slot (jobs/health.py, last_success_at). The row's copy is
+-- written when that read would miss a success: one of an older slot than a success
+-- already recorded (a replay, a backfill, a late retry); and refreshed at most once a
+-- day, for when retention has dropped the runs. So the common case writes no job
+-- row: writing it cost a third of the executor's database time per run
+-- (docs/decisions/0027-job-health-and-alerts.md). Under READ COMMITTED the condition
+-- is checked again on the row as locked.
+locked AS MATERIALIZED (
+    SELECT jb.id FROM jobs jb JOIN per_job p ON p.partition_id = jb.partition_id AND p.job_id = jb.id
+    WHERE jb.partition_id {{partition_filter}} AND jb.id = ANY(%(job_ids)s::uuid[])
+      AND (p.fails > 0 OR jb.last_outcome <> 'succeeded' OR jb.consecutive_failures > 0 OR jb.failure_alerted
+           OR jb.last_success_at IS NULL OR jb.last_success_at < %(stale_before)s
+           OR EXISTS (SELECT 1 FROM job_runs n
+                      WHERE n.partition_id {{partition_filter}} AND n.partition_id = p.partition_id
+                        AND n.job_id = p.job_id AND n.scheduled_at > p.ok_slot AND n.scheduled_at <= %(now)s
+                        AND n.status = 'succeeded'))
+    ORDER BY jb.id FOR NO KEY UPDATE OF jb
+),
+health AS (
+    UPDATE jobs jb SET
+        -- (A searched CASE: Citus deparses `CASE p.last_status WHEN ...` wrongly for workers.)
+        last_outcome = CASE WHEN p.last_status = 'succeeded' THEN 'succeeded'
+                            WHEN p.last_status = 'dead' THEN 'dead' ELSE 'failed' END,
+        last_success_at = CASE WHEN p.any_ok THEN %(now)s ELSE jb.last_success_at END,
+        last_failure_at = CASE WHEN p.fails > 0 THEN %(now)s ELSE jb.last_failure_at END,
+        consecutive_failures = CASE WHEN p.any_ok THEN p.fails_since_ok
+                                    ELSE jb.consecutive_failures + p.fails END,
+        -- A success ends the streak; the next streak alerts again.
+        failure_alerted = jb.failure_alerted AND NOT p.any_ok
+    FROM per_job p, locked l
+    WHERE jb.partition_id {{partition_filter}} AND jb.partition_id = p.partition_id
+      AND jb.id = p.job_id AND l.id = jb.id AND jb.id = ANY(%(job_ids)s::uuid[])
+    RETURNING jb.id
+)
+-- Each part also names the batch's job ids (`= ANY(%(job_ids)s)`): an index condition
+-- bounded by the batch, whatever the statistics say. A generic plan made while jobs
+-- looked empty (stale statistics after a bulk load or delete) read every jobs row per
+-- batch instead, 21,000 buffers for 100 runs (docs/decisions/0040-per-partition-statements.md).
+-- (A data-modifying WITH runs to completion whether or not the result reads it.)
+SELECT job_id, scheduled_at, attempt FROM done
+""")
+
+# --- run leases (runs/execution/run_leases.py) ---------------------------------------------
+
+# Extend the leases of the attempts still held; run_leases.heartbeat_runs runs it.
+HEARTBEAT = per_partition.Forms.of(
+    """
+UPDATE job_runs r SET lease_until = to_timestamp(%(epoch)s + r.lease_seconds)
+FROM unnest(%(run_partitions)s::smallint[], %(job_ids)s::uuid[], %(scheduled)s::timestamptz[],
+            %(attempts)s::integer[])
+    AS h(partition_id, job_id, scheduled_at, attempt)
+WHERE r.partition_id {partition_filter} AND r.partition_id = h.partition_id
+  AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
+  AND r.attempt = h.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])
+RETURNING r.job_id, r.scheduled_at, r.attempt
+"""
+)
+
+# Partitions holding an expired lease, with the database's time; run_leases.
+# reap_expired_leases runs it. A read across partitions, no lock. The running rows are
+# few (at most the executors' slots), all in job_runs_running_idx.
+EXPIRED_PARTITIONS = """
+SELECT DISTINCT partition_id, now() FROM job_runs WHERE status = 'running' AND lease_until < now()
+"""
+
+# The history entry of an attempt whose lease ran out: when it finished is unknown.
+_REAPED_ENTRY = attempts.sql_entry(
+    attempt="r.attempt",
+    owner="r.owner",
+    started_at="r.started_at",
+    finished_at="NULL",
+    duration_ms="NULL",
+    outcome=f"'{attempts.LEASE_EXPIRED}'",
+    result_code="NULL",
+    error="'lease expired (no heartbeat)'",
+    retry_in_s="0",
+)
+
+# Hand back the expired leases of the partitions named (one on Citus): retrying, or dead
+# with no attempts left; run_leases.reap_expired_leases runs it. The history entry and
+# the message are built in the locking SELECT, so the UPDATE only copies values (see
+# this module's docstring: Citus refuses functions of columns in UPDATE ... SET).
+REAP = per_partition.Forms.of(f"""
+WITH expired AS (
+    SELECT r.partition_id, r.job_id, r.scheduled_at, {attempts.sql_used_up("r")} AS dead,
+           jsonb_build_array({_REAPED_ENTRY}) AS entry,
+           'lease expired: attempt ' || r.attempt || ' by ' || r.owner || ' stopped heartbeating' AS error
+    FROM job_runs r
+    WHERE r.partition_id {{partition_filter}} AND r.status = 'running' AND r.lease_until < %(now)s
+    ORDER BY r.lease_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE job_runs r SET
+    status = CASE WHEN e.dead THEN 'dead' ELSE 'retrying' END,
+    not_before = %(now)s,
+    lease_until = NULL,
+    finished_at = CASE WHEN e.dead THEN %(now)s END,
+    last_error = e.error,
+    attempts = r.attempts || e.entry
+FROM expired e
+WHERE r.partition_id {{partition_filter}} AND r.partition_id = e.partition_id
+  AND r.job_id = e.job_id AND r.scheduled_at = e.scheduled_at
+  AND r.status = 'running' AND r.lease_until < %(now)s
+RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.job_name, r.attempt, r.owner, r.status, r.last_error
+""")
+
+# --- circuit breakers and retry budgets (runs/execution/breakers.py) --------------------------
+
+# A target_hosts row as breakers.HostState takes it, in its fields' order.
+BREAKER_COLUMNS = (
+    "tenant_id, host, state, failures, failure_window_start, opened_at, open_until, cooldown_seconds,"
+    " window_start, requests, retries, recovered_at"
+)
+
+# Create-or-lock the breakers of these keys, with the database's time; breakers.
+# _locked_states runs it. One statement: DO UPDATE locks an existing row as FOR UPDATE
+# would, and RETURNING gives the row either way. Keys come sorted: locks in key order.
+BREAKERS_LOCK = f"""
+INSERT INTO target_hosts AS t
+    (tenant_id, host, state, failures, cooldown_seconds, requests, retries, updated_at)
+SELECT k, h, 'closed', 0, 0, 0, 0, now()
+FROM unnest(%s::bigint[], %s::text[]) WITH ORDINALITY AS u(k, h, n) ORDER BY n
+ON CONFLICT (tenant_id, host) DO UPDATE SET host = t.host
+RETURNING {BREAKER_COLUMNS}, now()
+"""
+
+# The batch's breakers that are not closed, read without a lock or a transaction;
+# breakers.admit runs it.
+BREAKERS_UNHEALTHY = """
+SELECT t.tenant_id, t.host FROM target_hosts t
+JOIN unnest(%s::bigint[], %s::text[]) AS u(k, h) ON t.tenant_id = u.k AND t.host = u.h
+WHERE t.state <> 'closed'
+"""
+
+# Which of these jobs are paused (their runs never probe); breakers._paused_jobs runs it.
+# By partition too, so on Citus it reads only the shards holding them.
+PAUSED_JOBS = """
+SELECT id FROM jobs WHERE partition_id = ANY(%s::smallint[]) AND id = ANY(%s::uuid[]) AND paused
+"""
+
+# Write back the breakers decided in Python; breakers.admit and breakers.record run it.
+BREAKERS_SAVE = """
+UPDATE target_hosts t SET
+    state = x.state, failures = x.failures, failure_window_start = x.failure_window_start,
+    opened_at = x.opened_at, open_until = x.open_until, cooldown_seconds = x.cooldown_seconds,
+    window_start = x.window_start, requests = x.requests, retries = x.retries,
+    recovered_at = x.recovered_at, updated_at = now()
+FROM jsonb_to_recordset(%s::jsonb) AS x(
+    tenant_id bigint, host text, state text, failures integer, failure_window_start timestamptz,
+    opened_at timestamptz, open_until timestamptz, cooldown_seconds float8, window_start timestamptz,
+    requests integer, retries integer, recovered_at timestamptz)
+WHERE t.tenant_id = x.tenant_id AND t.host = x.host
+"""
+
+# Put a claimed run back untouched by a call; breakers.admit (a deferral) and
+# breakers.put_back (unsent at shutdown) run it. The status it was claimed from (a run
+# that has used an attempt was retrying), one more deferral so the attempt the claim
+# took is not counted as used. Fenced like every write of an attempt. One partition per
+# statement on Citus (runs/per_partition.py), and the database's time as a parameter:
+# Citus refuses now() inside a COALESCE in a distributed UPDATE (this module's docstring).
+DEFER = per_partition.Forms.of(
+    f"""
+UPDATE job_runs r SET
+    status = CASE WHEN {attempts.sql_used("r")} > 1 THEN 'retrying' ELSE 'queued' END,
+    deferrals = r.deferrals + 1,
+    deferred_since = coalesce(r.deferred_since, %(now)s),
+    not_before = x.until,
+    lease_until = NULL,
+    last_error = x.reason
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(partition_id smallint, job_id uuid, scheduled_at timestamptz,
+                                               attempt integer, until timestamptz, reason text)
+WHERE r.partition_id {{partition_filter}} AND r.partition_id = x.partition_id
+  AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+  AND r.attempt = x.attempt AND r.status = 'running'
+RETURNING r.job_id
+"""
+)
+
+# Fold answers only (no DOWN) into their breakers; breakers.record runs it.
+# What apply_outcomes makes of answers only, whatever the state: the breaker is
+# closed with no failures; on a breaker that was not closed the recovery ramp starts with
+# a fresh budget minute holding these answers, otherwise the minute restarts if it is over
+# and `requests` grows by the answers. One statement, no transaction around it: the row
+# lock lasts the statement, not four round trips, so executors writing outcomes to one
+# host do not queue behind each other. The database clock comes in through the rows
+# (`excluded`), not as now() beside a column in SET (Citus refuses that, see DEFER).
+BREAKERS_ANSWERED = """
+INSERT INTO target_hosts AS t
+    (tenant_id, host, state, failures, cooldown_seconds, window_start, requests, retries, updated_at)
+SELECT k, h, 'closed', 0, 0, now(), n, 0, now()
+FROM unnest(%(tenants)s::bigint[], %(hosts)s::text[], %(answers)s::integer[]) AS u(k, h, n) ORDER BY k, h
+ON CONFLICT (tenant_id, host) DO UPDATE SET
+    state = 'closed', failures = 0, failure_window_start = NULL, opened_at = NULL, open_until = NULL,
+    recovered_at = CASE WHEN t.state <> 'closed' THEN excluded.window_start ELSE t.recovered_at END,
+    window_start = CASE WHEN t.state <> 'closed' OR t.window_start IS NULL
+                             OR excluded.window_start - t.window_start >= %(window)s
+                        THEN excluded.window_start ELSE t.window_start END,
+    requests = CASE WHEN t.state <> 'closed' OR t.window_start IS NULL
+                         OR excluded.window_start - t.window_start >= %(window)s
+                    THEN excluded.requests ELSE t.requests + excluded.requests END,
+    retries = CASE WHEN t.state <> 'closed' OR t.window_start IS NULL
+                        OR excluded.window_start - t.window_start >= %(window)s
+                   THEN 0 ELSE t.retries END,
+    updated_at = excluded.updated_at
+"""
+
+# Delete one batch of breaker rows nobody used for a while; breakers.prune_idle runs it
+# until a batch comes back short. Each batch its own statement: a row stays locked only
+# while its batch is deleted, and rows an executor holds (SKIP LOCKED) are left for the
+# next time.
+BREAKERS_PRUNE = """
+DELETE FROM target_hosts t USING (
+    SELECT tenant_id, host FROM target_hosts
+    WHERE updated_at < now() - %(idle)s AND (open_until IS NULL OR open_until < now() - %(idle)s)
+    LIMIT %(batch)s FOR UPDATE SKIP LOCKED
+) idle
+WHERE t.tenant_id = idle.tenant_id AND t.host = idle.host
+"""
+
+# --- the planner's statistics (runs/execution/table_statistics.py) ----------------------------
+
+# The watched tables: jobs and the day partitions of job_runs this role may analyze.
+_WATCHED = f"""
+    (c.oid = 'jobs'::regclass
+     OR (c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '{partitions.PARENT}'::regclass)
+         AND c.relname <> '{partitions.DEFAULT}'))
+    AND pg_has_role(c.relowner, 'USAGE')
+"""
+
+# Day partitions whose statistics count fewer rows than pages: ANALYZE ran when (nearly)
+# every row was dead; table_statistics.analyze_if_called_empty runs it. Never-analyzed
+# tables (reltuples -1) are estimated from their size.
+STATS_UNDERSTATED = f"""
+SELECT c.oid::regclass::text, c.relpages FROM pg_class c
+WHERE c.reltuples >= 0 AND c.reltuples < c.relpages AND c.oid <> 'jobs'::regclass AND {_WATCHED}
+"""
+
+# The watched tables' statistics and live row counts; table_statistics.keep_statistics runs it.
+STATS_WATCHED = f"""
+SELECT c.oid::regclass::text, c.reltuples, c.relpages, s.n_live_tup
+FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE {_WATCHED}
+"""
+
+# When a table was last analyzed; table_statistics._analyze runs it before and after.
+STATS_ANALYZED_AT = "SELECT pg_stat_get_last_analyze_time(%s::regclass)"
+
+# Analyze one table unless it is locked; table_statistics._analyze runs it, the table
+# filled in as a psycopg `sql.Identifier` ({}).
+STATS_ANALYZE = "ANALYZE (SKIP_LOCKED) {}"
+
+# Count a table's rows, at most %s of them; table_statistics.analyze_if_called_empty runs
+# it, the table filled in as a psycopg `sql.Identifier` ({}).
+STATS_ROWS_UP_TO = "SELECT count(*) FROM (SELECT FROM {} LIMIT %s) AS r"
