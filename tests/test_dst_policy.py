@@ -419,9 +419,7 @@ def test_admin_form_shows_the_policy_as_two_menus(admin_client, fast_password_ha
     assert '<option value="skip" selected>' in page
     repeated = page[page.index('name="dst_policy_repeated"') :]
     assert '<option value="" selected>' in repeated[: repeated.index("</select>")]
-    field = (
-        admin_client.get(f"/admin/jobs/job/{job.pk}/edit/").context["adminform"].form.fields["dst_policy"]
-    )
+    field = admin_client.get(f"/admin/jobs/job/{job.pk}/edit/").context["adminform"].form.fields["dst_policy"]
     assert field.has_changed(job.dst_policy, ["", "skip"]) is False
     assert field.has_changed(job.dst_policy, ["last", "skip"]) is True
 

@@ -37,7 +37,11 @@ class WallTimeField(forms.DateTimeField):
     """A date and time as typed, without a zone: the form's `zone` says how to read it.
     A value written with an offset (`...Z`, `+02:00`) is that instant whatever the zone."""
 
-    widget = forms.DateTimeInput(attrs={"type": "datetime-local", "step": "1"}, format=WALL_FORMAT)
+    # Text, not the browser's localized date picker: the same ISO form every console page
+    # shows, and an instant with its offset can be pasted as is.
+    widget = forms.DateTimeInput(
+        attrs={"placeholder": "2026-01-31T09:00:00", "size": 22, "class": "vTextField"}, format=WALL_FORMAT
+    )
 
     def to_python(self, value):
         if value in self.empty_values:

@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from jobs.admin.display import in_zone, relative
 from jobs.admin.forms import POLICY_FORM_FIELDS, JobAdminForm
@@ -45,19 +45,26 @@ def fire_times_table(job: Job, *, now: datetime) -> SafeString | str:
     times = job_fire_times(job, now=now, count=FIRE_TIMES_SHOWN)
     if not times:
         return "No future fire times."
+    # A UTC job's wall time is the instant itself: one column, not the same twice.
+    utc_column = job.time_zone != "UTC"
     rows = format_html_join(
         "",
-        '<tr><td class="cy-wall">{}</td><td><code>{}</code></td><td class="cy-quiet">{}</td>'
-        '<td class="cy-quiet">{}</td></tr>',
+        '<tr><td class="cy-wall">{}</td>{}<td class="cy-quiet">{}</td><td class="cy-quiet">{}</td></tr>',
         (
-            (in_zone(t.utc, job.time_zone), format_utc(t.utc), relative(t.utc, now=now), t.note or "")
+            (
+                in_zone(t.utc, job.time_zone),
+                format_html("<td><code>{}</code></td>", format_utc(t.utc)) if utc_column else "",
+                relative(t.utc, now=now),
+                t.note or "",
+            )
             for t in times
         ),
     )
     return format_html(
-        '<table class="cy-fire-times"><thead><tr><th>{}</th><th>UTC</th><th></th><th></th></tr></thead>'
+        '<table class="cy-fire-times"><thead><tr><th>{}</th>{}<th></th><th></th></tr></thead>'
         "<tbody>{}</tbody></table>",
         job.time_zone,
+        mark_safe("<th>UTC</th>") if utc_column else "",
         rows,
     )
 
