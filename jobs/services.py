@@ -34,6 +34,10 @@ MAX_BACKFILL_RUNS = 1000
 # Slots one backfill request may examine (a retention window of a minutely job is
 # 43,200): bounds the enumeration, which runs before any transaction opens.
 MAX_BACKFILL_SCAN = 50_000
+BACKFILL_CAPPED = (
+    f"more than {MAX_BACKFILL_RUNS} slots in the range have no run; backfill a shorter range "
+    "(a dry run lists the first ones)"
+)
 
 
 class ServiceError(ValueError):
@@ -236,6 +240,7 @@ class BackfillPlan:
     missing: list[datetime]  # oldest first, at most MAX_BACKFILL_RUNS
     already_present: int  # slots in the range that already have a run (any status)
     capped: bool  # more slots are missing than one request may create
+    present: list[datetime]  # those slots, oldest first, at most MAX_BACKFILL_RUNS (for a preview)
 
 
 def plan_backfill(*, job: Job, start: datetime, end: datetime) -> BackfillPlan:
@@ -246,6 +251,8 @@ def plan_backfill(*, job: Job, start: datetime, end: datetime) -> BackfillPlan:
     """
     if job.run_at is not None:
         raise ServiceError("start", "a one-time job has no slots to backfill")
+    if end < start:
+        raise ServiceError("end", "end must not be earlier than start.")
     now = db.now()
     if end > now:
         # A future slot queued now would run early and take the key of the real run.
@@ -273,6 +280,7 @@ def plan_backfill(*, job: Job, start: datetime, end: datetime) -> BackfillPlan:
         missing=missing[:MAX_BACKFILL_RUNS],
         already_present=len(slots) - len(missing),
         capped=len(missing) > MAX_BACKFILL_RUNS,
+        present=[t for t in slots if t in present][:MAX_BACKFILL_RUNS],
     )
 
 
@@ -289,11 +297,7 @@ def backfill_job(
     """
     plan = plan_backfill(job=job, start=start, end=end)
     if plan.capped:
-        raise ServiceError(
-            "end",
-            f"more than {MAX_BACKFILL_RUNS} slots in the range have no run; backfill a shorter range "
-            "(a dry run lists the first ones)",
-        )
+        raise ServiceError("end", BACKFILL_CAPPED)
     with transaction.atomic():
         inserted = enqueue_runs(
             [run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in plan.missing]

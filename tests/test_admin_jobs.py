@@ -95,13 +95,16 @@ def test_change_page_shows_the_next_fire_times(admin_client, tenant):
             tenant=tenant,
             fields=dict(name="ny", cron_expr="30 2 * * *", time_zone="America/New_York", target=HOOK),
         )
-        response = admin_client.get(f"{CHANGELIST}{job.pk}/change/")
-    assert response.status_code == 200
-    html = response.content.decode()
-    assert "next fire times" in html.lower()
-    assert "2026-03-08T07:00:00Z" in html and "2026-03-09T06:30:00Z" in html
-    assert "DST gap" in html
-    assert "Live preview" in html
+        pages = {view: admin_client.get(f"{CHANGELIST}{job.pk}/{view}/") for view in ("change", "edit")}
+    for view, response in pages.items():
+        assert response.status_code == 200
+        html = response.content.decode()
+        assert "next fire times" in html.lower(), view
+        assert "2026-03-08T07:00:00Z" in html and "2026-03-09T06:30:00Z" in html, view
+        assert "DST gap" in html, view
+    # The job's page shows them on its wall clock too; the edit form previews as you type.
+    assert "2026-03-08 03:00 EDT" in pages["change"].content.decode()
+    assert "Live preview" in pages["edit"].content.decode()
 
 
 def test_live_preview_endpoint(admin_client, db):
@@ -225,7 +228,7 @@ def test_change_form_cannot_move_a_job_to_another_tenant(admin_client, tenant, a
     assert outsider.post(f"{run_path}cancel").status_code == 404
     assert api.get(f"/api/v1/jobs/{job.pk}/").status_code == 200
     assert api.get(run_path).status_code == 200
-    page = admin_client.get(f"{CHANGELIST}{job.pk}/change/")
+    page = admin_client.get(f"{CHANGELIST}{job.pk}/edit/")
     assert "tenant" not in page.context["adminform"].form.fields
 
 

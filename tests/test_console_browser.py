@@ -217,7 +217,7 @@ def test_change_page_preview_live_preview_and_validation(signed_in, acme):
     job = services.create_job(
         tenant=acme, fields=dict(name="nightly export", cron_expr="30 2 * * *", target=HOOK)
     )
-    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    page.goto(f"/admin/jobs/job/{job.pk}/edit/")
 
     # Server side: the saved schedule's next 5 fire times, computed here independently.
     saved = page.locator(".field-next_fire_times ol.cronyard-preview li")
@@ -337,6 +337,8 @@ def test_dead_letter_queue_replay_from_the_row(signed_in, acme):
     )
     page.goto("/admin/runs/deadrun/")
     expect(page.locator("#result_list tbody tr")).to_have_count(2)
+    page.set_viewport_size({"width": 1280, "height": 800})
+    b.screenshot(page, "dead_letter", full_page=False)
     row = page.locator("#result_list tbody tr", has_text=z(first.scheduled_at))
     with page.expect_navigation():
         row.get_by_role("link", name="Replay…").click()
@@ -586,7 +588,7 @@ def test_create_a_job_with_the_structured_target_form(signed_in, acme):
     assert job.target["body"] == '{"hello": 1}'
 
     # A task target: the JSON follows the fields, and editing the JSON refills them.
-    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    page.goto(f"/admin/jobs/job/{job.pk}/edit/")
     expect(page.locator("#cy-target-url")).to_have_value("https://example.com/structured")
     page.select_option("#cy-target-type", "task")
     page.select_option("#cy-target-name", "echo")
@@ -631,7 +633,7 @@ def test_task_kwargs_form_writes_the_target_and_shows_field_errors(signed_in, ac
 
     # The stored kwargs refill the input; a wrong type typed into the raw JSON is the
     # server's 400-style form error, shown beside the kwarg's own input.
-    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    page.goto(f"/admin/jobs/job/{job.pk}/edit/")
     expect(page.locator("#cy-kwarg-seconds")).to_have_value("7.5")
     page.locator("details summary", has_text="Raw JSON").click()
     page.fill("#id_target", '{"type": "task", "name": "sleep", "kwargs": {"seconds": "x", "keep": 1}}')
@@ -750,6 +752,14 @@ def test_view_only_staff_see_the_target_without_its_secrets(page, web_server, ac
         assert value not in html, f"{name} shown to a view-only user"
     expect(page.locator(".field-target_redacted")).to_contain_text('"X-Team": "blue"')
     assert html.count("***") >= 4
+    expect(
+        page.locator("#cronyard-edit, #cronyard-pause, #cronyard-trigger, #cronyard-backfill")
+    ).to_have_count(0)
+    # Django's read-only form at edit/ masks them too.
+    page.goto(f"/admin/jobs/job/{job.pk}/edit/")
+    expect(page.locator(".field-target_redacted")).to_contain_text('"X-Team": "blue"')
+    for name, value in secrets.items():
+        assert value not in page.content(), f"{name} shown to a view-only user on the form"
 
 
 def test_a_tenants_signing_secret_is_shown_once_in_the_console(page, web_server, admin_user):
@@ -871,7 +881,7 @@ def test_preview_changes_shows_both_lists_and_saves_nothing(signed_in, acme):
         tenant=acme,
         fields=dict(name="hourly report", cron_expr="0 * * * *", time_zone="Europe/Berlin", target=HOOK),
     )
-    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    page.goto(f"/admin/jobs/job/{job.pk}/edit/")
     panel = page.locator("#cronyard-edit-preview")
     # Before the Save buttons.
     assert (
@@ -1051,9 +1061,118 @@ def test_job_page_health_panel(signed_in, acme):
     page.goto(f"/admin/jobs/job/{job.pk}/change/")
     panel.scroll_into_view_if_needed()
     b.screenshot(page, "job_health", full_page=False)
+    with page.expect_navigation():
+        page.locator("#cronyard-edit").click()
     page.fill("#id_alert_after_failures", "10")
     with page.expect_navigation():
-        page.click("input[name=_continue]")
+        page.click("input[name=_save]")
+    assert page.url.endswith(f"/admin/jobs/job/{job.pk}/change/")  # back on the job's page
     job.refresh_from_db()
     assert job.alert_after_failures == 10
     assert fact("consecutive_failures") == "4 failed attempts in a row (alerts at 10)"
+
+
+def test_opening_a_job_reads_first_and_edits_from_a_button(signed_in, acme):
+    """The job's page at 1280 px: schedule in words and next fire times on the job's
+    clock, health, recent runs, the target with its secret header masked, and buttons."""
+    from tests.support import job_health
+
+    page = signed_in
+    page.set_viewport_size({"width": 1280, "height": 900})
+    target = {
+        "type": "http",
+        "url": "https://hooks.example.com/billing/sync",
+        "method": "POST",
+        "headers": {"Authorization": "Bearer rv-secret-token-1", "X-Team": "billing"},
+        "secret_headers": ["Authorization"],
+    }
+    job = services.create_job(
+        tenant=acme,
+        fields=dict(
+            name="billing sync", cron_expr="*/15 * * * *", time_zone="America/New_York", target=target
+        ),
+    )
+    job_health.seed(job, consecutive_failures=1)
+
+    # From the jobs list, the job's name leads to its page.
+    page.goto("/admin/jobs/job/")
+    with page.expect_navigation():
+        b.row(page, "billing sync").get_by_role("link", name="billing sync").click()
+    assert page.url.endswith(f"/admin/jobs/job/{job.pk}/change/")
+    expect(page.locator("#content h1")).to_have_text("billing sync")
+    expect(page.locator(".field-schedule_text")).to_contain_text("Every 15 minutes")
+    fire_times = page.locator(".field-next_fire_times tbody tr")
+    expect(fire_times).to_have_count(5)
+    expect(fire_times.first).to_contain_text(re.compile(r"\d\d:(00|15|30|45) E[SD]T"))
+    expect(page.locator(".field-health_figures [data-health='consecutive_failures']")).to_be_visible()
+    expect(page.locator("table.cronyard-runs tbody tr").first).to_be_visible()
+    expect(page.locator(".field-target_redacted")).to_contain_text('"Authorization": "***"')
+    assert "rv-secret-token-1" not in page.content()
+    for button in ("Edit", "Pause…", "Trigger now…", "Backfill…", "History", "Delete…"):
+        expect(
+            page.locator("#cronyard-job-tools").get_by_role("link", name=button, exact=True)
+        ).to_be_visible()
+    expect(page.locator("form#job_form")).to_have_count(0)  # nothing to submit here
+    # The two columns fit the window: nothing spills sideways.
+    width = page.evaluate("() => document.documentElement.scrollWidth")
+    assert width <= 1280, width
+    b.screenshot(page, "job_page_read")
+
+    with page.expect_navigation():
+        page.locator("#cronyard-edit").click()
+    assert page.url.endswith(f"/admin/jobs/job/{job.pk}/edit/")
+    expect(page.locator("#id_cron_expr")).to_have_value("*/15 * * * *")
+    expect(page.locator(".breadcrumbs")).to_contain_text(re.compile(r"billing sync \W+ Edit"))
+    b.screenshot(page, "job_edit", full_page=False)
+    with page.expect_navigation():
+        page.locator("#cronyard-view").click()
+    assert page.url.endswith(f"/admin/jobs/job/{job.pk}/change/")
+
+
+def test_backfill_from_the_job_page_previews_then_creates_exactly_those_runs(signed_in, acme):
+    page = signed_in
+    page.set_viewport_size({"width": 1280, "height": 900})
+    job = services.create_job(
+        tenant=acme, fields=dict(name="hourly import", cron_expr="0 * * * *", target=HOOK)
+    )
+    top = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    slots = [top - timedelta(hours=h) for h in range(6, 0, -1)]  # six past hourly slots
+    ran = enqueue(job, slots[1], slots[3])
+    JobRun.objects.filter(pk__in=[r.pk for r in ran]).update(status="succeeded", attempt=1)
+    missing = [z(s) for s in slots if s not in (slots[1], slots[3])]
+
+    page.goto(f"/admin/jobs/job/{job.pk}/change/")
+    with page.expect_navigation():
+        page.locator("#cronyard-backfill").click()
+    page.select_option("#id_zone", "UTC")
+    page.fill("#id_start", slots[0].strftime("%Y-%m-%dT%H:%M:%S"))
+    page.fill("#id_end", slots[-1].strftime("%Y-%m-%dT%H:%M:%S"))
+    with page.expect_navigation():
+        page.locator("#cronyard-backfill-preview").click()
+    listed = page.locator("#cronyard-backfill-missing li")
+    expect(listed).to_have_count(4)
+    assert [li.get_attribute("data-slot") for li in listed.all()] == missing
+    expect(page.locator("#cronyard-backfill-present li")).to_have_count(2)
+    expect(page.locator("#cronyard-backfill-summary")).to_contain_text("4 slots would get a run")
+    assert JobRun.objects.filter(job_id=job.pk).count() == 2  # the preview wrote nothing
+    b.screenshot(page, "backfill")
+
+    with page.expect_navigation():
+        page.get_by_role("button", name="Backfill 4 runs").click()
+    assert page.url.endswith(f"/admin/jobs/job/{job.pk}/change/")
+    expect(page.locator(".messagelist li.success")).to_contain_text("Backfilled 4 runs")
+    created = JobRun.objects.filter(job_id=job.pk, trigger="backfill")
+    assert sorted(z(r.scheduled_at) for r in created) == missing
+    assert AuditEntry.objects.get(job_id=job.pk, action="backfill").actor == "admin:admin"
+    with page.expect_navigation():
+        page.locator(".messagelist li.success a").click()
+    expect(page.locator("#result_list tbody tr")).to_have_count(4)
+
+    # A window ending in the future: the field is named, nothing is written.
+    page.goto(f"/admin/jobs/job/{job.pk}/backfill/")
+    page.fill("#id_end", (top + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%S"))
+    with page.expect_navigation():
+        page.locator("#cronyard-backfill-preview").click()
+    expect(page.locator("#cronyard-error-end")).to_contain_text("end: backfill covers past slots only")
+    expect(page.locator("#cronyard-backfill-confirm")).to_have_count(0)
+    assert JobRun.objects.filter(job_id=job.pk).count() == 6

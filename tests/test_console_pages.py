@@ -11,11 +11,15 @@ answer, and a save must do what it says."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.utils import timezone
 
 from jobs import services
 from jobs.models import AuditEntry, Job, Misfire, Tenant
+from runs.keys import format_utc
 from runs.models import JobRun
 from tests.support.admin_form import job_form_data
 from tests.support.runsapi import make_dead_run, make_job, make_run, minute_slots
@@ -105,8 +109,9 @@ def test_the_job_page_its_edit_and_its_confirmations(admin_client, console):
     page = ok(admin_client.get(f"/admin/jobs/job/{alpha.pk}/change/"))
     # Both panels: the recent runs (the dead run among them) and the ledger's occurrences.
     assert f'data-run="{console["dead"].pk}"' in page and "field-recent_occurrences" in page
+    ok(admin_client.get(f"/admin/jobs/job/{alpha.pk}/edit/"))
     data = job_form_data(console["tenant"], name="alpha renamed", cron_expr="", interval_seconds="600")
-    redirected(admin_client.post(f"/admin/jobs/job/{alpha.pk}/change/", data))
+    redirected(admin_client.post(f"/admin/jobs/job/{alpha.pk}/edit/", data))
     assert Job.objects.get(pk=alpha.pk).name == "alpha renamed"
     for operation in ("pause", "resume", "trigger"):
         url = f"/admin/jobs/job/{alpha.pk}/operate/{operation}/"
@@ -114,6 +119,15 @@ def test_the_job_page_its_edit_and_its_confirmations(admin_client, console):
         redirected(admin_client.post(url, {"catch_up": "none"}))
     assert JobRun.objects.filter(job_id=alpha.pk, trigger="manual").count() == 1
     ok(admin_client.get(f"/admin/jobs/job/{alpha.pk}/history/"))
+    # Backfill: the form, the dry run's list (the present slots' runs read by their key), the insert.
+    backfill = f"/admin/jobs/job/{alpha.pk}/backfill/"
+    ok(admin_client.get(backfill))
+    now = timezone.now()
+    start, end = format_utc(now - timedelta(hours=3)), format_utc(now - timedelta(minutes=1))
+    window = {"start": start, "end": end, "zone": "UTC"}  # ISO instants: read as written
+    assert "cronyard-backfill-confirm" in ok(admin_client.get(backfill, {**window, "preview": "1"}))
+    redirected(admin_client.post(backfill, window))
+    assert JobRun.objects.filter(job_id=alpha.pk, trigger="backfill").count() >= 2
 
 
 def test_the_job_list_bulk_actions(admin_client, console):

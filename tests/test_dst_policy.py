@@ -413,15 +413,13 @@ def test_admin_form_shows_the_policy_as_two_menus(admin_client, fast_password_ha
     # unset key left on "cron's rule" (saving the page unchanged keeps the stored object).
     fields = {"name": "m", "cron_expr": "30 1 * * *", "time_zone": NY, "target": HOOK}
     job = services.create_job(tenant=tenant, fields={**fields, "dst_policy": {"missing": "skip"}})
-    response = admin_client.get(f"/admin/jobs/job/{job.pk}/change/")
+    response = admin_client.get(f"/admin/jobs/job/{job.pk}/edit/")
     page = response.content.decode()
     assert 'textarea name="dst_policy"' not in page
     assert '<option value="skip" selected>' in page
     repeated = page[page.index('name="dst_policy_repeated"') :]
     assert '<option value="" selected>' in repeated[: repeated.index("</select>")]
-    field = (
-        admin_client.get(f"/admin/jobs/job/{job.pk}/change/").context["adminform"].form.fields["dst_policy"]
-    )
+    field = admin_client.get(f"/admin/jobs/job/{job.pk}/edit/").context["adminform"].form.fields["dst_policy"]
     assert field.has_changed(job.dst_policy, ["", "skip"]) is False
     assert field.has_changed(job.dst_policy, ["last", "skip"]) is True
 

@@ -104,7 +104,7 @@ def test_an_admin_edit_the_service_refuses_is_a_message_not_a_500(admin_client, 
         raise JobInvalid({"interval_seconds": ["refused on the locked row"]})
 
     monkeypatch.setattr(jobs.services, "update_job", refuse_after_writing)
-    url = f"/admin/jobs/job/{job.pk}/change/"
+    url = f"/admin/jobs/job/{job.pk}/edit/"
     response = admin_client.post(
         url, job_form_data(tenant, name="renamed", cron_expr="", interval_seconds="60")
     )

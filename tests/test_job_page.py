@@ -5,6 +5,7 @@ the browser half is in test_console_browser.py."""
 
 from __future__ import annotations
 
+import html
 import re
 from datetime import datetime, timedelta
 from zoneinfo import ZoneInfo
@@ -128,7 +129,7 @@ def test_recent_occurrences_come_from_the_ledger(admin_client, tenant):
 
 def test_labels_are_the_api_names_and_a_bad_choice_is_a_400(admin_client, tenant):
     job = services.create_job(tenant=tenant, fields=dict(name="nightly", cron_expr="30 2 * * *", target=HOOK))
-    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/edit/").content.decode()
     assert re.search(r'<label[^>]*for="id_cron_expr"[^>]*>cron:</label>', page)
     assert re.search(r'<label[^>]*for="id_time_zone"[^>]*>timezone:</label>', page)
     services.pause_job(job=job)
@@ -136,3 +137,92 @@ def test_labels_are_the_api_names_and_a_bad_choice_is_a_400(admin_client, tenant
     assert response.status_code == 400 and b"catch_up" in response.content
     assert Job.objects.get(pk=job.pk).paused
     assert admin_client.get(f"/admin/jobs/job/{job.pk}/operate/explode/").status_code == 404
+
+
+SECRET_TARGET = {
+    "type": "http",
+    "url": "https://svc:url-password-1@hooks.example.com/run?token=query-token-2&team=blue",
+    "headers": {"Authorization": "Bearer header-secret-3", "X-Team": "blue"},
+}
+SECRETS = ("url-password-1", "query-token-2", "header-secret-3")
+BUTTONS = ("cronyard-edit", "cronyard-pause", "cronyard-trigger", "cronyard-backfill", "cronyard-delete")
+
+
+def test_opening_a_job_shows_the_read_view_with_its_buttons(admin_client, tenant):
+    job = services.create_job(
+        tenant=tenant,
+        fields=dict(
+            name="nightly", cron_expr="0 9 * * *", time_zone="America/New_York", target=SECRET_TARGET
+        ),
+    )
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert "adminform" not in admin_client.get(f"/admin/jobs/job/{job.pk}/change/").context
+    assert "At 09:00 (America/New_York)" in page  # the schedule in words
+    upcoming = next_nine_ny(timezone.now())
+    assert in_zone(upcoming, "America/New_York") in page  # next fire times on the job's clock
+    for panel in (
+        "field-health_figures",
+        "field-recent_runs",
+        "field-recent_occurrences",
+        "field-last_outcome",
+    ):
+        assert panel in page, panel
+    for secret in SECRETS:
+        assert secret not in page
+    assert '"X-Team": "blue"' in html.unescape(page) and page.count("***") >= 3
+    for button in BUTTONS:
+        assert f'id="{button}"' in page, button
+    assert f'href="/admin/jobs/job/{job.pk}/edit/"' in page
+    assert f'href="/admin/jobs/job/{job.pk}/backfill/"' in page
+    assert f'href="/admin/jobs/job/{job.pk}/history/"' in page
+
+
+def test_every_link_to_a_job_lands_on_its_read_view(admin_client, tenant):
+    job = services.create_job(tenant=tenant, fields=dict(name="linked", interval_seconds=600, target=HOOK))
+    read = f"/admin/jobs/job/{job.pk}/change/"
+    assert f'href="{read}"' in admin_client.get("/admin/jobs/job/").content.decode()  # the list
+    services.trigger_job(job=job, actor="admin:setup")
+    run = JobRun.objects.get(job_id=job.pk)
+    assert f'href="{read}"' in admin_client.get(f"/admin/runs/jobrun/{run.pk}/change/").content.decode()
+    assert f'href="{read}"' in admin_client.get(f"/admin/jobs/job/{job.pk}/history/").content.decode()
+    edit = admin_client.get(f"/admin/jobs/job/{job.pk}/edit/").content.decode()
+    assert f'<a href="{read}">linked</a> &rsaquo; Edit' in edit  # the edit form's breadcrumbs
+    # Save leads back to the job's page (Save and continue stays on the form).
+    from tests.support.admin_form import job_form_data
+
+    data = job_form_data(tenant, name="linked", cron_expr="", interval_seconds="900")
+    response = admin_client.post(f"/admin/jobs/job/{job.pk}/edit/", data)
+    assert response.status_code == 302 and response["Location"] == read
+    assert Job.objects.get(pk=job.pk).interval_seconds == 900
+    response = admin_client.post(f"/admin/jobs/job/{job.pk}/edit/", {**data, "_continue": "1"})
+    assert response["Location"] == f"/admin/jobs/job/{job.pk}/edit/"
+    # A form posted to the job's page (an older tab) still saves.
+    response = admin_client.post(read, {**data, "interval_seconds": "1200"})
+    assert response.status_code == 302 and Job.objects.get(pk=job.pk).interval_seconds == 1200
+    added = admin_client.post("/admin/jobs/job/add/", job_form_data(tenant, name="fresh"))
+    fresh = Job.objects.get(name="fresh")
+    assert added["Location"] == f"/admin/jobs/job/{fresh.pk}/change/"
+
+
+def test_a_view_only_user_reads_the_job_without_buttons_or_secrets(client, tenant):
+    from django.contrib.auth.models import Permission, User
+
+    viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_job"))
+    client.force_login(viewer)
+    job = services.create_job(
+        tenant=tenant, fields=dict(name="guarded", interval_seconds=600, target=SECRET_TARGET)
+    )
+    page = text(client.get(f"/admin/jobs/job/{job.pk}/change/"))
+    raw = client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert "Every 10 minutes" in page and '"X-Team": "blue"' in html.unescape(page)
+    for secret in SECRETS:
+        assert secret not in raw
+    for button in BUTTONS:
+        assert f'id="{button}"' not in raw, button
+    assert 'id="cronyard-history"' in raw
+    # Django's read-only form at edit/ shows the redacted target too, and nothing acts.
+    form = client.get(f"/admin/jobs/job/{job.pk}/edit/").content.decode()
+    assert "field-target_redacted" in form and all(secret not in form for secret in SECRETS)
+    assert client.post(f"/admin/jobs/job/{job.pk}/operate/pause/").status_code == 403
+    assert not Job.objects.get(pk=job.pk).paused

@@ -118,6 +118,7 @@ def test_admin_pages_mask_secrets(admin_client, tenant, settings):
     make_dead_run(job, datetime(2026, 3, 8, 7, tzinfo=UTC))
     run = JobRun.objects.get(job_id=job.id)
     pages = [
+        f"/admin/jobs/job/{job.pk}/edit/",
         f"/admin/jobs/job/{job.pk}/change/",
         "/admin/jobs/job/",
         f"/admin/runs/jobrun/{run.pk}/change/",

@@ -1,7 +1,8 @@
-"""Jobs in the admin: the list (filters, columns, search, bulk actions), the change
-form's save (through jobs.services), the job page's read-only panels, its
-pause/resume/trigger confirmations and live schedule preview, and the delete
-confirmation."""
+"""Jobs in the admin: the list (filters, columns, search, bulk actions), the job's page
+(`<id>/change/`, where every link to a job lands: the read view, jobs/admin/job_page.py),
+its edit form (`<id>/edit/`: the save through jobs.services, the live schedule preview
+and "Preview changes"), the page's panels, its pause/resume/trigger confirmations, its
+backfill (jobs/admin/backfill.py) and the delete confirmation."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import OuterRef, Subquery
 from django.http import (
@@ -27,7 +29,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import capfirst
 
 from jobs import edit_preview, health, services
-from jobs.admin import activity, change_preview, console, dst_form, health_panel, load
+from jobs.admin import activity, backfill, change_preview, console, dst_form, health_panel, job_page, load
 from jobs.admin.base import actor_of
 from jobs.admin.display import in_zone, relative
 from jobs.admin.forms import POLICY_FORM_FIELDS, SCHEDULE_FORM_FIELDS, JobAdminForm
@@ -192,10 +194,6 @@ class JobAdmin(admin.ModelAdmin):
         "load_at_next_slot",
         "created_at",
         "state",
-        "last_outcome",
-        "health_figures",
-        "recent_runs",
-        "recent_occurrences",
     )
     fieldsets = (
         (None, {"fields": ("tenant", "name", "paused", "priority")}),
@@ -210,21 +208,14 @@ class JobAdmin(admin.ModelAdmin):
         ),
         ("State", {"fields": ("id", "partition_id", "next_run_at", "created_at")}),
     )
-    activity_fieldset = (
-        "Activity",
-        {
-            "fields": ("last_outcome", "health_figures", "recent_runs", "recent_occurrences"),
-            "classes": ("cronyard-activity",),
-        },
-    )
 
     def get_fieldsets(self, request, obj=None):
-        # A job's runs and occurrences first, where an operator looks; none before it exists.
+        # The job's activity is on its read view (jobs/admin/job_page.py), not on the form.
         if obj is None:
             return self.fieldsets
         # Paused is changed by the Pause/Resume buttons; shown as the neutral state word.
         head = (None, {"fields": ("tenant", "name", "state", "priority")})
-        fieldsets = (head, self.activity_fieldset, *self.fieldsets[1:])
+        fieldsets = (head, *self.fieldsets[1:])
         if not self.has_change_permission(request, obj):
             # A view-only page shows every field read-only, and Django would print the
             # stored target (its secrets) as raw JSON: show the redacted one instead.
@@ -319,8 +310,27 @@ class JobAdmin(admin.ModelAdmin):
         self.message_user(request, f"Queued a manual run for {count} job(s).", messages.SUCCESS)
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        extra = {"job_operations": self.has_change_permission(request)}
+        """`<id>/change/`, the URL Django's own links reverse (the list, history, breadcrumbs,
+        the messages after a save, the run pages): the read view. A POST is the edit
+        form's save, so a form posted from an older page still saves."""
+        if request.method == "POST":
+            return self.edit_view(request, object_id, form_url, extra_context)
+        return job_page.read_view(self, request, object_id)
+
+    def edit_view(self, request, object_id, form_url="", extra_context=None):
+        """`<id>/edit/`: Django's change form, the one place a job is edited."""
+        extra = {
+            "job_operations": self.has_change_permission(request),
+            "job_url": reverse("admin:jobs_job_change", args=[unquote(object_id)]),
+        }
         return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+
+    def response_post_save_change(self, request, obj: Job) -> HttpResponse:
+        # Back to the job's page, which shows what the edit did (next fire times, state).
+        return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[obj.pk]))
+
+    def response_post_save_add(self, request, obj: Job) -> HttpResponse:
+        return HttpResponseRedirect(reverse("admin:jobs_job_change", args=[obj.pk]))
 
     # --- the read-only panels of a job's page --------------------------------
 
@@ -445,6 +455,16 @@ class JobAdmin(admin.ModelAdmin):
                 name="jobs_job_operate",
             ),
             path(
+                "<path:object_id>/edit/",
+                self.admin_site.admin_view(self.edit_view),
+                name="jobs_job_edit",
+            ),
+            path(
+                "<path:object_id>/backfill/",
+                self.admin_site.admin_view(self.backfill_view),
+                name="jobs_job_backfill",
+            ),
+            path(
                 "<path:object_id>/edit-preview/",
                 self.admin_site.admin_view(self.edit_preview_view),
                 name="jobs_job_edit_preview",
@@ -492,6 +512,9 @@ class JobAdmin(admin.ModelAdmin):
             "change_url": change_url,
         }
         return TemplateResponse(request, "admin/jobs/job/operate_confirm.html", context)
+
+    def backfill_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        return backfill.backfill_view(self, request, object_id)
 
     def _operate(self, request: HttpRequest, *, job: Job, operation: str, catch_up: str) -> str:
         if operation == "pause":

@@ -32,6 +32,7 @@ from jobs.schedule.dst import (
     dst_policy_for,
     effective_dst_policy,
     fixed_offset_instants,
+    instances_of_wall,
     load_zone,
     next_cron,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "next_fire_time",
     "next_interval_time",
     "validate_cron",
+    "wall_instants",
 ]
 
 
@@ -188,6 +190,15 @@ def next_fire_time(*, after: datetime, **trigger: Unpack[Trigger]) -> datetime |
     """
     first = next(_fire_instants(after, **trigger), None)
     return first[0] if first else None
+
+
+def wall_instants(wall: datetime, zone: str) -> tuple[datetime, ...]:
+    """The UTC instants a naive wall time shows in ``zone``: none inside a DST gap, two
+    inside an overlap (earliest first), else one. For times people type (a backfill's
+    window), read by the same tzdata rules the schedule fires by."""
+    if wall.tzinfo is not None:
+        raise ValueError("wall must be naive (a wall-clock reading)")
+    return instances_of_wall(load_zone(zone), wall)
 
 
 def fire_times(

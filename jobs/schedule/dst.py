@@ -143,7 +143,7 @@ def _wall_of(zone: ZoneInfo, instant: datetime) -> datetime:
     return instant.astimezone(zone).replace(tzinfo=None)
 
 
-def _instances(zone: ZoneInfo, wall: datetime) -> tuple[datetime, ...]:
+def instances_of_wall(zone: ZoneInfo, wall: datetime) -> tuple[datetime, ...]:
     """All real UTC instants showing ``wall``: 0 (gap), 1, or 2 (overlap)."""
     found: list[datetime] = []
     for fold in (0, 1):
@@ -210,7 +210,7 @@ def _candidates(
 
     None for a gap slot the policy skips (the caller notes it on the next fire time).
     """
-    instances = _instances(zone, wall)
+    instances = instances_of_wall(zone, wall)
     if not instances:
         if policy.missing == "skip":
             return None
@@ -281,7 +281,7 @@ def _repeat_after_fallback(
             return None
         instant = (wall - new_offset).replace(tzinfo=UTC)
         if instant > after and _wall_of(zone, instant) == wall:
-            return instant, _overlap_note(wall, _instances(zone, wall), instant, policy)
+            return instant, _overlap_note(wall, instances_of_wall(zone, wall), instant, policy)
     return None
 
 
