@@ -175,6 +175,11 @@ def test_opening_a_job_shows_the_read_view_with_its_buttons(admin_client, tenant
     assert f'href="/admin/jobs/job/{job.pk}/edit/"' in page
     assert f'href="/admin/jobs/job/{job.pk}/backfill/"' in page
     assert f'href="/admin/jobs/job/{job.pk}/history/"' in page
+    # An unset starting deadline reads as the threshold that applies, not as "none".
+    assert "<th>starting deadline seconds</th><td>60 (SCHEDULER_MISFIRE_THRESHOLD_SECONDS)</td>" in page
+    services.update_job(job=job, changes={"starting_deadline_seconds": 300})
+    page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
+    assert "<th>starting deadline seconds</th><td>300</td>" in page
 
 
 def test_every_link_to_a_job_lands_on_its_read_view(admin_client, tenant):

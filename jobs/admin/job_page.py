@@ -19,6 +19,7 @@ from django.utils.safestring import SafeString, mark_safe
 from jobs.admin.display import in_zone, relative
 from jobs.admin.forms import POLICY_FORM_FIELDS, JobAdminForm
 from jobs.describe import job_fire_times
+from jobs.dispatch import planning
 from jobs.models import Job
 from runs.admin.html import target_html
 from runs.keys import format_utc
@@ -88,7 +89,14 @@ def schedule_rows(job: Job) -> list[tuple[str, str]]:
 
 def policy_rows(job: Job) -> list[tuple[str, str]]:
     """Priority and every policy the edit form edits, in its order and with its labels."""
-    return [(_label(f), _value(getattr(job, f))) for f in ("priority", *POLICY_FORM_FIELDS)]
+    return [(_label(f), _policy_value(job, f)) for f in ("priority", *POLICY_FORM_FIELDS)]
+
+
+def _policy_value(job: Job, field: str) -> str:
+    if field == "starting_deadline_seconds" and job.starting_deadline_seconds is None:
+        # Unset is not "none": the scheduler's global threshold applies, so say which.
+        return f"{int(planning.starting_deadline(job).total_seconds())} (SCHEDULER_MISFIRE_THRESHOLD_SECONDS)"
+    return _value(getattr(job, field))
 
 
 def target(job: Job) -> SafeString:
