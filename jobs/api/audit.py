@@ -6,6 +6,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers
 
+from jobs.audit import shown_changes
 from jobs.models import AuditAction, AuditEntry
 from runs.api.fields import UtcDateTimeField
 from runs.api.views import RunCursorPagination
@@ -26,14 +27,19 @@ class AuditEntrySerializer(serializers.ModelSerializer):
     at = UtcDateTimeField(read_only=True)
     changes = serializers.JSONField(
         read_only=True,
-        help_text="Edits: {field: [old, new]}; other actions: what they did (e.g. catch_up). "
-        'Secret header values appear as "***".',
+        help_text="Edits: {field: [old, new]} by the job API's field names (cron, timezone, ...); "
+        'other actions: what they did (e.g. catch_up). Secret header values appear as "***".',
     )
 
     class Meta:
         model = AuditEntry
         fields = ["id", "at", "actor", "action", "job_id", "job_name", "changes"]
         read_only_fields = fields
+
+    def to_representation(self, entry: AuditEntry) -> dict:
+        data = super().to_representation(entry)
+        data["changes"] = shown_changes(data["changes"])
+        return data
 
 
 @extend_schema(
