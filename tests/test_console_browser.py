@@ -397,7 +397,9 @@ def test_dashboard_numbers_for_a_known_state(signed_in, acme, request):
     def metric(name: str) -> str:
         return page.locator(f"[data-metric='{name}']").inner_text().strip()
 
-    assert 119 <= float(metric("oldest_due_seconds")) < 180
+    oldest = page.locator("[data-metric='oldest_due_seconds']")
+    assert 119 <= float(oldest.get_attribute("data-seconds")) < 180
+    assert re.fullmatch(r"2 min( \d+ s)?", metric("oldest_due_seconds"))
     assert metric("due_jobs") == "1"
     assert metric("dead_last_day") == "1"
     assert metric("last_hour_total") == "6"

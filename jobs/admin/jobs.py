@@ -28,11 +28,11 @@ from django.utils.text import capfirst
 
 from jobs import edit_preview, health, services
 from jobs.admin import activity, change_preview, console, dst_form, health_panel, load
-from jobs.admin.base import actor_of
-from jobs.admin.display import in_zone, relative
+from jobs.admin.base import ConsoleTitles, actor_of
+from jobs.admin.display import in_zone, moment_column, moment_html, relative
 from jobs.admin.forms import POLICY_FORM_FIELDS, SCHEDULE_FORM_FIELDS, JobAdminForm
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
-from jobs.models import Job, Misfire, SlotRange
+from jobs.models import Job, Misfire, SlotRange, TriggerType
 from jobs.rules.fields import check_dst_policy
 from jobs.rules.job import JobInvalid
 from runs import tasks
@@ -73,7 +73,7 @@ class TriggerTypeFilter(admin.SimpleListFilter):
     parameter_name = "trigger"
 
     def lookups(self, request, model_admin):
-        return [("cron", "Cron"), ("interval", "Interval"), ("run_at", "One time")]
+        return TriggerType.choices
 
     def queryset(self, request, queryset):
         if self.value() == "cron":
@@ -86,7 +86,7 @@ class TriggerTypeFilter(admin.SimpleListFilter):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ConsoleTitles, admin.ModelAdmin):
     form = JobAdminForm
     change_form_template = "admin/jobs/job/change_form.html"
     list_display = (
@@ -145,9 +145,8 @@ class JobAdmin(admin.ModelAdmin):
             return "—"
         now = timezone.now()
         text = format_html(
-            '<span title="{}">{}</span> <span class="cronyard-relative">({})</span>',
-            format_utc(job.next_run_at),
-            in_zone(job.next_run_at, job.time_zone),
+            '{} <span class="cronyard-relative">({})</span>',
+            moment_html(job.next_run_at, now=now, zone=job.time_zone),
             relative(job.next_run_at, now=now),
         )
         late = health.overdue_seconds(job, now=now)
@@ -168,10 +167,7 @@ class JobAdmin(admin.ModelAdmin):
         if status is None:
             return "—"
         return format_html(
-            '{} <span title="{}">{}</span>',
-            status_pill(status),
-            format_utc(job._last_at),
-            relative(job._last_at, now=timezone.now()),
+            "{} {}", status_pill(status), moment_html(job._last_at, now=timezone.now(), zone=job.time_zone)
         )
 
     def get_search_results(self, request, queryset, search_term):
@@ -186,11 +182,11 @@ class JobAdmin(admin.ModelAdmin):
     readonly_fields = (
         "id",
         "partition_id",
-        "next_run_at",
+        "next_run_at_shown",
         "schedule_text",
         "next_fire_times",
         "load_at_next_slot",
-        "created_at",
+        "created_at_shown",
         "state",
         "last_outcome",
         "health_figures",
@@ -208,7 +204,7 @@ class JobAdmin(admin.ModelAdmin):
             "Policies",
             {"fields": POLICY_FORM_FIELDS},
         ),
-        ("State", {"fields": ("id", "partition_id", "next_run_at", "created_at")}),
+        ("State", {"fields": ("id", "partition_id", "next_run_at_shown", "created_at_shown")}),
     )
     activity_fieldset = (
         "Activity",
@@ -249,7 +245,10 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="trigger", ordering="cron_expr")
     def trigger_type(self, job: Job) -> str:
-        return job.trigger_type
+        return TriggerType(job.trigger_type).label
+
+    next_run_at_shown = moment_column("next_run_at", description="next run", zone=lambda job: job.time_zone)
+    created_at_shown = moment_column("created_at", description="created", zone=lambda job: job.time_zone)
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         # The task picker beside the target field: names, docstrings and kwargs schemas
@@ -506,7 +505,7 @@ class JobAdmin(admin.ModelAdmin):
             nxt = console.when(job.next_run_at, job, now=db.now())
             return f"Resumed (catch-up: {catch_up}); next run {nxt}."
         at = services.trigger_job(job=job, actor=actor_of(request))
-        return f"Queued a manual run at {format_utc(at)}."
+        return f"Queued a manual run at {in_zone(at, job.time_zone)}."
 
     def preview_view(self, request: HttpRequest) -> JsonResponse:
         """Fire times of the schedule being edited (the live preview on the change form)."""
