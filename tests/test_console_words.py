@@ -17,8 +17,9 @@ from jobs import services
 from jobs.admin.base import ReadOnlyAdmin
 from jobs.admin.display import in_zone, moment_html
 from jobs.api.serializers import JobSerializer
-from jobs.models import AuditEntry, Misfire, SchedulerNode
+from jobs.models import AuditEntry, Job, Misfire, SchedulerNode
 from runs.models import ExecutorNode
+from tests.support.admin_form import job_form_data
 from tests.support.runsapi import make_dead_run, make_job, make_run, minute_slots
 
 pytestmark = pytest.mark.django_db
@@ -254,6 +255,7 @@ def test_trigger_kinds_and_actions_have_one_label_everywhere(admin_client, pages
     assert [t.label for t in TriggerType] == ["Cron", "Interval", "One time"]
     audit = main(body(admin_client.get("/admin/jobs/auditentry/")))
     assert re.search(r"Edit <code[^>]*>update</code>", audit)
+    assert "`update` 'Edit'" in json.dumps(schema)
 
 
 # --- audit changes by the API's field names -----------------------------------------
@@ -300,3 +302,64 @@ def test_audit_changes_use_the_apis_field_names_new_and_old(api, admin_client, t
     page = body(admin_client.get(f"/admin/jobs/auditentry/{old.pk}/change/"))
     assert "&quot;cron&quot;" in page and "cron_expr" not in page and "time_zone" not in page
     assert "<h1>Edit of named by system, " in page
+
+
+# --- the job form asks only for the chosen trigger kind's fields --------------------
+
+
+def _form(admin_client, job) -> str:
+    return body(admin_client.get(f"/admin/jobs/job/{job.pk}/change/"))
+
+
+def test_the_job_form_offers_the_trigger_kinds_with_their_fields(admin_client, tenant):
+    job = make_job(tenant, "every-minute", interval_seconds=60)
+    page = _form(admin_client, job)
+    # The kinds by the console's labels, this job's checked, the fields of each kind
+    # from the rules (jobs.rules.job), and the script that hides the others.
+    assert re.search(r'<input type="radio" name="trigger_kind" value="interval"[^>]*checked', page)
+    assert " One time</label>" in page
+    assert "data-kind-fields=" in page and "&quot;interval&quot;: [&quot;interval_seconds&quot;]" in page
+    assert re.search(r'<script src="/static/jobs/trigger_kind\.js"', page)
+
+
+def _saved(admin_client, url: str, tenant, **fields) -> None:
+    """Post the job form; it must save (a redirect), else its errors are the failure."""
+    response = admin_client.post(url, job_form_data(tenant, **fields))
+    errors = re.findall(r'<ul class="errorlist[^>]*>.*?</ul>', response.content.decode())
+    assert response.status_code == 302, errors
+
+
+def test_the_job_form_reads_only_the_chosen_kinds_fields(admin_client, tenant):
+    """Hidden inputs of another kind are not read: an interval job saved with a nonsense
+    zone keeps its zone; a kind switched to cron clears the interval still in its input,
+    as a PATCH naming one trigger does."""
+    job = make_job(tenant, "every-minute", interval_seconds=60, time_zone="Asia/Tokyo")
+    url = f"/admin/jobs/job/{job.pk}/change/"
+    _saved(
+        admin_client, url, tenant, name="every-minute", trigger_kind="interval", cron_expr="not cron",
+        time_zone="Mars/Base", interval_seconds="120", dst_policy_0="last",
+    )  # fmt: skip
+    job.refresh_from_db()
+    assert (job.interval_seconds, job.cron_expr, job.time_zone, job.dst_policy) == (120, "", "Asia/Tokyo", {})
+
+    _saved(
+        admin_client, url, tenant, name="every-minute", trigger_kind="cron", cron_expr="0 9 * * *",
+        time_zone="Europe/Berlin", interval_seconds="120", run_at_0="junk",
+    )  # fmt: skip
+    job.refresh_from_db()
+    assert (job.cron_expr, job.interval_seconds, job.run_at, job.time_zone) == (
+        "0 9 * * *", None, None, "Europe/Berlin",
+    )  # fmt: skip
+    (edit,) = AuditEntry.objects.filter(job_id=job.pk, action="update").order_by("-id")[:1]
+    assert edit.changes["cron"] == ["", "0 9 * * *"] and edit.changes["interval_seconds"] == [120, None]
+
+
+def test_a_new_one_time_job_from_the_form_ignores_the_cron_fields(admin_client, tenant):
+    at = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0)
+    _saved(
+        admin_client, "/admin/jobs/job/add/", tenant, name="once", trigger_kind="run_at",
+        cron_expr="*/5 * * * *", time_zone="Nowhere/Zone",
+        run_at_0=at.strftime("%Y-%m-%d"), run_at_1=at.strftime("%H:%M:%S"),
+    )  # fmt: skip
+    (job,) = Job.objects.filter(name="once")
+    assert (job.trigger_type, job.cron_expr, job.time_zone, job.run_at) == ("run_at", "", "UTC", at)
