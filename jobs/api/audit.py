@@ -35,6 +35,13 @@ class AuditEntrySerializer(serializers.ModelSerializer):
         model = AuditEntry
         fields = ["id", "at", "actor", "action", "job_id", "job_name", "changes"]
         read_only_fields = fields
+        extra_kwargs = {
+            "action": {
+                "help_text": "Shown in the console as: "
+                + ", ".join(f"`{a.value}` {a.label!r}" for a in AuditAction)
+                + "."
+            }
+        }
 
     def to_representation(self, entry: AuditEntry) -> dict:
         data = super().to_representation(entry)
@@ -49,7 +56,14 @@ class AuditEntrySerializer(serializers.ModelSerializer):
     "backfill (not a dry run), replay, cancel and delete is recorded.",
     parameters=[
         OpenApiParameter("job", OpenApiTypes.UUID, description="Only this job's entries."),
-        OpenApiParameter("action", OpenApiTypes.STR, enum=AuditAction.values),
+        OpenApiParameter(
+            "action",
+            OpenApiTypes.STR,
+            enum=AuditAction.values,
+            description="Shown in the console as: "
+            + ", ".join(f"`{a.value}` {a.label!r}" for a in AuditAction)
+            + ".",
+        ),
         OpenApiParameter("since", OpenApiTypes.DATETIME, description="Inclusive."),
         OpenApiParameter("page_size", OpenApiTypes.INT, description="Default 50, at most 500."),
     ],
