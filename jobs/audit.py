@@ -15,7 +15,7 @@ from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
-from jobs.models import AuditAction, AuditEntry, Job
+from jobs.models import API_FIELD_NAMES, AuditAction, AuditEntry, Job
 from runs.target_secrets import marked_secret, redact_target
 
 # Writes made outside the API and the admin (management commands, tests, the shell).
@@ -71,16 +71,31 @@ def field_diff(*, before: dict, after: dict) -> dict:
         if name == "target":
             marked = sorted(marked_secret(old) | marked_secret(new))
             old, new = (redact_target(t, also_secret=marked) if t else t for t in (old, new))
-        diff[name] = [old, new]
+        diff[api_name(name)] = [old, new]
     return diff
 
 
 def snapshot(values: dict) -> dict:
-    """A created job's fields as an audit entry shows them (target redacted)."""
-    out = dict(values)
+    """A created job's fields as an audit entry shows them (target redacted, API names)."""
+    out = {api_name(name): value for name, value in values.items()}
     if isinstance(out.get("target"), dict):
         out["target"] = redact_target(out["target"])
     return out
+
+
+def api_name(field: str) -> str:
+    """A job field's name as the API spells it (`cron_expr` -> `cron`)."""
+    return API_FIELD_NAMES.get(field, field)
+
+
+def shown_changes(changes: Any) -> Any:
+    """An entry's `changes` by the API's field names, as every reader shows them. Entries
+    written before the log used the API's names hold the columns' (`cron_expr`); they are
+    renamed when read, not rewritten: an audit log is kept as it was written. No API name
+    is another field's column name, so renaming an entry twice changes nothing."""
+    if not isinstance(changes, dict):
+        return changes
+    return {api_name(key): value for key, value in changes.items()}
 
 
 def plain(value: Any) -> Any:

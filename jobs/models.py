@@ -114,6 +114,20 @@ class OverlapPolicy(models.TextChoices):
     CANCEL_PREVIOUS = "cancel_previous", "Cancel the previous run"
 
 
+class TriggerType(models.TextChoices):
+    """A job's `trigger_type` in the API, with the label every console page shows for it."""
+
+    CRON = "cron", "Cron"
+    INTERVAL = "interval", "Interval"
+    RUN_AT = "run_at", "One time"
+
+
+# The API's name of each job field whose column is named otherwise. The one home of the
+# mapping: the job serializer's `source=` attributes must agree (tests/test_audit.py
+# checks), and the audit log writes and shows `changes` by these names (jobs.audit).
+API_FIELD_NAMES = {"cron_expr": "cron", "time_zone": "timezone"}
+
+
 class Job(PartitionKeyed):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="jobs")
@@ -224,10 +238,10 @@ class Job(PartitionKeyed):
     @property
     def trigger_type(self) -> str:
         if self.cron_expr:
-            return "cron"
+            return TriggerType.CRON.value
         if self.interval_seconds is not None:
-            return "interval"
-        return "run_at"
+            return TriggerType.INTERVAL.value
+        return TriggerType.RUN_AT.value
 
 
 class Misfire(PartitionKeyed):

@@ -4,6 +4,8 @@ from django.apps import AppConfig
 class RunsConfig(AppConfig):
     name = "runs"
     default_auto_field = "django.db.models.BigAutoField"
+    # The console's section name (breadcrumbs, the home page): not "Jobs > Jobs".
+    verbose_name = "Runs and executors"
 
     def ready(self) -> None:
         # The web process validates task targets against the same registry the

@@ -103,7 +103,7 @@ def test_change_page_shows_the_next_fire_times(admin_client, tenant):
         assert "2026-03-08T07:00:00Z" in html and "2026-03-09T06:30:00Z" in html, view
         assert "DST gap" in html, view
     # The job's page shows them on its wall clock too; the edit form previews as you type.
-    assert "2026-03-08 03:00 EDT" in pages["change"].content.decode()
+    assert "2026-03-08 03:00:00 EDT" in pages["change"].content.decode()
     assert "Live preview" in pages["edit"].content.decode()
 
 
@@ -187,7 +187,7 @@ def test_change_form_sets_and_clears_the_starting_deadline(admin_client, tenant)
     job = services.create_job(
         tenant=tenant, fields=dict(name="deadline", cron_expr="*/5 * * * *", target=HOOK)
     )
-    url = f"{CHANGELIST}{job.pk}/change/"
+    url = f"{CHANGELIST}{job.pk}/edit/"
     page = admin_client.get(url).content.decode()
     assert "startingDeadlineSeconds" in page and "SCHEDULER_MISFIRE_THRESHOLD_SECONDS (60 s)" in page
     response = admin_client.post(url, form_data(tenant, name="deadline", starting_deadline_seconds="45"))

@@ -35,17 +35,20 @@ def test_jobs_list_state_next_run_in_zone_and_last_run(admin_client, tenant):
     assert "icon-no" not in active_row and "icon-yes" not in paused_row
     assert ">active</span>" in active_row and ">paused</span>" in paused_row
 
-    # Next run on New York's wall clock (09:00 EST or EDT), with a relative time and UTC on hover.
+    # Next run on New York's wall clock to the second (09:00:00 EST or EDT), with a relative
+    # time, and the UTC instant and the relative time on hover.
     active.refresh_from_db()
     assert re.search(
-        r">\d{4}-\d\d-\d\d 09:00 E[SD]T</span> <span class=\"cronyard-relative\">\(in \d+ (h|min)\)",
+        r">\d{4}-\d\d-\d\d 09:00:00 E[SD]T</time> <span class=\"cronyard-relative\">\(in \d+ (h|min)\)",
         active_row,
     ), active_row
-    assert f'title="{active.next_run_at.strftime("%Y-%m-%dT%H:%M:%SZ")}"' in active_row
+    assert f'title="{active.next_run_at.strftime("%Y-%m-%dT%H:%M:%SZ")} · in ' in active_row
 
-    # Last run: its status badge and how long ago it was scheduled.
+    # Last run: its status badge and its slot by the same rule, how long ago on hover.
     assert re.search(
-        r'class="cronyard-status"[^>]*>dead</span> <span title="[^"]+Z">[34] min ago</span>', active_row
+        r'class="cronyard-status"[^>]*>dead</span> <time class="cy-moment" datetime="[^"]+Z" '
+        r'title="[^"]+Z · [34] min ago"[^>]*>\d{4}-\d\d-\d\d \d\d:\d\d:00 E[SD]T</time>',
+        active_row,
     ), active_row
     assert "—" in paused_row  # never ran
 
@@ -81,8 +84,8 @@ def test_runs_list_filters_by_job_and_names_it(admin_client, tenant):
     assert admin_client.get("/admin/runs/jobrun/", {"job": "nope"}).status_code == 302
 
     page = admin_client.get(f"/admin/runs/jobrun/{a_run.pk}/change/").content.decode()
-    title = re.search(r"<h2>(.*?)</h2>", page, re.S).group(1)
-    assert "alpha-report @ " in title and str(alpha.pk) not in title
+    title = re.search(r"<h1>(.*?)</h1>", page, re.S).group(1)
+    assert title.startswith("Run of alpha-report at ") and str(alpha.pk) not in title
     assert re.search(
         r'<a href="/admin/jobs/job/' + str(alpha.pk) + r'/change/" title="[^"]+">alpha-report</a>', page
     )

@@ -143,7 +143,7 @@ def test_changing_the_minute_lists_the_slots_added_and_removed(api, tenant):
         "note": "No: an edit never fires a past slot; the next run is 2026-06-01T10:30:00Z.",
     }
     assert answer["past_slots"]["rule"] == "none" and answer["past_slots"]["will_run"] == 0
-    assert answer["changes"] == {"cron_expr": ["0 * * * *", "30 * * * *"]}
+    assert answer["changes"] == {"cron": ["0 * * * *", "30 * * * *"]}  # the API's field names
 
 
 def test_a_dense_interval_is_compared_over_part_of_the_week(api, tenant):
@@ -296,12 +296,12 @@ def test_the_change_forms_preview_is_the_api_dry_run(admin_client, api, tenant):
         assert panel_times[key]["times"] == api_times[key]["times"][:50]
     assert body["before_list"][0] == {
         "utc": "2026-06-01T11:00:00Z",
-        "local": "2026-06-01 11:00 UTC",
+        "local": "2026-06-01 11:00:00 UTC",
         "mark": "removed",
     }
     assert body["after_list"][0] == {
         "utc": "2026-06-01T10:30:00Z",
-        "local": "2026-06-01 10:30 UTC",
+        "local": "2026-06-01 10:30:00 UTC",
         "mark": "added",
     }
     assert len(body["after_list"]) == 50 and body["fire_times"]["after"]["count"] == 168

@@ -91,7 +91,7 @@ def test_confirm_creates_exactly_the_previewed_runs_audited_under_the_operator(a
     # The message on the job's page links to the runs it made.
     page = admin_client.get(response["Location"]).content.decode()
     message = re.search(r'<li class="success">(.*?)</li>', page, re.S).group(1)
-    assert "Backfilled 4 runs (2026-01-10 00:00 EST to 2026-01-10 05:00 EST)" in message
+    assert "Backfilled 4 runs (2026-01-10 00:00:00 EST to 2026-01-10 05:00:00 EST)" in message
     link = re.search(r'href="([^"]+)"', message).group(1).replace("&amp;", "&")
     assert urlsplit(link).path == "/admin/runs/jobrun/"
     assert parse_qs(urlsplit(link).query) == {"job": [str(hourly.pk)], "trigger__exact": ["backfill"]}

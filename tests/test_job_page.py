@@ -119,7 +119,7 @@ def test_recent_occurrences_come_from_the_ledger(admin_client, tenant):
     services.resume_job(job=job, catch_up="latest")
     page = admin_client.get(f"/admin/jobs/job/{job.pk}/change/").content.decode()
     table = re.search(r'<table class="cronyard-occurrences">(.*?)</table>', page, re.S).group(1)
-    outcomes = re.findall(r'<tr data-outcome="(\w+)"><td><code>([^<]+)</code>', table)
+    outcomes = re.findall(r'<tr data-outcome="(\w+)"><td><time class="cy-moment" datetime="([^"]+)"', table)
     assert outcomes[:3] == [
         ("fired", fell[2].astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%SZ")),
         ("skipped", fell[1].astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%dT%H:%M:%SZ")),

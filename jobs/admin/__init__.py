@@ -17,10 +17,9 @@ from django.utils.text import capfirst
 from jobs import tenant_services
 from jobs.admin import audit as _audit_page  # noqa: F401 (importing registers the page)
 from jobs.admin import jobs as _job_pages  # noqa: F401 (importing registers the pages)
-from jobs.admin.base import ReadOnlyAdmin, actor_of
-from jobs.admin.display import moment_html
+from jobs.admin.base import ConsoleTitles, ReadOnlyAdmin, actor_of
+from jobs.admin.display import in_zone, moment_column, moment_html
 from jobs.models import ApiToken, AuditEntry, Job, Misfire, SchedulerNode, Tenant
-from runs.keys import format_utc
 from scheduler_project import db, liveness
 
 
@@ -28,8 +27,10 @@ class ApiTokenInline(admin.TabularInline):
     model = ApiToken
     extra = 0
     can_delete = False
-    fields = ("prefix", "label", "created_at", "last_used_at", "revoked")
-    readonly_fields = ("prefix", "label", "created_at", "last_used_at")
+    fields = ("prefix", "label", "created", "last_used", "revoked")
+    readonly_fields = ("prefix", "label", "created", "last_used")
+    created = moment_column("created_at", description="created")
+    last_used = moment_column("last_used_at", description="last used")
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -42,7 +43,7 @@ def _count_of(rows) -> Coalesce:
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(ConsoleTitles, admin.ModelAdmin):
     list_display = (
         "slug",
         "name",
@@ -51,8 +52,9 @@ class TenantAdmin(admin.ModelAdmin):
         "max_runs_per_minute",
         "token_count",
         "job_count",
-        "created_at",
+        "created",
     )
+    created = moment_column("created_at", description="created")
     search_fields = ("slug", "name")
     actions = ("issue_new_token", "rotate_signing_secret")
     inlines = (ApiTokenInline,)
@@ -184,9 +186,7 @@ class TenantAdmin(admin.ModelAdmin):
         self, request, tenant: Tenant, secret: str, previous_until: datetime | None = None
     ) -> None:
         overlap = (
-            ""
-            if previous_until is None
-            else f"; the previous one signs too until {format_utc(previous_until)}"
+            "" if previous_until is None else f"; the previous one signs too until {in_zone(previous_until)}"
         )
         self.message_user(
             request,
@@ -206,14 +206,25 @@ class TenantAdmin(admin.ModelAdmin):
 class MisfireAdmin(ReadOnlyAdmin):
     list_display = (
         "job_link",
-        "detected_at",
+        "detected",
         "policy",
         "missed",
-        "first_missed_at",
-        "last_missed_at",
+        "first_missed",
+        "last_missed",
         "runs_created",
     )
+    # In the job's zone, like its slots everywhere else.
+    detected = moment_column("detected_at", description="detected", zone=lambda m: m.job.time_zone)
+    first_missed = moment_column(
+        "first_missed_at", description="first missed slot", zone=lambda m: m.job.time_zone
+    )
+    last_missed = moment_column(
+        "last_missed_at", description="last missed slot", zone=lambda m: m.job.time_zone
+    )
     list_filter = ("policy",)
+    # The view page: the list's fields, moments by the console's rule.
+    fields = ("job_link", "detected", "policy", "missed", "first_missed", "last_missed", "runs_created")
+    readonly_fields = fields
     search_fields = ("job__name",)  # as a subquery, not a join: get_search_results
     search_help_text = "Job name; a whole job id finds that job's misfires."
     # No join to jobs: the foreign key is the job id alone, and Citus joins distributed
@@ -244,7 +255,12 @@ class MisfireAdmin(ReadOnlyAdmin):
 
 @admin.register(SchedulerNode)
 class SchedulerNodeAdmin(ReadOnlyAdmin):
-    list_display = ("node_id", "hostname", "pid", "started_at", "heartbeat_at", "alive", "partition_count")
+    list_title = "Scheduler nodes"
+    list_display = ("node_id", "hostname", "pid", "started", "heartbeat", "alive", "partition_count")
+    fields = (*list_display, "partitions")
+    readonly_fields = fields
+    started = moment_column("started_at", description="started")
+    heartbeat = moment_column("heartbeat_at", description="last heartbeat")
 
     def get_queryset(self, request):
         # The one liveness rule (the schedulers' rebalancing evaluates the same SQL).

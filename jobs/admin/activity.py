@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from jobs import ledger
+from jobs.admin.display import duration_between
 from jobs.models import Job
 from runs.models import JobRun
 from scheduler_project import db
@@ -58,10 +59,7 @@ def last_finished(*, job: Job) -> JobRun | None:
 
 
 def duration(run: JobRun) -> str:
-    if run.started_at is None or run.finished_at is None:
-        return ""
-    seconds = (run.finished_at - run.started_at).total_seconds()
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+    return duration_between(run.started_at, run.finished_at)
 
 
 def excerpt(text: str | None) -> str:

@@ -1,10 +1,11 @@
-"""What every admin page of both apps shares: who acted (as the audit log names them)
-and the read-only model page."""
+"""What every admin page of both apps shares: who acted (as the audit log names them),
+page titles an operator would write, and the read-only model page."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.http import HttpRequest
+from django.utils.text import capfirst
 
 from jobs.audit import admin_actor
 
@@ -13,7 +14,27 @@ def actor_of(request: HttpRequest) -> str:
     return admin_actor(request.user)
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+class ConsoleTitles:
+    """A list page titled by what it lists ("Runs", "Dead-letter queue"), and an object's
+    page by the object (`object_title`), instead of Django's "Select job run to change"
+    and "Change job run". A view's own `title` in extra_context still wins."""
+
+    list_title = ""
+
+    def object_title(self, obj) -> str:
+        return f"{capfirst(self.opts.verbose_name)} {obj}"
+
+    def changelist_view(self, request: HttpRequest, extra_context=None):
+        title = self.list_title or capfirst(self.opts.verbose_name_plural)
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
+        obj = self.get_object(request, object_id) if object_id else None
+        named = {"title": self.object_title(obj), "subtitle": None} if obj is not None else {}
+        return super().change_view(request, object_id, form_url, {**named, **(extra_context or {})})
+
+
+class ReadOnlyAdmin(ConsoleTitles, admin.ModelAdmin):
     """Rows written only by the system (audit entries, misfires, node heartbeats)."""
 
     def has_add_permission(self, request) -> bool:

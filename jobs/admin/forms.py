@@ -10,14 +10,15 @@ from django import forms
 from django.conf import settings
 
 from jobs.admin.dst_form import DstPolicyMenusField
-from jobs.models import Job
+from jobs.models import Job, TriggerType
 from jobs.rules import edits, nesting
-from jobs.rules.job import SCHEDULE_KEY, TRIGGER_FIELDS, JobInvalid
+from jobs.rules.job import SCHEDULE_KEY, TRIGGER_FIELDS, TRIGGER_KIND_FIELDS, JobInvalid
 from runs.target_secrets import redact_target
 from scheduler_project import db
 
 # Grouped as the admin's fieldsets show them (jobs/admin/__init__.py), so each list is written once.
 SCHEDULE_FORM_FIELDS = (
+    "trigger_kind",
     "cron_expr",
     "time_zone",
     "dst_policy",
@@ -39,8 +40,11 @@ POLICY_FORM_FIELDS = (
     "alert_after_failures",
 )
 FORM_FIELDS = ("tenant", "name", "paused", "priority", *SCHEDULE_FORM_FIELDS, "target", *POLICY_FORM_FIELDS)
-# Fields jobs.rules.job judges; the rest (tenant, paused) need only the form's own checks.
-VALIDATED_FIELDS = tuple(f for f in FORM_FIELDS if f not in ("tenant", "paused"))
+# Fields jobs.rules.job judges; the rest (tenant, paused, the trigger kind) need only the
+# form's own checks.
+VALIDATED_FIELDS = tuple(f for f in FORM_FIELDS if f not in ("tenant", "paused", "trigger_kind"))
+# Fields of some trigger kind: the form reads only the chosen kind's.
+_KIND_FIELDS = {f for fields in TRIGGER_KIND_FIELDS.values() for f in fields}
 
 # `target.kwargs.<name>...: message` (runs.task_schema.errors): the kwarg a problem is about.
 _KWARG_PROBLEM = re.compile(r"^target\.kwargs\.([^.\[:\s]+)")
@@ -70,6 +74,20 @@ class TargetJSONField(forms.JSONField):
 
 
 class JobAdminForm(forms.ModelForm):
+    # Which trigger the job has; the page shows only that kind's fields (jobs/static/jobs/
+    # trigger_kind.js), and the form reads only them: the others are cleared (triggers) or
+    # left as stored (zone, DST), as a PATCH naming one trigger does. Not posted (an older
+    # page): every trigger field is read, as before.
+    trigger_kind = forms.ChoiceField(
+        label="trigger",
+        choices=TriggerType.choices,
+        required=False,
+        widget=forms.RadioSelect(attrs={"data-kind-fields": json.dumps(TRIGGER_KIND_FIELDS)}),
+    )
+
+    class Media:
+        js = ("jobs/trigger_kind.js",)
+
     # Two menus, not the model's JSON textarea (jobs/admin/dst_form.py).
     dst_policy = DstPolicyMenusField(
         label="DST",
@@ -113,6 +131,19 @@ class JobAdminForm(forms.ModelForm):
         if "jitter_seconds" in self.fields:
             # Optional like in the API: a form posted without it (an older page) means 0.
             self.fields["jitter_seconds"].required = False
+        if "trigger_kind" in self.fields:
+            self.fields["trigger_kind"].initial = (
+                TriggerType.CRON if self.instance._state.adding else self.instance.trigger_type
+            )
+
+    def _kind(self) -> str | None:
+        """The trigger kind chosen on the page, or None when the page did not say."""
+        return (getattr(self, "cleaned_data", None) or {}).get("trigger_kind") or None
+
+    def _ignored(self) -> set[str]:
+        """Fields of the kinds not chosen: their (hidden) inputs are not read."""
+        kind = self._kind()
+        return _KIND_FIELDS - set(TRIGGER_KIND_FIELDS[kind]) if kind else set()
 
     def clean_jitter_seconds(self):
         value = self.cleaned_data.get("jitter_seconds")
@@ -120,24 +151,41 @@ class JobAdminForm(forms.ModelForm):
 
     def new_job_fields(self) -> dict[str, Any]:
         """The fields of a new job (jobs.services.create_job adds the defaults)."""
-        fields = {f: self.cleaned_data[f] for f in VALIDATED_FIELDS if f in self.cleaned_data}
+        ignored = self._ignored()
+        fields = {
+            f: self.cleaned_data[f] for f in VALIDATED_FIELDS if f in self.cleaned_data and f not in ignored
+        }
         fields["paused"] = self.cleaned_data.get("paused", False)
         return fields
 
     def job_changes(self) -> dict[str, Any]:
         """The edit this form makes, for jobs.services.update_job.
 
-        The form shows the whole trigger, so unlike a PATCH naming one trigger field does
-        not clear the others: when any of them changed, all three are sent as shown.
+        With a trigger kind chosen, only its trigger field is sent when it or the kind
+        changed, and jobs.rules.edits clears the other two (the PATCH rule); the other
+        kinds' fields are not read. Without one (an older page), when any trigger field
+        changed all three are sent as shown.
         """
-        cleaned = self.cleaned_data
-        names = [f for f in self.changed_data if f in VALIDATED_FIELDS]
-        if any(f in TRIGGER_FIELDS for f in names):
+        cleaned, kind, ignored = self.cleaned_data, self._kind(), self._ignored()
+        names = [f for f in self.changed_data if f in VALIDATED_FIELDS and f not in ignored]
+        if kind is not None:
+            own = [f for f in TRIGGER_KIND_FIELDS[kind] if f in TRIGGER_FIELDS]
+            if kind != self.instance.trigger_type or any(f in names for f in own):
+                names += [f for f in own if f not in names]
+        elif any(f in TRIGGER_FIELDS for f in names):
             names += [f for f in TRIGGER_FIELDS if f not in names]
         return {f: cleaned[f] for f in names if f in cleaned}
 
     def clean(self):
         cleaned = super().clean()
+        for name in self._ignored():
+            # A hidden input of another kind is not read, even one that does not parse:
+            # another kind's trigger is cleared, the zone and DST stay as stored.
+            self.errors.pop(name, None)
+            if name in TRIGGER_FIELDS:
+                cleaned[name] = None
+            else:
+                cleaned.pop(name, None)
         # A trigger field that did not even parse: do not also claim "none is set".
         trigger_unparsed = any(f in self.errors for f in TRIGGER_FIELDS)
         try:

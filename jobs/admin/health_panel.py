@@ -14,7 +14,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from jobs import health
-from jobs.admin.display import moment_html
+from jobs.admin.display import duration_text, moment_html
 from jobs.health import HEALTH_WINDOWS, JobHealth, SlotWindow
 from jobs.models import Job
 
@@ -48,7 +48,7 @@ def panel(job: Job, *, figures: JobHealth, now: datetime) -> SafeString:
         figures.alert_after_failures,
     )
     overdue = (
-        format_html('<span class="cy-health-bad">{} s late</span>', _number(figures.overdue_seconds))
+        format_html('<span class="cy-health-bad">{} late</span>', duration_text(figures.overdue_seconds))
         if figures.overdue_seconds is not None
         else "no"
     )
@@ -103,12 +103,8 @@ def panel(job: Job, *, figures: JobHealth, now: datetime) -> SafeString:
     )
 
 
-def _number(value: float) -> str:
-    return f"{value:.1f}"
-
-
 def _seconds(value: float | None) -> str:
-    return "—" if value is None else f"{_number(value)} s"
+    return duration_text(value)
 
 
 def _rate(window: SlotWindow) -> str:

@@ -81,7 +81,7 @@ def schedule_rows(job: Job) -> list[tuple[str, str]]:
         rows.append((_label("interval_seconds"), str(job.interval_seconds)))
     for field in ("run_at", "start_at", "end_at"):
         if getattr(job, field) is not None:
-            rows.append((_label(field), format_utc(getattr(job, field))))
+            rows.append((_label(field), in_zone(getattr(job, field), job.time_zone)))
     if job.jitter_seconds:
         rows.append((_label("jitter_seconds"), f"{job.jitter_seconds} s"))
     return rows
@@ -140,8 +140,8 @@ def read_view(model_admin, request: HttpRequest, object_id: str) -> HttpResponse
         "facts": [
             ("id", str(job.pk)),
             ("partition", str(job.partition_id)),
-            ("created", format_utc(job.created_at)),
-            ("updated", format_utc(job.updated_at)),
+            ("created", in_zone(job.created_at, job.time_zone)),
+            ("updated", in_zone(job.updated_at, job.time_zone)),
         ],
     }
     return TemplateResponse(request, "admin/jobs/job/read.html", context)

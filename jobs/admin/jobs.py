@@ -30,16 +30,15 @@ from django.utils.text import capfirst
 
 from jobs import edit_preview, health, services
 from jobs.admin import activity, backfill, change_preview, console, dst_form, health_panel, job_page, load
-from jobs.admin.base import actor_of
-from jobs.admin.display import in_zone, relative
+from jobs.admin.base import ConsoleTitles, actor_of
+from jobs.admin.display import in_zone, moment_column, moment_html, relative
 from jobs.admin.forms import POLICY_FORM_FIELDS, SCHEDULE_FORM_FIELDS, JobAdminForm
 from jobs.describe import check_preview_schedule, describe_job, fire_time_json, job_fire_times, preview
-from jobs.models import Job, Misfire, SlotRange
+from jobs.models import Job, Misfire, SlotRange, TriggerType
 from jobs.rules.fields import check_dst_policy
 from jobs.rules.job import JobInvalid
 from runs import tasks
 from runs.admin.html import status_pill, target_html
-from runs.keys import format_utc
 from runs.models import JobRun
 from runs.selectors import dispatch_note
 from scheduler_project import db
@@ -75,7 +74,7 @@ class TriggerTypeFilter(admin.SimpleListFilter):
     parameter_name = "trigger"
 
     def lookups(self, request, model_admin):
-        return [("cron", "Cron"), ("interval", "Interval"), ("run_at", "One time")]
+        return TriggerType.choices
 
     def queryset(self, request, queryset):
         if self.value() == "cron":
@@ -88,7 +87,7 @@ class TriggerTypeFilter(admin.SimpleListFilter):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ConsoleTitles, admin.ModelAdmin):
     form = JobAdminForm
     change_form_template = "admin/jobs/job/change_form.html"
     list_display = (
@@ -147,9 +146,8 @@ class JobAdmin(admin.ModelAdmin):
             return "—"
         now = timezone.now()
         text = format_html(
-            '<span title="{}">{}</span> <span class="cronyard-relative">({})</span>',
-            format_utc(job.next_run_at),
-            in_zone(job.next_run_at, job.time_zone),
+            '{} <span class="cronyard-relative">({})</span>',
+            moment_html(job.next_run_at, now=now, zone=job.time_zone),
             relative(job.next_run_at, now=now),
         )
         late = health.overdue_seconds(job, now=now)
@@ -170,10 +168,7 @@ class JobAdmin(admin.ModelAdmin):
         if status is None:
             return "—"
         return format_html(
-            '{} <span title="{}">{}</span>',
-            status_pill(status),
-            format_utc(job._last_at),
-            relative(job._last_at, now=timezone.now()),
+            "{} {}", status_pill(status), moment_html(job._last_at, now=timezone.now(), zone=job.time_zone)
         )
 
     def get_search_results(self, request, queryset, search_term):
@@ -188,11 +183,11 @@ class JobAdmin(admin.ModelAdmin):
     readonly_fields = (
         "id",
         "partition_id",
-        "next_run_at",
+        "next_run_at_shown",
         "schedule_text",
         "next_fire_times",
         "load_at_next_slot",
-        "created_at",
+        "created_at_shown",
         "state",
     )
     fieldsets = (
@@ -206,7 +201,7 @@ class JobAdmin(admin.ModelAdmin):
             "Policies",
             {"fields": POLICY_FORM_FIELDS},
         ),
-        ("State", {"fields": ("id", "partition_id", "next_run_at", "created_at")}),
+        ("State", {"fields": ("id", "partition_id", "next_run_at_shown", "created_at_shown")}),
     )
 
     def get_fieldsets(self, request, obj=None):
@@ -240,7 +235,10 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="trigger", ordering="cron_expr")
     def trigger_type(self, job: Job) -> str:
-        return job.trigger_type
+        return TriggerType(job.trigger_type).label
+
+    next_run_at_shown = moment_column("next_run_at", description="next run", zone=lambda job: job.time_zone)
+    created_at_shown = moment_column("created_at", description="created", zone=lambda job: job.time_zone)
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         # The task picker beside the target field: names, docstrings and kwargs schemas
@@ -366,7 +364,7 @@ class JobAdmin(admin.ModelAdmin):
             '{} <a href="{}">{}</a> ({}){}',
             status_pill(run.status),
             reverse("admin:runs_jobrun_change", args=[run.pk]),
-            format_utc(run.scheduled_at),
+            moment_html(run.scheduled_at, now=timezone.now(), zone=job.time_zone),
             relative(run.finished_at, now=timezone.now()),
             f" — {activity.excerpt(run.last_error)}" if run.last_error and run.status != "succeeded" else "",
         )
@@ -386,6 +384,7 @@ class JobAdmin(admin.ModelAdmin):
         )
         if not runs:
             return format_html("<p>No runs yet.</p>{}", all_link)
+        now = timezone.now()
         rows = format_html_join(
             "",
             '<tr data-run="{}"><td><a href="{}">{}</a></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>'
@@ -394,7 +393,7 @@ class JobAdmin(admin.ModelAdmin):
                 (
                     run.pk,
                     reverse("admin:runs_jobrun_change", args=[run.pk]),
-                    format_utc(run.scheduled_at),
+                    moment_html(run.scheduled_at, now=now, zone=job.time_zone),
                     status_pill(run.status),
                     run.trigger,
                     run.attempt,
@@ -405,7 +404,7 @@ class JobAdmin(admin.ModelAdmin):
             ),
         )
         return format_html(
-            '<table class="cronyard-runs"><thead><tr><th>scheduled at (UTC)</th><th>status</th>'
+            '<table class="cronyard-runs"><thead><tr><th>scheduled at</th><th>status</th>'
             "<th>trigger</th><th>attempt</th><th>duration</th><th>error</th></tr></thead>"
             "<tbody>{}</tbody></table>{}",
             rows,
@@ -417,14 +416,14 @@ class JobAdmin(admin.ModelAdmin):
         items = activity.recent_occurrences(job=job)
         if not items:
             return "No slot has been due yet."
+        now = timezone.now()
         rows = format_html_join(
             "",
-            '<tr data-outcome="{}"><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            '<tr data-outcome="{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
             (
                 (
                     o.outcome,
-                    format_utc(o.scheduled_at),
-                    in_zone(o.scheduled_at, job.time_zone),
+                    moment_html(o.scheduled_at, now=now, zone=job.time_zone),
                     o.outcome,
                     (o.run is not None and dispatch_note(o.run)) or o.reason or "",
                     format_html('<a href="{}">run</a>', reverse("admin:runs_jobrun_change", args=[o.run.pk]))
@@ -435,7 +434,7 @@ class JobAdmin(admin.ModelAdmin):
             ),
         )
         return format_html(
-            '<table class="cronyard-occurrences"><thead><tr><th>slot (UTC)</th><th>job zone</th>'
+            '<table class="cronyard-occurrences"><thead><tr><th>slot</th>'
             "<th>outcome</th><th>reason</th><th></th></tr></thead><tbody>{}</tbody></table>",
             rows,
         )
@@ -529,7 +528,7 @@ class JobAdmin(admin.ModelAdmin):
             nxt = console.when(job.next_run_at, job, now=db.now())
             return f"Resumed (catch-up: {catch_up}); next run {nxt}."
         at = services.trigger_job(job=job, actor=actor_of(request))
-        return f"Queued a manual run at {format_utc(at)}."
+        return f"Queued a manual run at {in_zone(at, job.time_zone)}."
 
     def preview_view(self, request: HttpRequest) -> JsonResponse:
         """Fire times of the schedule being edited (the live preview on the change form)."""

@@ -6,6 +6,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers
 
+from jobs.audit import shown_changes
 from jobs.models import AuditAction, AuditEntry
 from runs.api.fields import UtcDateTimeField
 from runs.api.views import RunCursorPagination
@@ -26,14 +27,26 @@ class AuditEntrySerializer(serializers.ModelSerializer):
     at = UtcDateTimeField(read_only=True)
     changes = serializers.JSONField(
         read_only=True,
-        help_text="Edits: {field: [old, new]}; other actions: what they did (e.g. catch_up). "
-        'Secret header values appear as "***".',
+        help_text="Edits: {field: [old, new]} by the job API's field names (cron, timezone, ...); "
+        'other actions: what they did (e.g. catch_up). Secret header values appear as "***".',
     )
 
     class Meta:
         model = AuditEntry
         fields = ["id", "at", "actor", "action", "job_id", "job_name", "changes"]
         read_only_fields = fields
+        extra_kwargs = {
+            "action": {
+                "help_text": "Shown in the console as: "
+                + ", ".join(f"`{a.value}` {a.label!r}" for a in AuditAction)
+                + "."
+            }
+        }
+
+    def to_representation(self, entry: AuditEntry) -> dict:
+        data = super().to_representation(entry)
+        data["changes"] = shown_changes(data["changes"])
+        return data
 
 
 @extend_schema(
@@ -43,7 +56,14 @@ class AuditEntrySerializer(serializers.ModelSerializer):
     "backfill (not a dry run), replay, cancel and delete is recorded.",
     parameters=[
         OpenApiParameter("job", OpenApiTypes.UUID, description="Only this job's entries."),
-        OpenApiParameter("action", OpenApiTypes.STR, enum=AuditAction.values),
+        OpenApiParameter(
+            "action",
+            OpenApiTypes.STR,
+            enum=AuditAction.values,
+            description="Shown in the console as: "
+            + ", ".join(f"`{a.value}` {a.label!r}" for a in AuditAction)
+            + ".",
+        ),
         OpenApiParameter("since", OpenApiTypes.DATETIME, description="Inclusive."),
         OpenApiParameter("page_size", OpenApiTypes.INT, description="Default 50, at most 500."),
     ],

@@ -11,7 +11,7 @@ from rest_framework import serializers
 from jobs import health, schedule
 from jobs.describe import describe_job
 from jobs.health import overdue_seconds
-from jobs.models import Job, Misfire, MisfirePolicy, OverlapPolicy
+from jobs.models import API_FIELD_NAMES, Job, Misfire, MisfirePolicy, OverlapPolicy, TriggerType
 from jobs.schedule.jitter import JITTER_MAX_SECONDS
 from runs.api.fields import RejectUnknownMixin
 from runs.target_secrets import redact_target
@@ -24,13 +24,9 @@ from .fields import (
     UtcDateTimeField,
 )
 
-# API name -> model field name, where they differ.
-API_TO_MODEL = {"cron": "cron_expr", "timezone": "time_zone"}
-MODEL_TO_API = {v: k for k, v in API_TO_MODEL.items()}
-
 
 def api_errors(errors: dict[str, list[str]]) -> dict[str, list[str]]:
-    return {MODEL_TO_API.get(key, key): messages for key, messages in errors.items()}
+    return {API_FIELD_NAMES.get(key, key): messages for key, messages in errors.items()}
 
 
 class TargetField(BoundedJSONField):
@@ -115,7 +111,13 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     start_at = UtcDateTimeField(required=False, allow_null=True)
     end_at = UtcDateTimeField(required=False, allow_null=True)
 
-    trigger_type = serializers.CharField(read_only=True)
+    trigger_type = serializers.ChoiceField(
+        choices=TriggerType.choices,
+        read_only=True,
+        help_text="Which trigger field is set: "
+        + "; ".join(f"`{t.value}` (shown in the console as {t.label!r})" for t in TriggerType)
+        + ".",
+    )
     schedule_description = serializers.SerializerMethodField()
     dst_policy_effective = serializers.SerializerMethodField()
     next_run_at = UtcDateTimeField(read_only=True)

@@ -32,6 +32,13 @@ from jobs.rules.target import check_target
 from jobs.schedule import jitter
 
 TRIGGER_FIELDS = ("cron_expr", "interval_seconds", "run_at")
+# The fields each trigger kind (jobs.models.TriggerType) reads: the zone and the DST policy
+# shape only a cron schedule's wall times; interval and one-time jobs ignore them.
+TRIGGER_KIND_FIELDS = {
+    "cron": ("cron_expr", "time_zone", "dst_policy"),
+    "interval": ("interval_seconds",),
+    "run_at": ("run_at",),
+}
 # Error key for "none or several of cron / interval_seconds / run_at".
 SCHEDULE_KEY = "schedule"
 

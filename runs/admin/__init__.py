@@ -12,6 +12,7 @@ has its own module:
 from django.contrib import admin
 
 from jobs.admin.base import ReadOnlyAdmin
+from jobs.admin.display import moment_column
 from runs.admin.dead_letter import DeadRunAdmin
 from runs.admin.runs import JobRunAdmin
 from runs.models import DeadRun, ExecutorNode, JobRun
@@ -31,10 +32,16 @@ class ExecutorNodeAdmin(ReadOnlyAdmin):
         "pid",
         "concurrency",
         "in_flight",
-        "last_claim_at",
-        "heartbeat_at",
+        "last_claim",
+        "heartbeat",
         "alive",
     )
+    list_title = "Executor nodes"
+    fields = (*list_display, "started")
+    readonly_fields = fields
+    started = moment_column("started_at", description="started")
+    last_claim = moment_column("last_claim_at", description="last claim")
+    heartbeat = moment_column("heartbeat_at", description="last heartbeat")
 
     def get_queryset(self, request):
         return liveness.with_alive(super().get_queryset(request))

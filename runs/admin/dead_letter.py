@@ -15,6 +15,8 @@ from runs.models import JobRun, RunStatus
 class DeadRunAdmin(JobRunAdmin):
     """The dead-letter queue: dead runs only, newest first, replayable in bulk."""
 
+    list_title = "Dead-letter queue"
+
     list_display = (
         "job_name",
         "scheduled",

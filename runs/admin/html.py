@@ -5,9 +5,13 @@ target as every read-only page shows it (secrets redacted)."""
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
+from jobs.admin.display import duration_text, moment_html
+from runs.keys import parse_utc
 from runs.models import RunStatus
 from runs.target_secrets import redact_target
 
@@ -35,6 +39,36 @@ def status_pill(status: str) -> str:
 def cell(value: object) -> str:
     """A table cell's text: empty for a missing value, not "None"."""
     return "" if value is None else str(value)
+
+
+# The attempts table's column headings (runs.attempts.FIELDS are the stored keys).
+ATTEMPT_LABELS = {
+    "attempt": "attempt",
+    "owner": "executor",
+    "started_at": "started",
+    "finished_at": "finished",
+    "duration_ms": "duration",
+    "outcome": "outcome",
+    "result_code": "result code",
+    "error": "error",
+    "retry_in_s": "retry in",
+}
+
+
+def attempt_cell(key: str, value: object, *, zone: str | None, now: datetime) -> SafeString | str:
+    """One cell of a run's attempts table: moments and durations by the console's rule."""
+    if value is None:
+        return ""
+    if key in ("started_at", "finished_at") and isinstance(value, str):
+        try:
+            return moment_html(parse_utc(value), now=now, zone=zone)
+        except (ValueError, OverflowError):
+            return value  # an entry written in another form: shown as stored
+    if key == "duration_ms" and isinstance(value, int | float):
+        return duration_text(value / 1000)
+    if key == "retry_in_s" and isinstance(value, int | float):
+        return duration_text(value)
+    return cell(value)
 
 
 def target_html(target: dict | None) -> str:

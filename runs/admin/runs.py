@@ -19,11 +19,12 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
-from jobs.admin.display import moment_html
+from jobs.admin.base import ConsoleTitles
+from jobs.admin.display import duration_between, in_zone, moment_column, moment_html
 from jobs.models import Job
 from runs import attempts, selectors, services
 from runs.admin import dashboard
-from runs.admin.html import cell, status_pill, target_html
+from runs.admin.html import ATTEMPT_LABELS, attempt_cell, status_pill, target_html
 from runs.admin.run_actions import RunOperations
 from runs.keys import parse_utc
 from runs.models import JobRun
@@ -62,6 +63,11 @@ def _uuid_or_none(text: str) -> UUID | None:
         return None
 
 
+def _zone(run: JobRun) -> str | None:
+    """The run's job's zone (get_queryset's annotation; None for a deleted job: UTC)."""
+    return getattr(run, "job_zone", None)
+
+
 class CappedCountPaginator(Paginator):
     """count(*) over a big partitioned table is slow; count at most COUNT_CAP + 1 rows
     (`SELECT count(*) FROM (... LIMIT n)`), so the last pages of a huge unfiltered list
@@ -73,7 +79,8 @@ class CappedCountPaginator(Paginator):
         return self.object_list.order_by()[: COUNT_CAP + 1].count()
 
 
-class JobRunAdmin(RunOperations, admin.ModelAdmin):
+class JobRunAdmin(ConsoleTitles, RunOperations, admin.ModelAdmin):
+    list_title = "Runs"
     list_display = (
         "job_name",
         "scheduled",
@@ -111,12 +118,13 @@ class JobRunAdmin(RunOperations, admin.ModelAdmin):
                     "attempt_text",
                     "max_attempts",
                     "priority",
-                    "not_before",
+                    "not_before_shown",
                     "dispatch_note",
-                    "lease_until",
+                    "lease_until_shown",
                     "owner",
-                    "started_at",
-                    "finished_at",
+                    "started_at_shown",
+                    "finished_at_shown",
+                    "run_length",
                     "result_code",
                     "last_error",
                 )
@@ -132,13 +140,16 @@ class JobRunAdmin(RunOperations, admin.ModelAdmin):
                     "retry_backoff_seconds",
                     "retry_backoff_cap_seconds",
                     "lease_seconds",
-                    "created_at",
+                    "created_at_shown",
                 )
             },
         ),
     )
     # Every field shown is read-only: a run is changed only by replay/cancel.
     readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+
+    def object_title(self, run: JobRun) -> str:
+        return f"Run of {run.job_name or run.job_id} at {in_zone(run.scheduled_at, _zone(run))}"
 
     # --- permissions: view and act, never edit through a form --------------------------
 
@@ -167,27 +178,36 @@ class JobRunAdmin(RunOperations, admin.ModelAdmin):
         )[:1]
         return super().get_queryset(request).annotate(job_zone=Subquery(zone))
 
-    @admin.display(description="scheduled at (UTC)", ordering="scheduled_at")
+    @admin.display(description="scheduled", ordering="scheduled_at")
     def scheduled(self, run: JobRun) -> str:
-        return moment_html(run.scheduled_at, now=timezone.now(), zone=getattr(run, "job_zone", None))
+        return moment_html(run.scheduled_at, now=timezone.now(), zone=_zone(run), relative_line=True)
 
-    @admin.display(description="started (UTC)", ordering="started_at")
+    @admin.display(description="started", ordering="started_at")
     def ran(self, run: JobRun) -> str:
         # One column for start and length: the list must fit 1280 px beside the filters;
         # finished_at and the result code are on the run's page.
-        started = moment_html(run.started_at, now=timezone.now(), zone=getattr(run, "job_zone", None))
-        if run.started_at is None or run.finished_at is None:
+        started = moment_html(run.started_at, now=timezone.now(), zone=_zone(run), relative_line=True)
+        took = duration_between(run.started_at, run.finished_at)
+        if not took:
             return started
-        took = (run.finished_at - run.started_at).total_seconds()
         return format_html(
-            '{} <span class="cronyard-relative" style="font-size:11px">· took {} s</span>',
-            started,
-            f"{took:.1f}",
+            '{} <span class="cronyard-duration" style="font-size:11px">· ran {}</span>', started, took
         )
 
-    @admin.display(description="finished (UTC)", ordering="finished_at")
+    @admin.display(description="finished", ordering="finished_at")
     def finished(self, run: JobRun) -> str:
-        return moment_html(run.finished_at, now=timezone.now(), zone=getattr(run, "job_zone", None))
+        return moment_html(run.finished_at, now=timezone.now(), zone=_zone(run), relative_line=True)
+
+    # The run page's moments, by the console's rule, in the job's zone.
+    not_before_shown = moment_column("not_before", description="not before", zone=_zone)
+    lease_until_shown = moment_column("lease_until", description="lease until", zone=_zone)
+    started_at_shown = moment_column("started_at", description="started", zone=_zone)
+    finished_at_shown = moment_column("finished_at", description="finished", zone=_zone)
+    created_at_shown = moment_column("created_at", description="created", zone=_zone)
+
+    @admin.display(description="ran for")
+    def run_length(self, run: JobRun) -> str:
+        return duration_between(run.started_at, run.finished_at) or "—"
 
     @admin.display(description="status", ordering="status")
     def status_badge(self, run: JobRun) -> str:
@@ -222,11 +242,21 @@ class JobRunAdmin(RunOperations, admin.ModelAdmin):
         if not entries:
             return "no attempt recorded yet"
         columns = attempts.FIELDS
-        head = format_html_join("", "<th>{}</th>", ((c,) for c in columns))
+        head = format_html_join("", "<th>{}</th>", ((ATTEMPT_LABELS.get(c, c),) for c in columns))
+        now = timezone.now()
         rows = format_html_join(
             "",
             "<tr>{}</tr>",
-            ((format_html_join("", "<td>{}</td>", ((cell(e.get(c)),) for c in columns)),) for e in entries),
+            (
+                (
+                    format_html_join(
+                        "",
+                        "<td>{}</td>",
+                        ((attempt_cell(c, e.get(c), zone=_zone(run), now=now),) for c in columns),
+                    ),
+                )
+                for e in entries
+            ),
         )
         return format_html(
             '<table class="attempts"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, rows
