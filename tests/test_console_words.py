@@ -363,3 +363,11 @@ def test_a_new_one_time_job_from_the_form_ignores_the_cron_fields(admin_client, 
     )  # fmt: skip
     (job,) = Job.objects.filter(name="once")
     assert (job.trigger_type, job.cron_expr, job.time_zone, job.run_at) == ("run_at", "", "UTC", at)
+
+
+def test_the_dead_letter_queue_counts_runs_not_queues(admin_client, tenant):
+    job = make_job(tenant, "nightly")
+    for minute in (1, 2):
+        make_dead_run(job, datetime(2026, 3, 8, 7, minute, tzinfo=UTC), attempts=2)
+    page = body(admin_client.get("/admin/runs/deadrun/"))
+    assert "2 dead runs in the queue" in page and "2 dead-letter queue" not in page
