@@ -23,7 +23,7 @@ class RunTrigger(models.TextChoices):
     MANUAL = "manual"
     BACKFILL = "backfill"
     REPLAY = "replay"
-    CATCH_UP = "catch_up"
+    CATCH_UP = "catch_up", "Catch-up"
 
 
 class JobRun(PartitionKeyed):
@@ -82,6 +82,9 @@ class JobRun(PartitionKeyed):
 
     class Meta:
         db_table = "job_runs"
+        # "Runs" on the console's home, in titles and counts: Django's default is "job runs".
+        verbose_name = "run"
+        verbose_name_plural = "runs"
         ordering = ["-scheduled_at"]
         constraints = [
             models.UniqueConstraint(
