@@ -344,19 +344,25 @@ class AuditAction(models.TextChoices):
     REPLAY = "replay", "Replay"
     CANCEL = "cancel", "Cancel"
     DELETE = "delete", "Delete"
+    # A tenant's own credentials: entries with no job.
+    ISSUE_TOKEN = "issue_token", "Issue API token"
+    REVOKE_TOKEN = "revoke_token", "Revoke API token"
+    ROTATE_SIGNING_SECRET = "rotate_secret", "Rotate signing secret"
 
 
 class AuditEntry(models.Model):
     """Who changed what, written by jobs.audit.record in the transaction of the change.
 
     `job_id` is a plain UUID, not a foreign key: the entry of a deletion must outlive
-    the job it describes. Secret header values never reach `changes` (redacted first).
+    the job it describes; it is null for an entry about the tenant's own credentials
+    (tokens, signing secret). Secret header values never reach `changes` (redacted
+    first), and no token or secret ever does.
     """
 
     id = models.BigAutoField(primary_key=True)
     at = models.DateTimeField(auto_now_add=True, db_index=True)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="audit_entries")
-    job_id = models.UUIDField()
+    job_id = models.UUIDField(null=True, blank=True)
     job_name = models.CharField(max_length=200, blank=True)
     actor = models.CharField(
         max_length=200, help_text='"admin:<username>", "tenant:<slug> token:<prefix>", or "system".'

@@ -13,7 +13,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
 
-from jobs.models import ApiToken, Job, Tenant, TenantDispatchWindow
+from jobs import audit
+from jobs.models import ApiToken, AuditAction, Job, Tenant, TenantDispatchWindow
 from runs.execution import signing
 from runs.models import TargetHost
 from scheduler_project import db
@@ -70,8 +71,31 @@ def set_rate_limit(*, tenant: Tenant, max_runs_per_minute: int | None) -> Tenant
 
 
 @transaction.atomic
-def issue_token(*, tenant: Tenant, label: str = "") -> str:
-    return _issue_token(tenant=tenant, label=label)
+def issue_token(*, tenant: Tenant, actor: str, label: str = "") -> str:
+    """A new API token for the tenant (the caller shows it once), audited by its prefix."""
+    token = _issue_token(tenant=tenant, label=label)
+    audit.record(
+        actor=actor,
+        action=AuditAction.ISSUE_TOKEN,
+        tenant_id=tenant.pk,
+        changes={"token_prefix": token[:10], "label": label},
+    )
+    return token
+
+
+@transaction.atomic
+def set_token_revoked(*, token: ApiToken, revoked: bool, actor: str) -> None:
+    """Revoke a token (or take a revocation back), audited by its prefix. A revoked
+    token's next request is refused (jobs/api/auth.py reads `revoked` on every call)."""
+    if not ApiToken.objects.filter(pk=token.pk).exclude(revoked=revoked).update(revoked=revoked):
+        return  # already so: nothing changed, nothing to record
+    token.revoked = revoked
+    audit.record(
+        actor=actor,
+        action=AuditAction.REVOKE_TOKEN,
+        tenant_id=token.tenant_id,
+        changes={"token_prefix": token.prefix, "revoked": [not revoked, revoked]},
+    )
 
 
 def _issue_token(*, tenant: Tenant, label: str) -> str:
@@ -97,6 +121,12 @@ def rotate_signing_secret(*, tenant: Tenant, actor: str) -> tuple[str, datetime]
         previous_signing_secret=F("signing_secret"),
         signing_secret=secret,
         previous_signing_secret_until=until,
+    )
+    audit.record(
+        actor=actor,
+        action=AuditAction.ROTATE_SIGNING_SECRET,
+        tenant_id=tenant.pk,
+        changes={"previous_secret_signs_until": until},
     )
     log.info("signing secret rotated: tenant=%s actor=%r previous valid until %s", tenant.slug, actor, until)
     return secret, until

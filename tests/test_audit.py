@@ -199,3 +199,51 @@ def test_every_admin_action_is_recorded_with_the_admin_user(admin_client, tenant
     detail = admin_client.get(f"/admin/jobs/auditentry/{log[0].pk}/change/")
     assert detail.status_code == 200 and SECRET not in detail.content.decode()
     assert admin_client.get("/admin/jobs/auditentry/add/").status_code == 403
+
+
+def test_a_tenants_credentials_are_audited_without_the_credentials(api, tenant_and_token, admin_client):
+    """Rotating the signing secret (API or console), issuing a token and revoking one name
+    no job: each is an entry of the tenant, with the token's prefix, never a secret."""
+    tenant, token = tenant_and_token
+    rotated = api.post("/api/v1/signing-secret/rotate")
+    assert rotated.status_code == 200, rotated.content
+    admin_client.post("/admin/jobs/tenant/", {"action": "issue_new_token", ACTION_CHECKBOX_NAME: [tenant.pk]})
+    admin_client.post(
+        "/admin/jobs/tenant/", {"action": "rotate_signing_secret", ACTION_CHECKBOX_NAME: [tenant.pk]}
+    )
+    first = tenant.tokens.order_by("id").first()
+    data = {
+        "slug": tenant.slug, "name": tenant.name, "max_concurrency": "10", "weight": "1",
+        "max_runs_per_minute": "", "tokens-TOTAL_FORMS": "2", "tokens-INITIAL_FORMS": "2",
+        "tokens-MIN_NUM_FORMS": "0", "tokens-MAX_NUM_FORMS": "1000",
+    }  # fmt: skip
+    for i, row in enumerate(tenant.tokens.order_by("id")):
+        data |= {f"tokens-{i}-id": str(row.pk), f"tokens-{i}-tenant": str(tenant.pk)}
+    data["tokens-0-revoked"] = "on"
+    saved = admin_client.post(f"/admin/jobs/tenant/{tenant.pk}/change/", data)
+    assert saved.status_code == 302
+    first.refresh_from_db()
+    assert first.revoked
+    assert api.get("/api/v1/jobs/").status_code == 401  # the revoked token is refused
+
+    got = [(e.action, e.actor, e.job_id) for e in entries(tenant=tenant)]
+    assert got == [
+        ("rotate_secret", f"tenant:acme token:{token[:10]}", None),
+        ("issue_token", "admin:admin", None),
+        ("rotate_secret", "admin:admin", None),
+        ("revoke_token", "admin:admin", None),
+    ]
+    issued = entries(tenant=tenant, action="issue_token")[0].changes
+    assert issued["token_prefix"] == tenant.tokens.order_by("id").last().prefix
+    assert entries(action="revoke_token")[0].changes == {
+        "token_prefix": first.prefix,
+        "revoked": [False, True],
+    }
+    tenant.refresh_from_db()
+    everything = json.dumps([e.changes for e in entries(tenant=tenant)])
+    for secret in (token, tenant.signing_secret, tenant.previous_signing_secret):
+        assert secret not in everything
+    # The console's list and the entry's page show an entry without a job.
+    assert admin_client.get("/admin/jobs/auditentry/").status_code == 200
+    entry = entries(action="rotate_secret")[0]
+    assert "of tenant acme" in admin_client.get(f"/admin/jobs/auditentry/{entry.pk}/change/").content.decode()

@@ -121,6 +121,20 @@ class TenantAdmin(ConsoleTitles, admin.ModelAdmin):
         perms_needed = set() if self.has_delete_permission(request) else {Tenant._meta.verbose_name}
         return to_delete, model_count, perms_needed, protected
 
+    def save_formset(self, request, form, formset, change: bool) -> None:
+        if formset.model is not ApiToken:
+            super().save_formset(request, form, formset, change)
+            return
+        # `revoked` is the one thing a token row edits; it goes through the audited service.
+        for token_form in formset.forms:
+            if token_form.instance.pk and "revoked" in token_form.changed_data:
+                tenant_services.set_token_revoked(
+                    token=token_form.instance,
+                    revoked=token_form.cleaned_data["revoked"],
+                    actor=actor_of(request),
+                )
+        formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
+
     def delete_model(self, request, obj: Tenant) -> None:
         tenant_services.delete_tenant(tenant=obj, actor=actor_of(request))
 
@@ -158,7 +172,8 @@ class TenantAdmin(ConsoleTitles, admin.ModelAdmin):
     @admin.action(description="Issue a new API token (shown once)", permissions=["change"])
     def issue_new_token(self, request, queryset) -> None:
         for tenant in queryset:
-            self._show_token(request, tenant, tenant_services.issue_token(tenant=tenant, label="admin"))
+            token = tenant_services.issue_token(tenant=tenant, label="admin", actor=actor_of(request))
+            self._show_token(request, tenant, token)
 
     # Only for those who may change the tenant: the answer shows the new secret.
     @admin.action(

@@ -31,8 +31,8 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     when = moment_column("at", description="when")
 
     def object_title(self, entry: AuditEntry) -> str:
-        job = entry.job_name or entry.job_id
-        return f"{entry.get_action_display()} of {job} by {entry.actor}, {in_zone(entry.at)}"
+        about = entry.job_name or entry.job_id or f"tenant {entry.tenant}"
+        return f"{entry.get_action_display()} of {about} by {entry.actor}, {in_zone(entry.at)}"
 
     @admin.display(description="action", ordering="action")
     def action_label(self, entry: AuditEntry) -> str:

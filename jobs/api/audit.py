@@ -53,7 +53,8 @@ class AuditEntrySerializer(serializers.ModelSerializer):
     summary="Audit log: who changed what, newest first",
     description='`actor` is "tenant:<slug> token:<prefix>" for API calls, "admin:<username>" for the '
     "admin console. Every create, edit (field diff), pause, resume (catch-up choice), trigger, "
-    "backfill (not a dry run), replay, cancel and delete is recorded.",
+    "backfill (not a dry run), replay, cancel and delete is recorded; so are a tenant's issued and "
+    "revoked API tokens (by prefix) and signing-secret rotations, with a null job_id.",
     parameters=[
         OpenApiParameter("job", OpenApiTypes.UUID, description="Only this job's entries."),
         OpenApiParameter(

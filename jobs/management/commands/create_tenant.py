@@ -2,6 +2,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import IntegrityError
 
+from jobs.audit import SYSTEM
 from jobs.models import Tenant
 from jobs.tenant_services import create_tenant, issue_token, set_rate_limit
 
@@ -61,7 +62,7 @@ class Command(BaseCommand):
             )
             return
         if new_token:
-            token = issue_token(tenant=tenant, label="create_tenant --new-token")
+            token = issue_token(tenant=tenant, label="create_tenant --new-token", actor=SYSTEM)
         else:
             try:
                 tenant, token = self._checked(
