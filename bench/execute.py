@@ -116,7 +116,7 @@ def enqueue(tenants: list[int], n: int, target: dict) -> None:
     from django.db import transaction
 
     from jobs.models import Job
-    from runs.queue import enqueue_runs, notify_executors
+    from runs.enqueue import enqueue_runs, notify_executors
     from runs.rows import NewRun
 
     scheduled = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)

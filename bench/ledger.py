@@ -30,8 +30,8 @@ RUN_BLOCK = 400  # minutes of fired runs between pauses
 def seed(*, now) -> object:
     from jobs.dispatch.planning import run_for, skipped_range
     from jobs.models import Job, SlotReason, Tenant
+    from runs.enqueue import enqueue_runs
     from runs.execution.signing import new_secret
-    from runs.queue import enqueue_runs
 
     tenant, _ = Tenant.objects.get_or_create(
         slug="bench-ledger", defaults={"name": "bench", "signing_secret": new_secret()}

@@ -26,8 +26,8 @@ from jobs.dispatch import planning
 from jobs.dispatch.planning import latest_slot, next_slot, run_for, slots_between
 from jobs.models import AuditAction, Job, Tenant
 from jobs.rules import edits
+from runs.enqueue import enqueue_runs, notify_executors
 from runs.models import JobRun
-from runs.queue import enqueue_runs, notify_executors
 from scheduler_project import db
 
 MAX_BACKFILL_RUNS = 1000

@@ -1,7 +1,7 @@
 """The shapes of run rows passed between the dispatcher, the queue and the executor.
 
 Plain frozen dataclasses with no SQL and no Django: the scheduler builds `NewRun`s,
-`runs/queue.py` inserts them, `runs/execution/claims.py` hands out `ClaimedRun`s,
+`runs/enqueue.py` inserts them, `runs/execution/claims.py` hands out `ClaimedRun`s,
 `runs/execution/outcomes.py` takes `Completion`s back and `runs/execution/run_leases.py`
 reports `ReapedRun`s.
 """
@@ -27,7 +27,7 @@ class NewRun:
     scheduled_at: datetime
     tenant_id: int
     partition_id: int
-    target: dict | str  # str: the JSON text as the dispatch read it (runs.queue inserts either)
+    target: dict | str  # str: the JSON text as the dispatch read it (runs.enqueue inserts either)
     trigger: str = "schedule"
     priority: int = 0
     job_name: str = ""

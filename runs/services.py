@@ -21,9 +21,9 @@ from django.utils import timezone
 from jobs import audit
 from jobs.models import AuditAction
 from runs.attempts import AttemptRecord
+from runs.enqueue import notify_executors
 from runs.keys import run_key
 from runs.models import JobRun, RunStatus, RunTrigger
-from runs.queue import notify_executors
 
 log = logging.getLogger(__name__)
 

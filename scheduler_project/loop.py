@@ -1,4 +1,4 @@
-"""Signal-aware run-until-stopped loop shared by the scheduler and the executor.
+"""The scheduler's signal-aware run-until-stopped loop; `on_stop_signal` is both processes'.
 
 A loop is a `step()` that returns whether it did work; the loop repeats at once
 while there is work and otherwise waits `poll_seconds` (or until woken). SIGTERM or

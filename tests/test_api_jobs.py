@@ -16,9 +16,9 @@ from rest_framework.test import APIClient
 
 from jobs.dispatch.planning import run_for
 from jobs.models import Job
+from runs.enqueue import enqueue_runs
 from runs.keys import format_utc, parse_utc
 from runs.models import JobRun
-from runs.queue import enqueue_runs
 from tests.support import clock
 
 JOBS = "/api/v1/jobs/"

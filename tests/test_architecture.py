@@ -48,7 +48,7 @@ SQL_MODULES = {
     "jobs.dispatch.queries",
     "jobs.dispatch.rate_limit_queries",
     "jobs.health",
-    "runs.queue",
+    "runs.enqueue",
     "runs.alerts",
     "runs.counters",
     "runs.execution.claims",
@@ -60,7 +60,7 @@ SQL_MODULES = {
     "runs.execution.connections",
     "runs.execution.breakers",
     "runs.execution.nodes",
-    "runs.partitions",
+    "runs.day_partitions",
     "runs.admin.timeseries",
     "scheduler_project.citus",
     "scheduler_project.db",
@@ -143,7 +143,7 @@ def test_migrations_import_no_application_code():
     for path in MIGRATIONS:
         tree = ast.parse(path.read_text(), filename=str(path))
         names = imported(tree) | {
-            node.args[0].value  # importlib.import_module("runs.partitions") counts too
+            node.args[0].value  # importlib.import_module("runs.day_partitions") counts too
             for node in ast.walk(tree)
             if isinstance(node, ast.Call)
             and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")

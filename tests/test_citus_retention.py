@@ -10,9 +10,9 @@ from django.db import connection
 
 from jobs.dispatch.planning import run_for
 from jobs.services import create_job
+from runs.day_partitions import maintain, partition_name
+from runs.enqueue import enqueue_runs
 from runs.models import JobRun
-from runs.partitions import maintain, partition_name
-from runs.queue import enqueue_runs
 from scheduler_project.citus import citus_installed
 
 pytestmark = pytest.mark.django_db

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, time, timedelta
 import pytest
 from django.db import connection
 
+from runs.day_partitions import maintain, partition_name
 from runs.execution import claims, fair_share, queries
-from runs.partitions import maintain, partition_name
 from tests.support.executor import on_executor_connection, queue_runs, row, set_running, task_target
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -20,9 +20,9 @@ from jobs import services, tenant_services
 from jobs.admin.display import duration_text, in_zone
 from jobs.dispatch import planning
 from jobs.models import AuditEntry, Job, SchedulerNode, Tenant
+from runs.enqueue import enqueue_runs
 from runs.keys import format_utc
 from runs.models import JobRun
-from runs.queue import enqueue_runs
 from tests.support import browser as b
 from tests.support import nodes
 

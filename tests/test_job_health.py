@@ -20,7 +20,7 @@ from jobs.dispatch.planning import run_for
 from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job
 from jobs.services import partition_for
-from runs import queue, rows
+from runs import enqueue, rows
 from runs.execution import connections
 from runs.execution.outcomes import complete_runs
 from runs.models import JobRun
@@ -44,7 +44,9 @@ def finish(job: Job, outcomes: list[str], *, handed_back: bool = False, first_sl
     completed through the executors' statements."""
     base = db_now().replace(microsecond=0) - timedelta(hours=1) + first_slot * MINUTE
     slots = [base + k * MINUTE for k in range(len(outcomes))]
-    queue.enqueue_runs([run_for(job, scheduled_at=t, trigger="schedule", overlap_check=False) for t in slots])
+    enqueue.enqueue_runs(
+        [run_for(job, scheduled_at=t, trigger="schedule", overlap_check=False) for t in slots]
+    )
     JobRun.objects.filter(job_id=job.id, scheduled_at__in=slots).update(status="running", attempt=1)
     completions = [
         rows.Completion(

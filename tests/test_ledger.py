@@ -150,7 +150,7 @@ def test_each_misfire_policy_gives_its_reasons(api, tenant, scheduler, policy, e
 
 def test_overlap_skip_and_buffer_full_come_from_the_run_rows(api, tenant):
     from jobs.dispatch.planning import run_for
-    from runs.queue import enqueue_runs
+    from runs.enqueue import enqueue_runs
 
     now = db_now()
     base = now.replace(second=0, microsecond=0) - 5 * MINUTE
@@ -197,7 +197,7 @@ def test_a_schedule_edit_records_the_slots_it_left_behind(api, tenant):
 def test_pages_over_a_long_paused_stretch_are_bounded_and_complete(api, tenant):
     """Three days of a minutely job: paused for most of it, a few runs."""
     from jobs.dispatch.planning import run_for
-    from runs.queue import enqueue_runs
+    from runs.enqueue import enqueue_runs
 
     now = db_now()
     begin = now.replace(second=0, microsecond=0) - timedelta(days=3)
@@ -245,7 +245,7 @@ def listed_runs(api, job_id) -> list[str]:
 def test_runs_stay_listed_when_start_at_moves_into_the_future(api, tenant):
     """Fired runs are history: a later start_at (the job's life as it is now) never hides them."""
     from jobs.dispatch.planning import run_for
-    from runs.queue import enqueue_runs
+    from runs.enqueue import enqueue_runs
 
     now = db_now()
     base = now.replace(second=0, microsecond=0) - 10 * MINUTE
@@ -300,7 +300,7 @@ def test_runs_backfilled_before_the_job_existed_are_listed(api, tenant):
 )
 def test_windows_at_the_ends_of_the_calendar_are_clamped_not_500(api, tenant, query, whole):
     from jobs.dispatch.planning import run_for
-    from runs.queue import enqueue_runs
+    from runs.enqueue import enqueue_runs
 
     now = db_now()
     first = now.replace(second=0, microsecond=0) - 3 * MINUTE

@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from jobs.dispatch.planning import run_for
 from jobs.models import Job
 from jobs.services import create_job, pause_job
+from runs.enqueue import enqueue_runs
 from runs.models import JobRun
-from runs.queue import enqueue_runs
 from scheduler_project.citus import citus_installed
 from scheduler_project.sharding import PartitionKeyed
 

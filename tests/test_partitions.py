@@ -11,9 +11,9 @@ from django.db import connection
 
 from jobs.dispatch.planning import run_for
 from jobs.services import create_job
+from runs.day_partitions import MAINTAINER_LOCK, maintain, partition_name
+from runs.enqueue import enqueue_runs
 from runs.models import JobRun
-from runs.partitions import MAINTAINER_LOCK, maintain, partition_name
-from runs.queue import enqueue_runs
 from scheduler_project import db
 from scheduler_project.citus import citus_installed
 

@@ -12,8 +12,8 @@ from django.db import connection, transaction
 from jobs.dispatch import partition_leases, queries
 from jobs.dispatch.planning import run_for
 from jobs.models import Job, SchedulerNode
+from runs.enqueue import enqueue_runs
 from runs.models import JobRun
-from runs.queue import enqueue_runs
 from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
 from tests.conftest import database_url
@@ -343,7 +343,7 @@ def test_fair_shares_cover_all_partitions(n):
 
 
 def test_step_runs_partition_maintenance_once(make_scheduler):
-    from runs.partitions import existing_days
+    from runs.day_partitions import existing_days
 
     sched = make_scheduler(node_id="n1", maintain_partitions=True)
     sched.step()

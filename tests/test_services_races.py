@@ -18,9 +18,9 @@ from django.db import connection
 from jobs import services
 from jobs.dispatch import planning
 from jobs.models import Job
-from runs import partitions
+from runs import day_partitions as partitions
+from runs.enqueue import enqueue_runs
 from runs.models import JobRun
-from runs.queue import enqueue_runs
 from scheduler_project import db
 
 TARGET = {"type": "task", "name": "noop", "kwargs": {}}

@@ -36,9 +36,9 @@ from jobs import health
 from jobs.dispatch import partition_leases, queries, rate_limits
 from jobs.dispatch.planning import DueJob, Plan, plan_job
 from jobs.models import Misfire, SlotRange
-from runs import alerts, counters, partitions
+from runs import alerts, counters, day_partitions
+from runs.enqueue import enqueue_runs, notify_executors
 from runs.execution import breakers
-from runs.queue import enqueue_runs, notify_executors
 from scheduler_project import db, liveness
 from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
@@ -368,7 +368,7 @@ class Scheduler(Loop):
         self._next_maintenance = time.monotonic() + MAINTENANCE_EVERY_SECONDS
         try:
             # wait=False: a node that finds another maintaining skips until next time.
-            partitions.maintain(retention_days=settings.RUN_RETENTION_DAYS, wait=False)
+            day_partitions.maintain(retention_days=settings.RUN_RETENTION_DAYS, wait=False)
             # After the maintenance transaction, in batches of their own: no breaker row
             # stays locked while days are created, moved or dropped.
             with connection.cursor() as cursor:

@@ -29,7 +29,7 @@ docs/decisions/0040-per-partition-statements.md.
 
 from __future__ import annotations
 
-from runs import attempts, partitions, per_partition
+from runs import attempts, day_partitions, per_partition
 from runs.attempts import HANDED_BACK
 
 # --- connections (runs/execution/connections.py) -------------------------------------------
@@ -203,10 +203,10 @@ FROM picks WHERE k <= %(limit)s
 # session's time zone may be any, and '1 day' in a zone with daylight saving can be 23.
 OLDEST_OPEN_DAY = f"""
 SELECT CASE
-    WHEN EXISTS (SELECT 1 FROM {partitions.DEFAULT} WHERE status IN ('queued', 'retrying'))
-      OR EXISTS (SELECT 1 FROM {partitions.DEFAULT} WHERE status = 'running') THEN NULL
+    WHEN EXISTS (SELECT 1 FROM {day_partitions.DEFAULT} WHERE status IN ('queued', 'retrying'))
+      OR EXISTS (SELECT 1 FROM {day_partitions.DEFAULT} WHERE status = 'running') THEN NULL
     ELSE least(
-        (SELECT d.day_start FROM ({partitions.DAY_STARTS_SQL}) d
+        (SELECT d.day_start FROM ({day_partitions.DAY_STARTS_SQL}) d
          WHERE EXISTS (SELECT 1 FROM job_runs r WHERE r.status IN ('queued', 'retrying')
                          AND r.scheduled_at >= d.day_start
                          AND r.scheduled_at < d.day_start + interval '24 hours')
@@ -720,8 +720,8 @@ WHERE t.tenant_id = idle.tenant_id AND t.host = idle.host
 # The watched tables: jobs and the day partitions of job_runs this role may analyze.
 _WATCHED = f"""
     (c.oid = 'jobs'::regclass
-     OR (c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '{partitions.PARENT}'::regclass)
-         AND c.relname <> '{partitions.DEFAULT}'))
+     OR (c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '{day_partitions.PARENT}'::regclass)
+         AND c.relname <> '{day_partitions.DEFAULT}'))
     AND pg_has_role(c.relowner, 'USAGE')
 """
 

@@ -2,7 +2,7 @@
 
 Django cannot create a partitioned table: the state is the model, the database side is
 the hand-written DDL below. Both the DDL and the partition creation are this
-migration's own, as they were when it was written; the live code of runs/partitions.py
+migration's own, as they were when it was written; the live code of runs/day_partitions.py
 may change, and history must not change with it (a fresh install replays exactly what
 an upgraded database went through). Later migrations change these keys and indexes.
 """

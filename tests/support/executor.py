@@ -9,9 +9,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 from jobs.services import partition_for
+from runs.enqueue import enqueue_runs, notify_executors
 from runs.execution.executor import Executor
 from runs.models import JobRun
-from runs.queue import enqueue_runs, notify_executors
 from runs.rows import NewRun
 
 

@@ -13,8 +13,8 @@ from django.db import transaction
 
 from jobs.dispatch import planning
 from jobs.models import Job, Misfire
+from runs.enqueue import enqueue_runs
 from runs.models import JobRun
-from runs.queue import enqueue_runs
 
 THRESHOLD = 60  # SCHEDULER_MISFIRE_THRESHOLD_SECONDS, the default the tests run with
 

@@ -2,8 +2,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connection
 
+from runs.day_partitions import maintain
 from runs.execution.breakers import prune_idle
-from runs.partitions import maintain
 
 
 class Command(BaseCommand):
