@@ -162,7 +162,7 @@ class Job(PartitionKeyed):
     # jobs/schedule/jitter.py); the slot itself, and so the run key, does not move.
     jitter_seconds = models.PositiveIntegerField(default=0)
     # A slot found later than this is a misfire (Kubernetes' startingDeadlineSeconds);
-    # NULL: SCHEDULER_MISFIRE_THRESHOLD_SECONDS. jobs.rules.job.starting_deadline is the
+    # NULL: SCHEDULER_MISFIRE_THRESHOLD_SECONDS. jobs.dispatch.planning.starting_deadline is the
     # one reading of it.
     starting_deadline_seconds = models.PositiveIntegerField(
         null=True, blank=True, validators=[MinValueValidator(1)]

@@ -271,9 +271,10 @@ def plan_backfill(*, job: Job, start: datetime, end: datetime) -> BackfillPlan:
             "end", f"the range holds more than {MAX_BACKFILL_SCAN} slots; backfill a shorter range"
         )
     present = set(
-        JobRun.objects.filter(job_id=job.id, scheduled_at__gte=start, scheduled_at__lte=end).values_list(
-            "scheduled_at", flat=True
-        )
+        # partition_id first: the job's runs live in its one shard (on Citus, one shard read).
+        JobRun.objects.filter(
+            partition_id=job.partition_id, job_id=job.id, scheduled_at__gte=start, scheduled_at__lte=end
+        ).values_list("scheduled_at", flat=True)
     )
     missing = [t for t in slots if t not in present]
     return BackfillPlan(

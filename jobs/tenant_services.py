@@ -10,11 +10,12 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 
 from jobs import audit
 from jobs.models import ApiToken, AuditAction, Job, Tenant, TenantDispatchWindow
+from runs import counters
 from runs.execution import signing
 from runs.models import TargetHost
 from scheduler_project import db
@@ -48,7 +49,7 @@ def create_tenant(
         max_runs_per_minute=max_runs_per_minute,
         signing_secret=signing.new_secret(),
     )
-    return tenant, _issue_token(tenant=tenant, label="created with tenant")
+    return tenant, _issue_token(tenant=tenant, label="created with tenant")[0]
 
 
 def check_rate_limit(value: int | None) -> None:
@@ -73,12 +74,12 @@ def set_rate_limit(*, tenant: Tenant, max_runs_per_minute: int | None) -> Tenant
 @transaction.atomic
 def issue_token(*, tenant: Tenant, actor: str, label: str = "") -> str:
     """A new API token for the tenant (the caller shows it once), audited by its prefix."""
-    token = _issue_token(tenant=tenant, label=label)
+    token, row = _issue_token(tenant=tenant, label=label)
     audit.record(
         actor=actor,
         action=AuditAction.ISSUE_TOKEN,
         tenant_id=tenant.pk,
-        changes={"token_prefix": token[:10], "label": label},
+        changes={"token_prefix": row.prefix, "label": label},
     )
     return token
 
@@ -98,10 +99,11 @@ def set_token_revoked(*, token: ApiToken, revoked: bool, actor: str) -> None:
     )
 
 
-def _issue_token(*, tenant: Tenant, label: str) -> str:
+def _issue_token(*, tenant: Tenant, label: str) -> tuple[str, ApiToken]:
+    """The clear token (shown once) and its row, which keeps only a hash and the prefix."""
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-    ApiToken.objects.create(tenant=tenant, token_hash=hash_token(token), prefix=token[:10], label=label)
-    return token
+    row = ApiToken.objects.create(tenant=tenant, token_hash=hash_token(token), prefix=token[:10], label=label)
+    return token, row
 
 
 @transaction.atomic
@@ -160,5 +162,7 @@ def delete_tenant(*, tenant: Tenant, actor: str) -> None:
     # No foreign keys on these two (each says why); they go with the tenant.
     TargetHost.objects.filter(tenant_id=tenant.pk).delete()
     TenantDispatchWindow.objects.filter(tenant_id=tenant.pk).delete()
+    with connection.cursor() as cursor:
+        counters.forget_tenant(cursor, tenant_id=tenant.pk)
     tenant.delete()
     log.info("tenant deleted: tenant=%s actor=%r", tenant.slug, actor)

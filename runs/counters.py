@@ -243,6 +243,11 @@ def fold_retired(cursor, *, after_seconds: float = RETIRE_AFTER_SECONDS) -> None
     cursor.execute(_SUCCESS_FOLD_SQL, {"retired": RETIRED, "after": after_seconds})
 
 
+def forget_tenant(cursor, *, tenant_id: int) -> None:
+    """A deleted tenant's newest-success rows (no foreign key: they are per process)."""
+    cursor.execute("DELETE FROM tenant_successes WHERE tenant_id = %s", [tenant_id])
+
+
 def last_successes(cursor) -> dict[int, datetime]:
     """Per tenant id, the finish time of its newest success any process wrote."""
     cursor.execute(_LAST_SUCCESSES_SQL)

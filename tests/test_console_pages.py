@@ -220,3 +220,23 @@ def test_the_audit_log_and_an_entry(admin_client, console):
     entry = AuditEntry.objects.order_by("-id").first()
     ok(admin_client.get(f"/admin/jobs/auditentry/{entry.pk}/change/"))
     ok(admin_client.get(f"/admin/jobs/auditentry/?q={console['beta'].pk}"))
+
+
+def test_a_tenant_that_gains_a_job_after_the_confirmation_is_kept_with_a_message(
+    admin_client, console, monkeypatch
+):
+    """The page's check and the delete are apart: a job created between them makes the
+    service refuse, and the console says so instead of a 500 (one tenant or in bulk)."""
+    from jobs.admin import TenantAdmin
+
+    other = console["other"]
+    # As if the confirmation page had been shown before the tenant's job existed.
+    monkeypatch.setattr(TenantAdmin, "get_deleted_objects", lambda self, objs, request: ([], {}, set(), []))
+    response = admin_client.post(f"/admin/jobs/tenant/{other.pk}/delete/", {"post": "yes"}, follow=True)
+    assert response.status_code == 200
+    assert "Not deleted: the tenant still has 1 job: delete its jobs first." in response.content.decode()
+    bulk = {"action": "delete_selected", ACTION_CHECKBOX_NAME: [str(other.pk)], "post": "yes"}
+    response = admin_client.post("/admin/jobs/tenant/", bulk, follow=True)
+    assert "Not deleted, they have jobs: globex." in response.content.decode()
+    assert Tenant.objects.filter(pk=other.pk).exists()
+    assert JobRun.objects.filter(tenant_id=other.pk).count() == 2

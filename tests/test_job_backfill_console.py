@@ -133,6 +133,10 @@ def test_a_window_in_utc_is_read_as_utc(admin_client, hourly):
             "start",
             "does not exist in America/New_York",
         ),
+        # The calendar's ends: moving them between zones overflows.
+        ({"start": "0001-01-01T00:00", "end": "2026-01-10T05:00"}, "start", "between the years"),
+        ({"start": "2026-01-10T00:00", "end": "9999-12-31T23:59"}, "end", "between the years"),
+        ({"start": "0001-01-01T00:00:00Z", "end": "2026-01-10T05:00"}, "start", "between the years"),
         (
             {"start": "2026-01-10T00:00", "end": "2026-01-10T05:00", "zone": "Europe/Paris"},
             "zone",

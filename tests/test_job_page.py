@@ -175,6 +175,7 @@ def test_opening_a_job_shows_the_read_view_with_its_buttons(admin_client, tenant
     assert f'href="/admin/jobs/job/{job.pk}/edit/"' in page
     assert f'href="/admin/jobs/job/{job.pk}/backfill/"' in page
     assert f'href="/admin/jobs/job/{job.pk}/history/"' in page
+    assert "trigger <strong>Cron</strong>" in page  # the console's label of the API's value
     # An unset starting deadline reads as the threshold that applies, not as "none".
     assert "<th>starting deadline seconds</th><td>60 (SCHEDULER_MISFIRE_THRESHOLD_SECONDS)</td>" in page
     services.update_job(job=job, changes={"starting_deadline_seconds": 300})

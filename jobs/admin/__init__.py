@@ -10,6 +10,7 @@ from datetime import datetime
 from django.contrib import admin, messages
 from django.db.models import Count, OuterRef, Subquery
 from django.db.models.functions import Coalesce
+from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import capfirst
@@ -135,12 +136,28 @@ class TenantAdmin(ConsoleTitles, admin.ModelAdmin):
                 )
         formset.new_objects, formset.changed_objects, formset.deleted_objects = [], [], []
 
+    def delete_view(self, request, object_id, extra_context=None):
+        try:
+            return super().delete_view(request, object_id, extra_context)
+        except tenant_services.TenantHasJobs as refused:
+            # A job was created between the confirmation page and "Yes": nothing was deleted.
+            self.message_user(request, f"Not deleted: {refused}.", messages.ERROR)
+            return redirect(reverse("admin:jobs_tenant_change", args=[object_id]))
+
     def delete_model(self, request, obj: Tenant) -> None:
         tenant_services.delete_tenant(tenant=obj, actor=actor_of(request))
 
     def delete_queryset(self, request, queryset) -> None:
+        # One service call (one transaction) per tenant: a tenant that gained a job since
+        # the confirmation page is kept and named; the others are deleted.
+        kept = []
         for tenant in queryset:
-            tenant_services.delete_tenant(tenant=tenant, actor=actor_of(request))
+            try:
+                tenant_services.delete_tenant(tenant=tenant, actor=actor_of(request))
+            except tenant_services.TenantHasJobs:
+                kept.append(tenant.slug)
+        if kept:
+            self.message_user(request, f"Not deleted, they have jobs: {', '.join(kept)}.", messages.ERROR)
 
     @admin.display(description="active tokens", ordering="_tokens")
     def token_count(self, tenant: Tenant) -> int:

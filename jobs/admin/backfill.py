@@ -58,6 +58,9 @@ class WallTimeField(forms.DateTimeField):
                 "Enter a date and time such as 2026-01-31T09:00 (or an ISO instant ending in Z).",
                 code="invalid",
             )
+        # The calendar's ends overflow when moved between zones; no run lives there anyway.
+        if not 1 < parsed.year < 9999:
+            raise forms.ValidationError("Enter a date between the years 2 and 9998.", code="invalid")
         return parsed
 
 
@@ -89,7 +92,11 @@ class BackfillForm(forms.Form):
         return cleaned
 
     def _instant(self, name: str, wall: datetime, zone: str) -> datetime | None:
-        found = schedule.wall_instants(wall, zone)
+        try:
+            found = schedule.wall_instants(wall, zone)
+        except OverflowError:
+            self.add_error(name, "This date is out of range.")
+            return None
         if not found:
             self.add_error(name, f"{wall:%Y-%m-%d %H:%M:%S} does not exist in {zone} (the clocks skip it).")
             return None
@@ -183,7 +190,7 @@ def _done(job: Job, plan: services.BackfillPlan, created: list[datetime]) -> Saf
     skipped = plan.already_present + len(plan.missing) - len(created)
     return format_html(
         "Backfilled {} run{} ({} to {}), queued now; {} slot{} already had a run. "
-        '<a href="{}?{}">See the backfill runs</a>.',
+        '<a href="{}?{}">See the job&rsquo;s backfill runs</a>.',
         len(created),
         "" if len(created) == 1 else "s",
         in_zone(created[0], job.time_zone),

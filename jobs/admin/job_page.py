@@ -20,7 +20,7 @@ from jobs.admin.display import in_zone, relative
 from jobs.admin.forms import POLICY_FORM_FIELDS, JobAdminForm
 from jobs.describe import job_fire_times
 from jobs.dispatch import planning
-from jobs.models import Job
+from jobs.models import Job, TriggerType
 from runs.admin.html import target_html
 from runs.keys import format_utc
 
@@ -124,7 +124,7 @@ def read_view(model_admin, request: HttpRequest, object_id: str) -> HttpResponse
         "can_delete": model_admin.has_delete_permission(request, job),
         "can_backfill": job.run_at is None,
         "state": model_admin.state(job),
-        "trigger": job.trigger_type,
+        "trigger": TriggerType(job.trigger_type).label,
         "schedule_words": model_admin.schedule_text(job),
         "schedule_rows": schedule_rows(job),
         "next_run": model_admin.next_run(job),

@@ -34,7 +34,7 @@ from runs.attempts import HANDED_BACK
 
 # --- connections (runs/execution/connections.py) -------------------------------------------
 
-# The channel the dispatcher NOTIFYs (runs/queue.notify_executors) and executors LISTEN on.
+# The channel the dispatcher NOTIFYs (runs/enqueue.notify_executors) and executors LISTEN on.
 NOTIFY_CHANNEL = "cronyard_runs"
 
 # The session's planner settings and idle-in-transaction limit; connect_async runs it
