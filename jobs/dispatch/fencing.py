@@ -100,7 +100,8 @@ def next_due(cursor, *, owned: Sequence[int], now: datetime) -> datetime | None:
 
 # Row-locking and writing statements name each row's partition, in one statement for
 # the batch or one per partition by the engine's policy (runs/per_partition.py; why:
-# queries.LOCK_UNCHANGED's comment).
+# the comment above queries.LOCK_UNCHANGED).
+
 # (partition_id, id, a, b) per job: the partition, the job and the two values compared.
 Row = tuple[int, UUID, "datetime | None", "datetime | None"]
 
