@@ -44,9 +44,9 @@ JOBS_SEEN_BY_RUNS = {
 # The fire-time package's public doors: the package itself and its jitter module.
 SCHEDULE_DOORS = {"jobs.schedule", "jobs.schedule.jitter"}
 SQL_MODULES = {
+    "jobs.dispatch.fencing",
     "jobs.dispatch.partition_leases",
-    "jobs.dispatch.queries",
-    "jobs.dispatch.rate_limit_queries",
+    "jobs.dispatch.rate_limits",
     "jobs.health",
     "runs.enqueue",
     "runs.alerts",
@@ -66,10 +66,13 @@ SQL_MODULES = {
     "scheduler_project.db",
     "scheduler_project.liveness",
 }
-# The executor's statements, every one named, in one module (the house model is
-# jobs/dispatch/queries.py). The other runs/execution modules run them.
+# Each process's statements, every one named, in one module of its package; the package's
+# other modules run them. The statements of the shared modules a process also runs (the run
+# insert, counters, alerts, day partitions, the alert sweep) stay with those modules.
 EXECUTOR_PACKAGE = "runs.execution"
 EXECUTOR_QUERIES = "runs.execution.queries"
+SCHEDULER_PACKAGE = "jobs.dispatch"
+SCHEDULER_QUERIES = "jobs.dispatch.queries"
 # A module that holds one concept may be long; past this it is worth a look.
 WARN_LINES = 600
 MAX_LINES = 1000
@@ -163,7 +166,9 @@ def test_migrations_import_no_application_code():
 def test_the_rules_cover_real_modules():
     # A renamed module must not make a rule vacuous.
     assert {EXECUTOR_COMMAND, SCHEDULER_COMMAND} <= set(MODULES)
-    assert SQL_MODULES | JOBS_SEEN_BY_RUNS | SCHEDULE_DOORS | {EXECUTOR_QUERIES} <= set(MODULES)
+    assert SQL_MODULES | JOBS_SEEN_BY_RUNS | SCHEDULE_DOORS | {EXECUTOR_QUERIES, SCHEDULER_QUERIES} <= set(
+        MODULES
+    )
     assert len(EXECUTOR_SIDE) > 20 and len(SCHEDULER_SIDE) > 15 and len(PURE_SCHEDULE) >= 4
 
 
@@ -272,7 +277,7 @@ def test_hand_written_sql_only_in_the_sql_modules():
 # Transaction control (BEGIN, COMMIT, ROLLBACK) is not a statement of its own: it stays
 # where the transaction is.
 _STATEMENT = re.compile(
-    r"^\s*\(?\s*(SELECT|WITH|INSERT|UPDATE|DELETE|ANALYZE|LISTEN|DEALLOCATE)\b"
+    r"^\s*\(?\s*(SELECT|WITH|INSERT|UPDATE|DELETE|ANALYZE|LISTEN|DEALLOCATE|SET)\b"
     r"|\bSELECT\b[\s\S]*\bFROM\b|\bUPDATE\s+\w+[\s\S]*\bSET\b|\bINSERT\s+INTO\b"
     r"|\bDELETE\s+FROM\b|\bWITH\s+\w+\s+AS\s+(MATERIALIZED\s+)?\("
 )
@@ -289,18 +294,36 @@ def _string_parts(tree: ast.Module) -> list[tuple[int, str]]:
     ]
 
 
-def test_the_executors_statements_live_in_its_queries_module():
-    """Every SQL statement of the executor is a named constant of runs/execution/queries.py;
-    the other runs/execution modules run them and hold no SQL text of their own."""
+def _statements_outside(package: str, queries_module: str) -> list[str]:
+    """The SQL-looking strings of `package`'s modules other than its queries module."""
     offenders = []
     for name, tree in MODULES.items():
-        if not name.startswith(f"{EXECUTOR_PACKAGE}.") or name == EXECUTOR_QUERIES:
+        if not name.startswith(f"{package}.") or name == queries_module:
             continue
         found = [text for _, text in _string_parts(tree) if _STATEMENT.search(text)]
         offenders += [f"{name}: {text.strip()[:50]!r}" for text in found]
+    return offenders
+
+
+def _statements_in(queries_module: str) -> int:
+    return sum(bool(_STATEMENT.search(text)) for _, text in _string_parts(MODULES[queries_module]))
+
+
+def test_the_executors_statements_live_in_its_queries_module():
+    """Every SQL statement of the executor is a named constant of runs/execution/queries.py;
+    the other runs/execution modules run them and hold no SQL text of their own."""
+    offenders = _statements_outside(EXECUTOR_PACKAGE, EXECUTOR_QUERIES)
     assert not offenders, f"SQL outside {EXECUTOR_QUERIES}: {offenders}"
     # The pattern finds statements: the queries module's own text is full of them.
-    assert sum(bool(_STATEMENT.search(text)) for _, text in _string_parts(MODULES[EXECUTOR_QUERIES])) >= 25
+    assert _statements_in(EXECUTOR_QUERIES) >= 25
+
+
+def test_the_schedulers_statements_live_in_its_queries_module():
+    """Every SQL statement of the scheduler's package is a named constant of
+    jobs/dispatch/queries.py; the other jobs/dispatch modules run them."""
+    offenders = _statements_outside(SCHEDULER_PACKAGE, SCHEDULER_QUERIES)
+    assert not offenders, f"SQL outside {SCHEDULER_QUERIES}: {offenders}"
+    assert _statements_in(SCHEDULER_QUERIES) >= 15
 
 
 # Outgoing HTTP clients. Only two modules call out: the targets' calls and the alert sender.

@@ -202,7 +202,7 @@ def test_the_ledger_and_run_detail_say_the_run_was_deferred(tenant, api, make_sc
 
 @pytest.mark.django_db(transaction=True)
 def test_limits_ride_on_the_due_jobs_read(settings):
-    from jobs.dispatch import queries
+    from jobs.dispatch import fencing
     from scheduler_project.db import raw_cursor
 
     limited, _ = tenant_services.create_tenant(slug="ride", max_runs_per_minute=7)
@@ -210,7 +210,7 @@ def test_limits_ride_on_the_due_jobs_read(settings):
     herd(limited, 2)
     herd(free, 2)
     with connection.wrap_database_errors:
-        rows = queries.read_due(
+        rows = fencing.read_due(
             raw_cursor(connection),
             owned=list(range(settings.SCHEDULER_PARTITIONS)),
             now=T,

@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from django.db import connection, transaction
 
-from jobs.dispatch import partition_leases, queries
+from jobs.dispatch import fencing, partition_leases
 from jobs.dispatch.planning import run_for
 from jobs.models import Job, SchedulerNode
 from runs.enqueue import enqueue_runs
@@ -245,7 +245,7 @@ def test_cas_refuses_stale_and_backward_writes(tenant, per_partition, request):
         cursor = raw_cursor(connection)
 
         def cas(*rows):
-            return queries.advance_next_run(cursor, list(rows))
+            return fencing.advance_next_run(cursor, list(rows))
 
         assert cas((p, job.id, T + timedelta(minutes=1), T - timedelta(minutes=1))) == set()
         assert cas((p, job.id, T - timedelta(minutes=1), T)) == set()

@@ -1,8 +1,9 @@
 """Partition leases of the scheduler: PostgreSQL advisory locks on a dedicated session.
 
-Raw SQL lives here: advisory locks and pg_locks / pg_stat_activity reads have no ORM
-form. A lease says which partitions a node *should* dispatch; what keeps a slot from
-firing twice is the dispatch transaction (jobs/dispatch/queries.py explains why).
+Its statements (advisory locks and pg_locks / pg_stat_activity reads, which have no ORM
+form, and the node row) are named in jobs/dispatch/queries.py; they run here, on the
+lease session. A lease says which partitions a node *should* dispatch; what keeps a slot
+from firing twice is the dispatch transaction (jobs/dispatch/fencing.py explains why).
 
 How a lease works
 -----------------
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from jobs.dispatch import queries
 from scheduler_project import liveness
 from scheduler_project.outage import OutageLog
 
@@ -45,30 +47,6 @@ log = logging.getLogger(__name__)
 NAMESPACE = 0x43524F4E
 
 _APPNAME_MAX = 63  # NAMEDATALEN - 1
-
-# Partitions a session holds; {pid} is pg_backend_pid() for our own session, or the
-# lease session's pid when the dispatch transaction (on another connection) asks.
-HELD_SQL = """
-SELECT objid::int FROM pg_locks
-WHERE locktype = 'advisory' AND classid = %(ns)s AND objsubid = 2 AND granted
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-  AND pid = {pid}
-"""
-
-# Liveness is scheduler_project.liveness's rule, the same the dashboard, admin and /metrics use.
-_LIVE_SQL = f"SELECT n.node_id FROM scheduler_nodes n WHERE {liveness.alive_sql('n')} ORDER BY n.node_id"
-
-_UPSERT_NODE_SQL = """
-INSERT INTO scheduler_nodes (node_id, hostname, pid, started_at, heartbeat_at, partitions)
-VALUES (%(node_id)s, %(hostname)s, %(pid)s, now(), now(), %(partitions)s::jsonb)
-ON CONFLICT (node_id) DO UPDATE SET heartbeat_at = now(), partitions = EXCLUDED.partitions
-"""
-
-_ACQUIRE_SQL = """
-SELECT p FROM unnest(%(candidates)s::int[]) AS p
-WHERE pg_try_advisory_lock(%(ns)s, p)
-LIMIT %(need)s
-"""
 
 
 def fair_share(node_ids: Sequence[str], me: str, partitions: int) -> int:
@@ -164,8 +142,8 @@ class LeaseManager:
             if conn is None:
                 return
             try:
-                conn.execute("SELECT pg_advisory_unlock_all()")
-                conn.execute("DELETE FROM scheduler_nodes WHERE node_id = %s", [self.node_id])
+                conn.execute(queries.UNLOCK_ALL)
+                conn.execute(queries.NODE_LEAVE, [self.node_id])
             except psycopg.Error as exc:  # the server ends the session anyway; nothing to undo
                 log.warning("lease release failed (%s); the session end releases the locks", exc)
             finally:
@@ -238,9 +216,9 @@ class LeaseManager:
             keepalives_count=3,
             tcp_user_timeout=lease_ms,
         )
-        conn.execute(f"SET idle_session_timeout = {lease_ms}")
-        conn.execute(f"SET statement_timeout = {lease_ms}")
-        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        conn.execute(queries.LEASE_IDLE_TIMEOUT.format(ms=lease_ms))
+        conn.execute(queries.LEASE_STATEMENT_TIMEOUT.format(ms=lease_ms))
+        pid = conn.execute(queries.SESSION_PID).fetchone()[0]
         self._conn = conn
         generation = self.snapshot.generation + 1
         self.snapshot = LeaseSnapshot(pid, frozenset(), 0.0, generation)
@@ -251,16 +229,11 @@ class LeaseManager:
         conn = self._conn
         assert conn is not None
         session_pid = self.snapshot.session_pid
-        held = {
-            row[0] for row in conn.execute(HELD_SQL.format(pid="pg_backend_pid()"), {"ns": self.namespace})
-        }
+        held = {row[0] for row in conn.execute(queries.HELD_HERE, {"ns": self.namespace})}
         # Long-dead rows only; a stalled node's row lingers a little so its return is cheap.
+        conn.execute(queries.NODE_EXPIRE, [self.lease_seconds * 5])
         conn.execute(
-            "DELETE FROM scheduler_nodes WHERE heartbeat_at < now() - make_interval(secs => %s)",
-            [self.lease_seconds * 5],
-        )
-        conn.execute(
-            _UPSERT_NODE_SQL,
+            queries.NODE_UPSERT,
             {
                 "node_id": self.node_id,
                 "hostname": self.hostname,
@@ -268,7 +241,9 @@ class LeaseManager:
                 "partitions": json.dumps(sorted(held)),
             },
         )
-        live = [row[0] for row in conn.execute(_LIVE_SQL, [liveness.window_seconds(self.lease_seconds)])]
+        live = [
+            row[0] for row in conn.execute(queries.LIVE_NODES, [liveness.window_seconds(self.lease_seconds)])
+        ]
         share = fair_share(live, self.node_id, self.partitions)
         home = home_partitions(live, self.node_id, self.partitions)
         release, candidates = plan_rebalance(held=held, share=share, home=home, partitions=self.partitions)
@@ -278,23 +253,19 @@ class LeaseManager:
             self.snapshot = LeaseSnapshot(
                 session_pid, frozenset(held - set(release)), self.snapshot.ok_at, self.snapshot.generation
             )
-            conn.execute(
-                "SELECT pg_advisory_unlock(%s, p) FROM unnest(%s::int[]) AS p", [self.namespace, release]
-            )
+            conn.execute(queries.UNLOCK, [self.namespace, release])
             held -= set(release)
         if candidates:
             got = [
                 row[0]
                 for row in conn.execute(
-                    _ACQUIRE_SQL, {"ns": self.namespace, "candidates": candidates, "need": share - len(held)}
+                    queries.ACQUIRE,
+                    {"ns": self.namespace, "candidates": candidates, "need": share - len(held)},
                 )
             ]
             held |= set(got)
         if release or candidates:
-            conn.execute(
-                "UPDATE scheduler_nodes SET partitions = %s::jsonb WHERE node_id = %s",
-                [json.dumps(sorted(held)), self.node_id],
-            )
+            conn.execute(queries.NODE_PARTITIONS, [json.dumps(sorted(held)), self.node_id])
         old = self.snapshot
         self.live_nodes = tuple(live)
         self.snapshot = LeaseSnapshot(session_pid, frozenset(held), time.monotonic(), old.generation)

@@ -8,8 +8,8 @@ key and the compare-and-set that created it are untouched; only its start moves,
 `job_runs.rate_limited_to` records that it did (the ledger and run detail show it).
 
 The budget is shared by every scheduler through `tenant_dispatch_windows` (tenant,
-minute, runs), written in the dispatch transaction after the runs are inserted (see
-jobs/dispatch/rate_limit_queries.py and docs/decisions/0028-tenant-rate-limit.md):
+minute, runs), written in the dispatch transaction after the runs are inserted (the
+statements: jobs/dispatch/queries.py, TENANT_*; docs/decisions/0028-tenant-rate-limit.md):
 
     lock the tenants' lock rows (tenant order)  -> allocations of a tenant serialise
     read their minutes from the current one on -> fresh snapshot after the lock
@@ -35,7 +35,7 @@ from uuid import UUID
 
 from django.db import connection
 
-from jobs.dispatch import rate_limit_queries
+from jobs.dispatch import queries
 from jobs.dispatch.planning import Plan
 from runs.rows import InsertedRun
 
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 WINDOW = timedelta(minutes=1)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# The read of due jobs (jobs/dispatch/queries.read_due) carries each job's tenant limit
+# The read of due jobs (jobs/dispatch/fencing.read_due) carries each job's tenant limit
 # under this name (None: unlimited).
 LIMIT_ATTR = "tenant_max_runs_per_minute"
 
@@ -104,15 +104,15 @@ def defer_excess(*, plans: Sequence[Plan], inserted: Sequence[InsertedRun], now:
         return 0
     current = window_of(now)
     with connection.cursor() as cursor:
-        rate_limit_queries.lock_tenants(cursor, list(wanted))
-        used = rate_limit_queries.used_windows(cursor, list(wanted), since=current)
+        lock_tenants(cursor, list(wanted))
+        used = used_windows(cursor, list(wanted), since=current)
         counts: list[tuple[int, datetime, int]] = []
         deferrals: list[tuple[UUID, datetime, int, datetime]] = []
         for tenant, runs in wanted.items():
             added, deferred = allocate(runs, used=used[tenant], limit=limits[tenant])
             counts += [(tenant, window, n) for window, n in added.items()]
             deferrals += [(w.job_id, w.scheduled_at, w.partition_id, to) for w, to in deferred]
-        moved = rate_limit_queries.record(cursor, counts=counts, deferrals=deferrals, prune_before=current)
+        moved = record(cursor, counts=counts, deferrals=deferrals, prune_before=current)
     if moved:
         log.debug("rate limit: %d runs of %d tenants deferred to later minutes", moved, len(wanted))
     return moved
@@ -133,3 +133,53 @@ def _wanted(
         start = max(run.not_before, now) if run.not_before else now
         out[run.tenant_id].append(Wanted(run.job_id, run.scheduled_at, run.partition_id, run.priority, start))
     return dict(out)
+
+
+def lock_tenants(cursor, tenant_ids: Sequence[int]) -> None:
+    """Take each tenant's lock row (created on first use), in tenant order.
+
+    Held until the dispatch transaction ends, so two schedulers dispatching runs of
+    one tenant allocate its minutes one after the other and the second sees the
+    first's counts. The order is the same in every transaction: no deadlock.
+    """
+    cursor.execute(queries.TENANT_LOCK, [sorted(tenant_ids)])
+
+
+def used_windows(cursor, tenant_ids: Sequence[int], *, since: datetime) -> dict[int, dict[datetime, int]]:
+    """{tenant: {minute: runs already dispatched to start in it}} from `since` on.
+
+    A statement of its own after lock_tenants: in READ COMMITTED it takes a snapshot
+    after the lock was granted, so it sees what the previous holder committed.
+    """
+    cursor.execute(queries.TENANT_WINDOWS, [list(tenant_ids), since])
+    out: dict[int, dict[datetime, int]] = {t: {} for t in tenant_ids}
+    for tenant_id, window, runs in cursor.fetchall():
+        out[tenant_id][window] = runs
+    return out
+
+
+def record(
+    cursor,
+    *,
+    counts: Sequence[tuple[int, datetime, int]],
+    deferrals: Sequence[tuple[UUID, datetime, int, datetime]],
+    prune_before: datetime,
+) -> int:
+    """Add (tenant, minute, runs) to the counters, drop the tenants' past minutes, and
+    move the deferred runs (job_id, scheduled_at, partition_id, not_before). Returns
+    how many runs were moved."""
+    cursor.execute(
+        queries.TENANT_RECORD,
+        {
+            "tenant": [c[0] for c in counts],
+            "window": [c[1] for c in counts],
+            "runs": [c[2] for c in counts],
+            "tenants": sorted({c[0] for c in counts}),
+            "before": prune_before,
+            "job_id": [d[0] for d in deferrals],
+            "scheduled_at": [d[1] for d in deferrals],
+            "partition_id": [d[2] for d in deferrals],
+            "not_before": [d[3] for d in deferrals],
+        },
+    )
+    return cursor.fetchone()[1]

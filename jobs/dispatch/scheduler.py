@@ -1,6 +1,6 @@
 """The dispatch loop: turns due jobs of owned partitions into run rows, exactly once.
 
-One step = one batch in two phases (see jobs/dispatch/queries.py for why the locking
+One step = one batch in two phases (see jobs/dispatch/fencing.py for why the locking
 transaction, not the partition lease, is what keeps firing exactly-once):
 
     read (autocommit, no locks): due jobs of owned partitions, on-time ones first
@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from jobs import health
-from jobs.dispatch import partition_leases, queries, rate_limits
+from jobs.dispatch import fencing, partition_leases, rate_limits
 from jobs.dispatch.planning import DueJob, Plan, plan_job
 from jobs.models import Misfire, SlotRange
 from runs import alerts, counters, day_partitions
@@ -217,7 +217,7 @@ class Scheduler(Loop):
         plans = self._plan_batch(jobs, now)
         with transaction.atomic(), connection.wrap_database_errors:
             with connection.cursor() as cursor:
-                db_now, held = queries.fence(
+                db_now, held = fencing.fence(
                     cursor, session_pid=snap.session_pid, lease_seconds=self.lease_seconds
                 )
             in_lease = [p for p in plans if p.job.partition_id in held]
@@ -227,12 +227,12 @@ class Scheduler(Loop):
                 # under a session that no longer holds them.
                 return BatchResult()
             cursor = raw_cursor(connection)
-            locked = queries.lock_unchanged(
+            locked = fencing.lock_unchanged(
                 cursor,
                 [(p.job.partition_id, p.job.id, p.job.next_run_at, p.job.updated_at) for p in in_lease],
             )
             plans_locked = [p for p in in_lease if p.job.id in locked]
-            advanced = queries.advance_next_run(
+            advanced = fencing.advance_next_run(
                 cursor,
                 [(p.job.partition_id, p.job.id, p.new_next, p.job.next_run_at) for p in plans_locked],
             )
@@ -302,7 +302,7 @@ class Scheduler(Loop):
         """Remember when the next owned job falls due, so the idle wait ends then."""
         try:
             with connection.wrap_database_errors:
-                nxt = queries.next_due(raw_cursor(connection), owned=owned, now=now) if owned else None
+                nxt = fencing.next_due(raw_cursor(connection), owned=owned, now=now) if owned else None
         except DatabaseError as exc:
             # Only the idle wait depends on it: fall back to a poll, never fail the batch.
             log.warning("node=%s: could not read the next due time (%s); polling", self.node_id, exc)
@@ -323,11 +323,11 @@ class Scheduler(Loop):
         return min(self.poll_seconds, max(0.0, due - time.monotonic()) + IDLE_MARGIN_SECONDS)
 
     def _read_due(self, owned: list[int], now: datetime) -> list[DueJob]:
-        """Due jobs of `owned` (queries.read_due): a plain read, no lock, no transaction."""
+        """Due jobs of `owned` (fencing.read_due): a plain read, no lock, no transaction."""
         if not owned:
             return []
         with connection.wrap_database_errors:
-            return queries.read_due(
+            return fencing.read_due(
                 raw_cursor(connection),
                 owned=owned,
                 now=now,
