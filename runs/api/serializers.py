@@ -127,7 +127,7 @@ class SnapshotMethods:
 
     @extend_schema_field(AttemptSerializer(many=True))
     def get_attempts(self, run: JobRun) -> list:
-        return [e for e in map(attempts.from_stored, run.attempts or []) if e is not None]
+        return attempts.history(run)
 
     @extend_schema_field(OpenApiTypes.URI)
     def get_replay_url(self, run: JobRun) -> str:
