@@ -105,7 +105,9 @@ class RunSerializer(serializers.ModelSerializer):
 
 class AttemptSerializer(serializers.Serializer):
     """Documents the shape of one attempts entry: runs/attempts.py AttemptRecord (every
-    key is present; an entry stored before a key existed shows it as null)."""
+    key is present; an entry stored before a key existed shows it as null). A run that
+    succeeded on its first attempt shows the one entry its columns give
+    (runs/attempts.history)."""
 
     attempt = serializers.IntegerField()
     owner = serializers.CharField(allow_null=True)
