@@ -36,18 +36,23 @@ def assert_one_shape(entry: dict) -> None:
     assert entry["duration_ms"] is None or isinstance(entry["duration_ms"], float)
 
 
-def test_the_record_formats_timestamps_with_microseconds_even_when_zero():
-    entry = attempts.AttemptRecord(
+def a_success(*, took_ms: float, duration_ms: float) -> dict:
+    """The entry of a success that started at WHOLE_SECOND and finished `took_ms` later."""
+    return attempts.AttemptRecord(
         attempt=1,
-        owner="x",
+        owner="w:1",
         started_at=WHOLE_SECOND,
-        finished_at=WHOLE_SECOND + timedelta(milliseconds=1500),
-        duration_ms=1500,
+        finished_at=WHOLE_SECOND + timedelta(milliseconds=took_ms),
+        duration_ms=duration_ms,
         outcome="succeeded",
         result_code=200,
         error="",
         retry_in_s=None,
     ).to_json()
+
+
+def test_the_record_formats_timestamps_with_microseconds_even_when_zero():
+    entry = a_success(took_ms=1500, duration_ms=1500)
     assert entry["started_at"] == "2026-03-08T07:00:00.000000Z"
     assert entry["finished_at"] == "2026-03-08T07:00:01.500000Z"
     assert entry["duration_ms"] == 1500.0
@@ -202,17 +207,8 @@ def test_a_reaped_run_that_then_succeeds_keeps_the_expiry_and_the_success(api, s
 
 def test_a_success_stored_before_the_rule_reads_as_stored(tenant):
     (key,) = queue_runs(tenant, task_target("noop"))
-    stored = attempts.AttemptRecord(
-        attempt=1,
-        owner="w:1",
-        started_at=WHOLE_SECOND,
-        finished_at=WHOLE_SECOND + timedelta(milliseconds=20),
-        duration_ms=12.34,
-        outcome="succeeded",
-        result_code=200,
-        error="",
-        retry_in_s=None,
-    ).to_json()
+    # Its duration differs from its columns' (12.34 vs 20 ms): what is shown is what is stored.
+    stored = a_success(took_ms=20, duration_ms=12.34)
     JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
         status="succeeded", attempt=1, owner="w:1", started_at=WHOLE_SECOND, attempts=[stored]
     )
