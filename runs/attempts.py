@@ -23,14 +23,27 @@ keys with the same formats:
 - `retry_in_s`: seconds until the retry may start, rounded to ms; null when there is
   no retry.
 
-Readers (the API serializer, the admin table) take `FIELDS` and `from_stored()`, so an
-old entry missing a key renders with that key null.
+A run that succeeds on the first attempt that sent a call (its history is still empty
+when that success is written) stores no entry: its own columns (`attempt`, `owner`,
+`started_at`, `finished_at`, `result_code`, `last_error`) already say everything the
+entry would, and about a quarter of a finished run's row was that one entry
+(docs/decisions/0004-attempt-history.md). The outcome write keeps that rule in SQL
+(`sql_append`); every other entry is stored, so a history that has one is complete,
+including a success after earlier entries. The synthesized entry's times are the run's
+columns: `started_at` is the claim, `finished_at` the outcome write, and `duration_ms`
+their difference (a stored entry's duration is the executor's own measure of the call,
+a little shorter).
+
+Readers take `history()`, the one way to read a run's history: the stored entries
+through `from_stored()` (an old entry missing a key renders with that key null), or the
+entry synthesized from a succeeded run's columns when none is stored.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
+from typing import Protocol
 
 
 def used(*, attempt: int, deferrals: int) -> int:
@@ -66,6 +79,8 @@ def format_moment(moment: datetime) -> str:
 RETRIED = "retry"
 LEASE_EXPIRED = "lease expired"
 HANDED_BACK = "handed back"
+# The outcome (and status) of an attempt that succeeded.
+SUCCEEDED = "succeeded"
 
 
 @dataclass(frozen=True)
@@ -104,6 +119,41 @@ def from_stored(entry: object) -> dict | None:
     return {**dict.fromkeys(FIELDS), **entry}
 
 
+class Run(Protocol):
+    """What `history` reads of a run (a runs.models.JobRun)."""
+
+    status: str
+    attempts: list
+    attempt: int
+    owner: str
+    started_at: datetime | None
+    finished_at: datetime | None
+    result_code: int | None
+    last_error: str
+
+
+def history(run: Run) -> list[dict]:
+    """A run's attempts history for display and counting: its stored entries, or, for a
+    succeeded run that stored none, the one entry its columns say (what `AttemptRecord`
+    would have stored, with the module docstring's times)."""
+    if run.attempts or run.status != SUCCEEDED:
+        return [e for e in map(from_stored, run.attempts or []) if e is not None]
+    started, finished = run.started_at, run.finished_at
+    return [
+        AttemptRecord(
+            attempt=run.attempt,
+            owner=run.owner,
+            started_at=started,
+            finished_at=finished,
+            duration_ms=(finished - started).total_seconds() * 1000 if started and finished else None,
+            outcome=SUCCEEDED,
+            result_code=run.result_code,
+            error=run.last_error,
+            retry_in_s=None,
+        ).to_json()
+    ]
+
+
 _UTC_SQL = """to_char(({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
 
 
@@ -136,6 +186,17 @@ def sql_entry(
     }
     assert tuple(values) == FIELDS, "sql_entry and AttemptRecord disagree"
     return "jsonb_build_object(" + ", ".join(f"'{key}', {value}" for key, value in values.items()) + ")"
+
+
+def sql_append(*, history: str, entry: str, status: str) -> str:
+    """The history after an outcome write, in SQL: `history` (the row's jsonb array) with
+    `entry` (a one-entry jsonb array) appended, except a success with no history before
+    it, which stores nothing (the module docstring). Arguments are trusted SQL
+    expressions of runs/execution/queries.py."""
+    return (
+        f"CASE WHEN {status} = '{SUCCEEDED}' AND {history} = '[]'::jsonb"
+        f" THEN {history} ELSE {history} || {entry} END"
+    )
 
 
 def sql_duration_ms(*, started: str, finished: str) -> str:

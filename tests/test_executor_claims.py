@@ -12,7 +12,7 @@ import pytest
 from django.db import connections
 
 from jobs.tenant_services import create_tenant
-from runs.keys import parse_utc
+from runs.keys import run_key
 from runs.models import JobRun
 from scheduler_project.citus import citus_installed
 from tests.support.executor import http_spec, queue_runs, row, task_target, wait_for, wait_log, wait_status
@@ -67,15 +67,17 @@ def test_tenant_max_concurrency_holds_across_executors(processes, http_target):
     assert len(owners) >= 2  # the claimers really did compete
 
 
-def test_higher_priority_starts_first_in_a_backlog(processes, tenant):
-    low = queue_runs(tenant, task_target("noop"), count=5, priority=0)
+def test_higher_priority_starts_first_in_a_backlog(processes, tenant, http_target):
+    target = http_spec(http_target.url("/ok"))
+    low = queue_runs(tenant, target, count=5, priority=0)
     # Later scheduled_at, higher priority: priority wins over age.
-    high = queue_runs(tenant, task_target("noop"), count=5, priority=9, start=row(low[-1]).scheduled_at)
+    high = queue_runs(tenant, target, count=5, priority=9, start=row(low[-1]).scheduled_at)
     processes.start("run_executor", "--concurrency", "1")
     wait_for(lambda: all(row(k).status == "succeeded" for k in low + high), what="the backlog")
-    # When each call started (its attempt's history entry): runs claimed ahead in one
-    # batch share the row's started_at, the claim's time, and are called in claim order.
-    called = {k: row(k).attempts[0]["started_at"] for k in low + high}
+    # When each call arrived at the target: runs claimed ahead in one batch share the
+    # row's started_at, the claim's time, and are called in claim order.
+    arrived = {r.headers["idempotency-key"]: r.at for r in http_target.received("/ok")}
+    called = {k: arrived[run_key(*k)] for k in low + high}
     assert max(called[k] for k in high) < min(called[k] for k in low)
     # Within a priority, oldest scheduled_at first.
     started = [called[k] for k in low]
@@ -104,10 +106,11 @@ def test_poison_task_dies_after_max_attempts_without_blocking_others(processes, 
         assert wait_status(key, "succeeded").attempt == 1
 
 
-def test_skip_policy_never_runs_two_runs_of_a_job_at_once(processes, tenant):
+def test_skip_policy_never_runs_two_runs_of_a_job_at_once(processes, tenant, http_target):
     job_id = uuid.uuid4()
+    http_target.script("/slow", then=Reply(200, delay=0.5))
     keys = queue_runs(
-        tenant, task_target("sleep", seconds=0.5), count=3, job_id=job_id, overlap_policy="skip"
+        tenant, http_spec(http_target.url("/slow")), count=3, job_id=job_id, overlap_policy="skip"
     )
     with Sampler(job_id=job_id) as sampler:
         processes.start("run_executor")
@@ -115,11 +118,13 @@ def test_skip_policy_never_runs_two_runs_of_a_job_at_once(processes, tenant):
         for key in keys:
             wait_status(key, "succeeded")
     assert max(sampler.samples) == 1, sampler.samples
-    # One after another, oldest first: each call started after the one before it ended
-    # (the attempts' history holds the calls' own times).
+    # One after another, oldest first: each call arrived at the target after the one
+    # before it was answered (the target answers after 0.5 s).
+    arrived = {r.headers["idempotency-key"]: r.at for r in http_target.received("/slow")}
+    called = [arrived[run_key(*k)] for k in keys]
+    for earlier, later in itertools.pairwise(called):
+        assert later - earlier >= 0.5
     runs = [row(k) for k in keys]
-    for earlier, later in itertools.pairwise(runs):
-        assert parse_utc(earlier.attempts[-1]["finished_at"]) <= parse_utc(later.attempts[0]["started_at"])
     # The rows' started_at is the claim's time. On plain PostgreSQL it follows the
     # predecessor's finish too; on Citus the coordinator stamps it when the statement
     # starts, before the worker takes the snapshot that saw the predecessor finished,

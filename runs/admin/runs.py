@@ -238,7 +238,7 @@ class JobRunAdmin(ConsoleTitles, RunOperations, admin.ModelAdmin):
 
     @admin.display(description="attempts")
     def attempts_table(self, run: JobRun) -> str:
-        entries = [e for e in map(attempts.from_stored, run.attempts or []) if e is not None]
+        entries = attempts.history(run)
         if not entries:
             return "no attempt recorded yet"
         columns = attempts.FIELDS

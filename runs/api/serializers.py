@@ -105,7 +105,9 @@ class RunSerializer(serializers.ModelSerializer):
 
 class AttemptSerializer(serializers.Serializer):
     """Documents the shape of one attempts entry: runs/attempts.py AttemptRecord (every
-    key is present; an entry stored before a key existed shows it as null)."""
+    key is present; an entry stored before a key existed shows it as null). A run that
+    succeeded on its first attempt shows the one entry its columns give
+    (runs/attempts.history)."""
 
     attempt = serializers.IntegerField()
     owner = serializers.CharField(allow_null=True)
@@ -127,7 +129,7 @@ class SnapshotMethods:
 
     @extend_schema_field(AttemptSerializer(many=True))
     def get_attempts(self, run: JobRun) -> list:
-        return [e for e in map(attempts.from_stored, run.attempts or []) if e is not None]
+        return attempts.history(run)
 
     @extend_schema_field(OpenApiTypes.URI)
     def get_replay_url(self, run: JobRun) -> str:

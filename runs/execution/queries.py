@@ -9,8 +9,9 @@ batching and the choice of form per engine). A statement in two forms is a
 `per_partition.Forms` (runs/per_partition.py): `.one` names one partition (Citus), `.many`
 none (plain PostgreSQL). Fragments shared by several statements are composed here once,
 with f-strings: `NOT_AHEAD`, `OPEN_FROM` and `NOT_BLOCKED` (the claim and its fair-share
-read), attempts used (`runs/attempts.sql_used`, its one home) and the history entry
-(`runs/attempts.sql_entry`), the outcome name `HANDED_BACK` (runs/attempts.py).
+read), attempts used (`runs/attempts.sql_used`, its one home), the history entry
+(`runs/attempts.sql_entry`) and when an outcome appends it (`runs/attempts.sql_append`),
+the outcome name `HANDED_BACK` (runs/attempts.py).
 Transaction control (BEGIN, COMMIT, ROLLBACK) stays with the code that holds the
 transaction (runs/execution/claims.py).
 
@@ -458,7 +459,8 @@ WITH done AS (
         finished_at = CASE WHEN x.status IN ('succeeded', 'dead') THEN %(now)s END,
         result_code = x.result_code,
         last_error = x.error,
-        attempts = r.attempts || x.entry
+        -- A first success stores no entry: its columns say it (runs/attempts.py).
+        attempts = {attempts.sql_append(history="r.attempts", entry="x.entry", status="x.status")}
     FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(
         partition_id smallint, job_id uuid, scheduled_at timestamptz, attempt integer, status text,
         not_before timestamptz, result_code integer, error text, entry jsonb)

@@ -8,7 +8,9 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from types import SimpleNamespace
 
+from runs.attempts import history as attempts_history
 from runs.keys import run_key
 
 # Outcomes only the worker holding an attempt writes; "lease expired" is written by
@@ -16,7 +18,21 @@ from runs.keys import run_key
 WORKER_OUTCOMES = {"succeeded", "retry", "dead", "handed back"}
 
 Slot = tuple[uuid.UUID, datetime]
-RUN_FIELDS = ("job_id", "scheduled_at", "status", "attempt", "trigger", "attempts")
+# The columns after "attempts" are what runs/attempts.history reads of a first-attempt
+# success, which stores no entry.
+RUN_FIELDS = (
+    "job_id",
+    "scheduled_at",
+    "status",
+    "attempt",
+    "trigger",
+    "attempts",
+    "owner",
+    "started_at",
+    "finished_at",
+    "result_code",
+    "last_error",
+)
 
 
 @dataclass
@@ -74,7 +90,16 @@ def audit(runs: list[tuple], *, expected: set[Slot], seen: set[tuple[str, str]])
     out.missing = sorted(expected - set(keys))
     out.extra = sorted(set(keys) - expected)
     seen_keys = {key for key, _ in seen}
-    for job_id, at, status, attempt, trigger, history in runs:
+    for row in runs:
+        run = SimpleNamespace(**dict(zip(RUN_FIELDS, row, strict=True)))
+        job_id, at, status, attempt, trigger = (
+            run.job_id,
+            run.scheduled_at,
+            run.status,
+            run.attempt,
+            run.trigger,
+        )
+        history = attempts_history(run)
         slot = (job_id, at)
         out.statuses[status] += 1
         out.triggers[trigger] += 1
