@@ -327,7 +327,7 @@ def test_dead_letter_queue_bulk_replay(signed_in, acme):
     waiting.refresh_from_db()
     assert (dead.status, waiting.status) == ("queued", "queued")
     expect(page.locator("#result_list")).to_have_count(0)  # the queue is empty now
-    expect(page.locator("#changelist .paginator")).to_contain_text("0 dead-letter queue")
+    expect(page.locator("#changelist .paginator")).to_contain_text("0 dead runs in the queue")
 
 
 def test_dead_letter_queue_replay_from_the_row(signed_in, acme):
