@@ -41,10 +41,14 @@ class Migration(migrations.Migration):
                     "ALTER TABLE jobs ADD COLUMN IF NOT EXISTS starting_deadline_seconds integer NULL",
                     reverse_sql="ALTER TABLE jobs DROP COLUMN IF EXISTS starting_deadline_seconds",
                 ),
+                # Two statements, sent one by one: a connection with server-side binding
+                # (the scheduler's, the benchmarks') refuses several in one.
                 migrations.RunSQL(
-                    "ALTER TABLE jobs DROP CONSTRAINT IF EXISTS jobs_starting_deadline_seconds_check; "
-                    "ALTER TABLE jobs ADD CONSTRAINT jobs_starting_deadline_seconds_check "
-                    "CHECK (starting_deadline_seconds >= 1) NOT VALID",
+                    [
+                        "ALTER TABLE jobs DROP CONSTRAINT IF EXISTS jobs_starting_deadline_seconds_check",
+                        "ALTER TABLE jobs ADD CONSTRAINT jobs_starting_deadline_seconds_check "
+                        "CHECK (starting_deadline_seconds >= 1) NOT VALID",
+                    ],
                     reverse_sql="ALTER TABLE jobs DROP CONSTRAINT IF EXISTS jobs_starting_deadline_seconds_check",
                 ),
                 migrations.RunSQL(
