@@ -6,9 +6,17 @@ Citus does not propagate CREATE DATABASE: a database exists on the coordinator a
 every worker separately, each with the `citus` extension, and only the coordinator's
 copy knows the workers (pg_dist_node lives in the database). `prepare_database` does
 all of that for one database name; it is the only place that does.
+
+`Placements` says which worker holds each partition's shards, from the coordinator's
+catalog alone: both processes group their batches by worker with it, so that one
+worker out of reach fails only its own partitions' statements
+(docs/decisions/0073-one-worker-down.md).
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Iterable
 
 import psycopg
 from psycopg import sql
@@ -138,3 +146,68 @@ async def citus_installed_async(conn) -> bool:
         cursor = await conn.execute(INSTALLED_SQL)
         _ANSWERS[database] = bool((await cursor.fetchone())[0])
     return _ANSWERS[database]
+
+
+# partition_id -> 'host:port' of the worker holding the partition's shard of `jobs` (its
+# co-located tables' shards are on the same worker). Catalog tables only: citus_shards
+# asks every worker for shard sizes, and so fails while one is down.
+PLACEMENTS_SQL = """
+SELECT p.partition_id, n.nodename || ':' || n.nodeport
+FROM unnest(%s::int[]) AS p(partition_id)
+JOIN pg_dist_placement pl ON pl.shardid = get_shard_id_for_distribution_column('jobs', p.partition_id)
+JOIN pg_dist_node n ON n.groupid = pl.groupid
+"""
+# How long a read of the placements serves. A shard move changes them; a statement sent
+# by a stale map still reaches the right worker (Citus routes it by the catalog), only
+# its grouping is off until the next read.
+PLACEMENTS_SECONDS = 10.0
+
+
+class Placements:
+    """Which worker holds each partition, read again every PLACEMENTS_SECONDS or when
+    forgotten (after a failure, the shard may have moved). Not Citus: every partition is
+    on the one server, named ''."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[int, str] = {}
+        self._read_at: float | None = None
+
+    def _stale(self, partitions: Iterable[int]) -> bool:
+        return (
+            self._read_at is None
+            or time.monotonic() - self._read_at >= PLACEMENTS_SECONDS
+            or any(p not in self._nodes for p in partitions)
+        )
+
+    def _keep(self, rows: list[tuple[int, str]]) -> None:
+        self._nodes.update(rows)
+        self._read_at = time.monotonic()
+
+    def forget(self) -> None:
+        self._read_at = None
+
+    def read(self, cursor, partitions: list[int]) -> dict[int, str]:
+        """{partition_id: 'host:port'} for `partitions`, on a sync cursor (the scheduler's)."""
+        if not citus_installed(cursor):
+            return dict.fromkeys(partitions, "")
+        if self._stale(partitions):
+            cursor.execute(PLACEMENTS_SQL, [sorted(set(partitions))])
+            self._keep(cursor.fetchall())
+        return {p: self._nodes.get(p, "") for p in partitions}
+
+    async def read_async(self, conn, partitions: list[int]) -> dict[int, str]:
+        """read() on an AsyncConnection (the executor's)."""
+        if not await citus_installed_async(conn):
+            return dict.fromkeys(partitions, "")
+        if self._stale(partitions):
+            cursor = await conn.execute(PLACEMENTS_SQL, [sorted(set(partitions))])
+            self._keep(await cursor.fetchall())
+        return {p: self._nodes.get(p, "") for p in partitions}
+
+
+def by_node(nodes: dict[int, str]) -> dict[str, list[int]]:
+    """{node: its partitions, ascending} from read()'s answer."""
+    out: dict[str, list[int]] = {}
+    for partition, node in sorted(nodes.items()):
+        out.setdefault(node, []).append(partition)
+    return out

@@ -18,7 +18,12 @@ loop of a process reports to the same `OutageLog` instead:
   HOST:PORT failed") is an outage of that worker, with its own pair of lines naming
   it. The coordinator still answers meanwhile: the statements that touch only healthy
   shards succeed between the ones that need the worker, so an `ok()` proves nothing
-  about the worker. It is back once no call has failed on it for `settle_seconds`.
+  about the worker. It is back once no call has failed on it for `settle_seconds`;
+* a caller that can address partitions by worker (both processes on Citus) leaves the
+  partitions of a worker that failed out of its batches (`set_aside`), trying it again
+  with a backoff, so one worker down never fails the batches of the healthy ones. Such
+  a worker is back only when a call that reached it succeeds (`reached`): no call
+  failing on it proves nothing while no call is sent to it.
 
 Thread-safe: the scheduler's heartbeat thread and its dispatch loop share one.
 """
@@ -29,7 +34,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import psycopg
@@ -44,6 +49,13 @@ BACK = "database reachable again"
 # Citus's error when the coordinator cannot reach a worker: "connection to the remote
 # node user@host:port failed with the following error: ...".
 _REMOTE_NODE = re.compile(r"connection to the remote node (?:[^@\s]+@)?(\S+?:\d+) failed")
+
+
+# A worker set aside is tried again after RETRY_FIRST_SECONDS, doubling per failure up to
+# RETRY_MAX_SECONDS: a restarted worker is found within seconds, and a dead one costs a
+# failed call per 8 s, not one per batch.
+RETRY_FIRST_SECONDS = 0.5
+RETRY_MAX_SECONDS = 8.0
 
 
 # SQLSTATEs of a database out of reach: class 08, a crash shutdown, a server starting up.
@@ -70,6 +82,11 @@ class _Episode:
     last_failure: float
     failures: int = 0
     announced: bool = False
+    set_aside: bool = False  # left out of batches: only `reached` ends it
+
+    def next_try(self) -> float:
+        backoff = RETRY_FIRST_SECONDS * 2 ** max(0, self.failures - 1)
+        return self.last_failure + min(RETRY_MAX_SECONDS, backoff)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -147,6 +164,42 @@ class OutageLog:
                 _first_line(exc),
             )
 
+    def set_aside(self, workers: Iterable[str]) -> set[str]:
+        """Of `workers` ('host:port' of Citus workers), those a batch leaves out now: a
+        call failed on them and their next try (a backoff from the last failure) is not
+        due yet. A worker whose try is due is not left out: the batch tries it."""
+        with self._lock:
+            now = self._clock()
+            out = set()
+            for worker in workers:
+                episode = self._workers.get(worker)
+                if episode is None:
+                    continue
+                episode.set_aside = True
+                if now < episode.next_try():
+                    out.add(worker)
+            return out
+
+    def reached(self, workers: Iterable[str]) -> None:
+        """A call that touched `workers` succeeded: their outages are over."""
+        with self._lock:
+            for worker in workers:
+                episode = self._workers.pop(worker, None)
+                if episode is not None and episode.announced:
+                    self._log_back(worker, episode)
+
+    def _log_back(self, worker: str, episode: _Episode) -> None:
+        log.info(
+            "%s: %s: Citus worker %s after %.1fs away (%d failed attempts)",
+            self.name,
+            BACK,
+            worker,
+            # Set aside, it was last tried just now; otherwise nothing has failed on it
+            # since its last failure.
+            (self._clock() if episode.set_aside else episode.last_failure) - episode.since,
+            episode.failures,
+        )
+
     def ok(self) -> None:
         """A database call succeeded: whatever outage there was is over (a Citus
         worker's once no call has failed on it for settle_seconds)."""
@@ -173,15 +226,8 @@ class OutageLog:
         with self._lock:
             now = self._clock()
             for worker, episode in list(self._workers.items()):
-                if now - episode.last_failure < self.settle_seconds:
+                if episode.set_aside or now - episode.last_failure < self.settle_seconds:
                     continue
                 if episode.announced:
-                    log.info(
-                        "%s: %s: Citus worker %s after %.1fs away (%d failed attempts)",
-                        self.name,
-                        BACK,
-                        worker,
-                        episode.last_failure - episode.since,
-                        episode.failures,
-                    )
+                    self._log_back(worker, episode)
                 del self._workers[worker]

@@ -94,6 +94,36 @@ def test_a_citus_worker_out_of_reach_is_one_away_line_and_one_back_line_naming_i
     ]
 
 
+def test_a_worker_set_aside_is_retried_with_backoff_and_back_only_once_reached(caplog):
+    # Batches grouped by worker leave a failed worker out: nothing fails on it any more,
+    # which must not read as "back" (a new episode and a second away line would follow
+    # at its next try), and it is tried again at growing intervals, not every batch.
+    caplog.set_level(logging.DEBUG, logger="scheduler_project.outage")
+    clock = FakeClock()
+    outage = OutageLog(name="scheduler", grace_seconds=0.5, clock=clock)
+    down, healthy = "127.0.0.1:41867", "127.0.0.1:41868"
+    refused = psycopg.OperationalError(f"connection to the remote node cronyard@{down} failed: refused")
+    tries = []
+    for step in range(300):  # 30 s of batches every 0.1 s
+        if down not in outage.set_aside([down, healthy]):
+            tries.append(clock.now)
+            outage.failed(refused)
+        outage.ok()  # the healthy worker's batch
+        clock.now += 0.1
+    assert outage.away
+    gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+    # Each try at the first batch after it is due (batches every 0.1 s).
+    expected = [0.5, 1.0, 2.0, 4.0] + [8.0] * (len(gaps) - 4)
+    assert len(gaps) >= 5 and gaps == pytest.approx(expected, abs=0.11), gaps
+    assert outage.set_aside([healthy]) == set()
+    clock.now += 8
+    assert outage.set_aside([down]) == set()  # its try is due
+    outage.reached([down])
+    assert not outage.away and outage.set_aside([down]) == set()
+    assert len(lines(caplog, AWAY)) == 1 and len(lines(caplog, BACK)) == 1
+    assert f"Citus worker {down} after " in lines(caplog, BACK)[0]
+
+
 def child_env(pg: PrivatePg) -> dict:
     env = dict(os.environ)
     env.update(
