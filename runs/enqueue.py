@@ -14,6 +14,7 @@ from django.db import connection
 
 from runs.execution.queries import NOTIFY_CHANNEL
 from runs.rows import InsertedRun, NewRun
+from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
 
 _INSERT_SQL = """
@@ -33,7 +34,7 @@ active AS (
            count(*) FILTER (WHERE r.status IN ('queued', 'retrying')) AS waiting
     FROM job_runs r
     WHERE r.job_id IN (SELECT job_id FROM incoming)
-      AND r.status IN ('queued', 'running', 'retrying')
+      AND r.status IN ('queued', 'running', 'retrying') {active_partitions}
     GROUP BY r.job_id
 ),
 decided AS (
@@ -63,6 +64,17 @@ RETURNING job_id, scheduled_at, status
 """
 
 
+# The overlap read names the batch's partitions on Citus only. There a read of job_runs
+# by job_id alone goes to every shard, on every worker: one worker down failed every
+# insert, the healthy workers' jobs too (docs/decisions/0073-one-worker-down.md), and
+# each batch paid a round trip per shard. On plain PostgreSQL the statement stays as it
+# was: a partition list beside a keyed lookup of job_runs misleads its planner
+# (runs/per_partition.py says how).
+_INSERT = {
+    False: _INSERT_SQL.replace("{active_partitions}", ""),
+    True: _INSERT_SQL.replace("{active_partitions}", "AND r.partition_id = ANY(%b::smallint[])"),
+}
+
 _NEW_RUN_FIELDS = tuple(f.name for f in fields(NewRun))
 _TARGET = _NEW_RUN_FIELDS.index("target")
 
@@ -87,7 +99,11 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
     if not runs:
         return []
     with connection.wrap_database_errors, raw_cursor(connection) as cursor:
-        cursor.execute(_INSERT_SQL, _columns(runs))
+        citus = citus_installed(cursor)
+        columns = _columns(runs)
+        if citus:
+            columns.append(sorted({run.partition_id for run in runs}))
+        cursor.execute(_INSERT[citus], columns)
         return [InsertedRun(job_id=row[0], scheduled_at=row[1], status=row[2]) for row in cursor.fetchall()]
 
 

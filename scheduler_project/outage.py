@@ -70,10 +70,19 @@ def is_outage(exc: BaseException) -> bool:
     and must still be reported every time."""
     if not isinstance(exc, CONNECTION_ERRORS):
         return False
-    if _REMOTE_NODE.search(str(exc)):
+    if unreachable_worker(exc):
         return True
     state = getattr(exc, "sqlstate", None)
     return state is None or state.startswith("08") or state in _LOST_CONNECTION_STATES
+
+
+def unreachable_worker(exc: BaseException) -> str | None:
+    """The 'host:port' of the Citus worker `exc` says the coordinator could not reach
+    (None: not such an error)."""
+    if not isinstance(exc, CONNECTION_ERRORS):
+        return None
+    found = _REMOTE_NODE.search(str(exc))
+    return found.group(1) if found else None
 
 
 @dataclass
@@ -124,9 +133,9 @@ class OutageLog:
         if not isinstance(exc, CONNECTION_ERRORS):
             log.warning("%s: database call failed (%s); retrying", self.name, _first_line(exc))
             return
-        worker = _REMOTE_NODE.search(str(exc))
+        worker = unreachable_worker(exc)
         if worker:
-            self._worker_failed(worker.group(1), exc)
+            self._worker_failed(worker, exc)
             return
         with self._lock:
             now = self._clock()

@@ -138,8 +138,8 @@ def test(args: list[str]) -> int:
 # What `make test-citus` runs on the local Citus cluster: the database-facing files (keys
 # and distribution, dispatch, the ledger, the API's jobs and runs, retention, every
 # console page, the executor's claim and fencing), the exactly-once process test (schedulers and
-# executors SIGKILLed and SIGSTOPped) and the short Citus chaos run (a worker crashed, a
-# shard moved, on a cluster of its own).
+# executors SIGKILLed and SIGSTOPped), the short Citus chaos run (a worker crashed, a
+# shard moved, on a cluster of its own) and dispatch with one worker down (the same).
 CITUS_TESTS = (
     "tests/test_partition_keys.py",
     "tests/test_citus_retention.py",
@@ -167,6 +167,7 @@ CITUS_TESTS = (
     "tests/test_exactly_once.py",
     "tests/test_job_health.py",
     "tests/test_chaos_citus.py",
+    "tests/test_citus_worker_down.py",
 )
 # A short dispatch and execute run: enough to see Citus's overhead, not a benchmark.
 # The raw dispatch loop too (--with-limit): `make bench`'s Citus rows run it there.

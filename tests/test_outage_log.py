@@ -7,6 +7,7 @@ other xdist workers) under a real scheduler and a real executor.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
@@ -104,14 +105,14 @@ def test_a_worker_set_aside_is_retried_with_backoff_and_back_only_once_reached(c
     down, healthy = "127.0.0.1:41867", "127.0.0.1:41868"
     refused = psycopg.OperationalError(f"connection to the remote node cronyard@{down} failed: refused")
     tries = []
-    for step in range(300):  # 30 s of batches every 0.1 s
+    for _step in range(300):  # 30 s of batches every 0.1 s
         if down not in outage.set_aside([down, healthy]):
             tries.append(clock.now)
             outage.failed(refused)
         outage.ok()  # the healthy worker's batch
         clock.now += 0.1
     assert outage.away
-    gaps = [b - a for a, b in zip(tries, tries[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(tries)]
     # Each try at the first batch after it is due (batches every 0.1 s).
     expected = [0.5, 1.0, 2.0, 4.0] + [8.0] * (len(gaps) - 4)
     assert len(gaps) >= 5 and gaps == pytest.approx(expected, abs=0.11), gaps

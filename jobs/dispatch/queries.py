@@ -193,8 +193,12 @@ WHERE tenant_id = ANY(%s) AND window_start >= %s AND window_start > '{LOCK_WINDO
 """
 
 # Add the counts, drop the tenants' past minutes, move the deferred runs' not_before (and
-# record that they moved): one statement; rate_limits.record runs it.
-TENANT_RECORD = f"""
+# record that they moved): one statement; rate_limits.record runs it, in the form of its
+# engine. On Citus the deferred runs' UPDATE names their partitions: the keyed join alone
+# sends it to every shard of job_runs, on every worker, and one worker down then fails
+# the batches of the healthy ones (docs/decisions/0073-one-worker-down.md). Plain
+# PostgreSQL keeps the keyed join alone (runs/per_partition.py: why no partition list).
+_TENANT_RECORD = f"""
 WITH counted AS (
     INSERT INTO tenant_dispatch_windows (tenant_id, window_start, runs)
     SELECT * FROM unnest(%(tenant)s::bigint[], %(window)s::timestamptz[], %(runs)s::integer[])
@@ -213,8 +217,12 @@ deferred AS (
     FROM unnest(%(job_id)s::uuid[], %(scheduled_at)s::timestamptz[], %(partition_id)s::smallint[],
                 %(not_before)s::timestamptz[]) AS d(job_id, scheduled_at, partition_id, not_before)
     WHERE r.job_id = d.job_id AND r.scheduled_at = d.scheduled_at AND r.partition_id = d.partition_id
-      AND r.status = 'queued'
+      AND r.status = 'queued' {{deferred_partitions}}
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM counted), (SELECT count(*) FROM deferred)
 """
+TENANT_RECORD = _TENANT_RECORD.replace("{deferred_partitions}", "")
+TENANT_RECORD_CITUS = _TENANT_RECORD.replace(
+    "{deferred_partitions}", "AND r.partition_id = ANY(%(partitions)s::smallint[])"
+)

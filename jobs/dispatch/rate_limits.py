@@ -38,6 +38,7 @@ from django.db import connection
 from jobs.dispatch import queries
 from jobs.dispatch.planning import Plan
 from runs.rows import InsertedRun
+from scheduler_project.citus import citus_installed
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,13 @@ def defer_excess(*, plans: Sequence[Plan], inserted: Sequence[InsertedRun], now:
             added, deferred = allocate(runs, used=used[tenant], limit=limits[tenant])
             counts += [(tenant, window, n) for window, n in added.items()]
             deferrals += [(w.job_id, w.scheduled_at, w.partition_id, to) for w, to in deferred]
-        moved = record(cursor, counts=counts, deferrals=deferrals, prune_before=current)
+        moved = record(
+            cursor,
+            counts=counts,
+            deferrals=deferrals,
+            prune_before=current,
+            partitions={w.partition_id for runs in wanted.values() for w in runs},
+        )
     if moved:
         log.debug("rate limit: %d runs of %d tenants deferred to later minutes", moved, len(wanted))
     return moved
@@ -164,12 +171,15 @@ def record(
     counts: Sequence[tuple[int, datetime, int]],
     deferrals: Sequence[tuple[UUID, datetime, int, datetime]],
     prune_before: datetime,
+    partitions: set[int],
 ) -> int:
     """Add (tenant, minute, runs) to the counters, drop the tenants' past minutes, and
     move the deferred runs (job_id, scheduled_at, partition_id, not_before). Returns
-    how many runs were moved."""
+    how many runs were moved. `partitions`: those of the counted runs, never empty (on
+    Citus an empty list would not narrow the update to any shard, so it goes to all)."""
+    citus = citus_installed(cursor)
     cursor.execute(
-        queries.TENANT_RECORD,
+        queries.TENANT_RECORD_CITUS if citus else queries.TENANT_RECORD,
         {
             "tenant": [c[0] for c in counts],
             "window": [c[1] for c in counts],
@@ -180,6 +190,7 @@ def record(
             "scheduled_at": [d[1] for d in deferrals],
             "partition_id": [d[2] for d in deferrals],
             "not_before": [d[3] for d in deferrals],
+            **({"partitions": sorted(partitions)} if citus else {}),
         },
     )
     return cursor.fetchone()[1]

@@ -1,7 +1,10 @@
 """The dispatch loop: turns due jobs of owned partitions into run rows, exactly once.
 
-One step = one batch in two phases (see jobs/dispatch/fencing.py for why the locking
-transaction, not the partition lease, is what keeps firing exactly-once):
+One step = one batch in two phases per group of owned partitions (see
+jobs/dispatch/fencing.py for why the locking transaction, not the partition lease, is
+what keeps firing exactly-once). A group is the partitions one Citus worker holds, so a
+worker out of reach fails only its own batch (docs/decisions/0073-one-worker-down.md);
+plain PostgreSQL has one group, all of them:
 
     read (autocommit, no locks): due jobs of owned partitions, on-time ones first
     plan each job in Python (normal slot or bounded misfire arithmetic), within a
@@ -40,10 +43,10 @@ from runs import alerts, counters, day_partitions
 from runs.enqueue import enqueue_runs, notify_executors
 from runs.execution import breakers
 from scheduler_project import db, liveness
-from scheduler_project.citus import citus_installed
+from scheduler_project.citus import Placements, by_node, citus_installed
 from scheduler_project.db import raw_cursor
 from scheduler_project.loop import Loop
-from scheduler_project.outage import is_outage
+from scheduler_project.outage import is_outage, unreachable_worker
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +136,8 @@ class Scheduler(Loop):
         self.batch_limit = self.batch_size
         # Set by a dispatch that found nothing due: when (monotonic) the next job is.
         self._next_due_mono: float | None = None
+        # Which Citus worker holds each partition: batches are grouped by it.
+        self.placements = Placements()
 
     # -- Loop API ------------------------------------------------------------------
 
@@ -179,7 +184,6 @@ class Scheduler(Loop):
         self.lease.outage.ok()
         if result.full and self.batch_limit < self.batch_size:
             self.batch_limit = min(self.batch_size, self.batch_limit * 2)
-        self._dispatched_since_summary += result.inserted
         return result.full or result.still_due
 
     def run(self, *, once: bool = False) -> None:
@@ -203,16 +207,81 @@ class Scheduler(Loop):
     # -- dispatch --------------------------------------------------------------------
 
     def dispatch(self, snap: partition_leases.LeaseSnapshot) -> BatchResult:
-        started = time.monotonic()
+        """One batch per worker holding owned partitions (one batch on plain PostgreSQL),
+        so that a worker out of reach fails only its own partitions' batch."""
         if not self.batch_size:
             # Here, not at start: the database may be down when the process starts.
             with connection.cursor() as cursor:
                 citus = citus_installed(cursor)
             self.batch_size = self.batch_limit = CITUS_BATCH_SIZE if citus else BATCH_SIZE
         now = self.clock() if self.clock else db.now()
-        jobs = self._read_due(sorted(snap.owned), now)
+        results: list[BatchResult] = []
+        next_dues: list[datetime | None] = []
+        for node, partitions in self._groups(sorted(snap.owned)).items():
+            try:
+                result = self._dispatch_group(snap, partitions, now)
+            except DatabaseError as exc:
+                if not self._worker_away(exc):
+                    raise
+                continue
+            if node:
+                self.lease.outage.reached([node])
+            results.append(result)
+            if not (result.full or result.still_due):
+                next_dues.append(self._next_due(partitions, now))
+        # The idle wait ends at the earliest next job of the groups that have nothing
+        # due; a group set aside or failed has no say (the poll finds it again).
+        known = [d for d in next_dues if d is not None]
+        nxt = min(known) if known else None
+        self._next_due_mono = None if nxt is None else time.monotonic() + (nxt - now).total_seconds()
+        return BatchResult(
+            jobs=sum(r.jobs for r in results),
+            runs=sum(r.runs for r in results),
+            inserted=sum(r.inserted for r in results),
+            skipped=sum(r.skipped for r in results),
+            misfires=sum(r.misfires for r in results),
+            changed=sum(r.changed for r in results),
+            refused=sum(r.refused for r in results),
+            still_due=any(r.still_due for r in results),
+            full=any(r.full for r in results),
+        )
+
+    def _groups(self, owned: list[int]) -> dict[str, list[int]]:
+        """The owned partitions by the Citus worker holding them ('': plain PostgreSQL,
+        one group, no statement), without the workers the outage log sets aside now.
+
+        The batch limit is per group: it bounds a transaction (its locks, its time under
+        idle_in_transaction_session_timeout, the halving after a failure), and each
+        group's statements touch only its worker's shards, so a group of 2,000 jobs
+        costs what a batch of 2,000 always did; a step with k workers dispatches up to
+        k batches. Dividing the limit by the workers would shrink each batch and lose
+        the per-statement amortisation CITUS_BATCH_SIZE is for."""
+        if not owned:
+            return {}
+        with connection.wrap_database_errors, connection.cursor() as cursor:
+            groups = by_node(self.placements.read(cursor, owned))
+        aside = self.lease.outage.set_aside([node for node in groups if node])
+        return {node: partitions for node, partitions in groups.items() if node not in aside}
+
+    def _worker_away(self, exc: DatabaseError) -> bool:
+        """Whether a group's batch failed because the coordinator could not reach a
+        Citus worker: then the outage log has it (and sets it aside, with backoff), the
+        placements are read again (a shard may have moved), and the other groups go on.
+        Nothing was committed: the group's jobs are dispatched when it is back."""
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        if not unreachable_worker(cause):
+            return False
+        self.lease.outage.failed(cause)
+        self.placements.forget()
+        return True
+
+    def _dispatch_group(
+        self, snap: partition_leases.LeaseSnapshot, partitions: list[int], now: datetime
+    ) -> BatchResult:
+        """The batch of `partitions` (one worker's on Citus): read, plan, one transaction."""
+        started = time.monotonic()
+        jobs = self._read_due(partitions, now)
         if not jobs:
-            self._note_next_due(sorted(snap.owned), now)
             return BatchResult()
         plans = self._plan_batch(jobs, now)
         with transaction.atomic(), connection.wrap_database_errors:
@@ -252,6 +321,7 @@ class Scheduler(Loop):
         self.tally.add(counters.DISPATCHED, len(inserted) - skipped, label="queued")
         self.tally.add(counters.DISPATCHED, skipped, label="skipped")
         self.tally.add(counters.MISFIRES, len(misfires))
+        self._dispatched_since_summary += len(inserted)
         result = BatchResult(
             jobs=len(plans),
             runs=len(runs),
@@ -264,8 +334,6 @@ class Scheduler(Loop):
             # A batch cut short by the planning budget has more work waiting too.
             full=len(jobs) >= self.batch_limit or len(plans) < len(jobs),
         )
-        if not (result.full or result.still_due):
-            self._note_next_due(sorted(snap.owned), now)
         if result.refused:
             log.warning(
                 "node=%s: %d jobs changed under a locked read (CAS refused)", self.node_id, result.refused
@@ -280,7 +348,7 @@ class Scheduler(Loop):
             snap.session_pid,
             snap.generation,
             db_now.isoformat(),
-            len(held & snap.owned),
+            len(held & set(partitions)),
             result.jobs,
             result.runs,
             result.inserted,
@@ -298,16 +366,16 @@ class Scheduler(Loop):
         )
         return result
 
-    def _note_next_due(self, owned: list[int], now: datetime) -> None:
-        """Remember when the next owned job falls due, so the idle wait ends then."""
+    def _next_due(self, partitions: list[int], now: datetime) -> datetime | None:
+        """When the next job of `partitions` falls due (None: none, or not known)."""
         try:
             with connection.wrap_database_errors:
-                nxt = fencing.next_due(raw_cursor(connection), owned=owned, now=now) if owned else None
+                return fencing.next_due(raw_cursor(connection), owned=partitions, now=now)
         except DatabaseError as exc:
             # Only the idle wait depends on it: fall back to a poll, never fail the batch.
-            log.warning("node=%s: could not read the next due time (%s); polling", self.node_id, exc)
-            nxt = None
-        self._next_due_mono = None if nxt is None else time.monotonic() + (nxt - now).total_seconds()
+            if not self._an_outage(exc):
+                log.warning("node=%s: could not read the next due time (%s); polling", self.node_id, exc)
+            return None
 
     def idle_seconds(self) -> float:
         """Sleep until the next owned job is due, at most a poll interval.
