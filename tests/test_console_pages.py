@@ -221,6 +221,29 @@ def test_the_run_page_and_the_dead_letter_replay(admin_client, console):
     assert JobRun.objects.get(pk=queued.pk).status == "queued"
 
 
+def test_an_objects_page_reads_its_object_once(admin_client, console):
+    """The title (the object's name) and the page's buttons come from the object Django
+    loads for the form, not from loads of their own."""
+    entry = AuditEntry.objects.order_by("id").first()
+    pages = {
+        f"/admin/jobs/job/{console['alpha'].pk}/edit/": ("jobs", console["alpha"].pk.hex),
+        f"/admin/jobs/tenant/{console['other'].pk}/change/": ("tenants", console["other"].pk),
+        f"/admin/runs/jobrun/{console['dead'].pk}/change/": ("job_runs", console["dead"].pk),
+        f"/admin/runs/deadrun/{console['dead'].pk}/change/": ("job_runs", console["dead"].pk),
+        f"/admin/jobs/auditentry/{entry.pk}/change/": ("audit_entries", entry.pk),
+    }
+    loads = {}
+    for url, (table, pk) in pages.items():
+        with CaptureQueriesContext(connection) as queries:
+            page = ok(admin_client.get(url))
+        by_key = re.compile(rf'^SELECT "{table}"\."id", .* WHERE .*"{table}"\."id" = \'?{pk}\b')
+        loads[url] = sum(1 for q in queries if by_key.search(q["sql"]))
+        assert "<title>Change " not in page and "<title>View " not in page  # titled by the object
+    assert loads == {url: 1 for url in pages}, loads
+    dead = ok(admin_client.get(f"/admin/runs/jobrun/{console['dead'].pk}/change/"))
+    assert "Run of alpha-report at " in dead and "Replay" in dead
+
+
 def test_the_audit_log_and_an_entry(admin_client, console):
     entry = AuditEntry.objects.order_by("-id").first()
     ok(admin_client.get(f"/admin/jobs/auditentry/{entry.pk}/change/"))

@@ -301,15 +301,12 @@ class JobRunAdmin(ConsoleTitles, RunOperations, admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context=None):
         return super().changelist_view(request, {"count_cap": COUNT_CAP, **(extra_context or {})})
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
-        run = self.get_object(request, object_id)
-        extra = {
-            "can_replay": run is not None and run.status in services.REPLAYABLE and self.can_operate(request),
-            "can_cancel": run is not None
-            and run.status in services.CANCELLABLE
-            and self.can_operate(request),
-        }
-        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        # The buttons from the run Django loaded for the page, not a load of their own.
+        operate = obj is not None and self.can_operate(request)
+        context["can_replay"] = operate and obj.status in services.REPLAYABLE
+        context["can_cancel"] = operate and obj.status in services.CANCELLABLE
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         return dashboard.page(request, admin_site=self.admin_site)
