@@ -213,11 +213,12 @@ class JobRunAdmin(ConsoleTitles, RunOperations, admin.ModelAdmin):
     def status_badge(self, run: JobRun) -> str:
         return status_pill(run.status)
 
-    @admin.display(description="attempt", ordering="attempt")
+    @admin.display(description="attempts used", ordering="attempt")
     def attempt_text(self, run: JobRun) -> str:
+        # Used, not the attempt number: a claim put back unsent took a number but no attempt.
         # "6 / 5" alone reads like a bug; past max_attempts only a replay can take a run.
         note = selectors.attempt_note(run)
-        base = f"{run.attempt} / {run.max_attempts}"
+        base = f"{run.attempts_used} / {run.max_attempts}"
         return f"{base} ({note})" if note else base
 
     @admin.display(description="dispatch")
