@@ -234,13 +234,22 @@ def trigger_job(*, job: Job, actor: str = audit.SYSTEM, now: datetime | None = N
 
 
 @dataclass(frozen=True)
+class PresentSlot:
+    """A slot of a backfill's window that already has a run (any status): the backfill skips it."""
+
+    scheduled_at: datetime
+    run_id: int
+    status: str
+
+
+@dataclass(frozen=True)
 class BackfillPlan:
     """What a backfill of [start, end] would do: the slots with no run row, and the rest."""
 
     missing: list[datetime]  # oldest first, at most MAX_BACKFILL_RUNS
     already_present: int  # slots in the range that already have a run (any status)
     capped: bool  # more slots are missing than one request may create
-    present: list[datetime]  # those slots, oldest first, at most MAX_BACKFILL_RUNS (for a preview)
+    present: list[PresentSlot]  # those slots with their runs, oldest first, at most MAX_BACKFILL_RUNS
 
 
 def plan_backfill(*, job: Job, start: datetime, end: datetime) -> BackfillPlan:
@@ -270,18 +279,20 @@ def plan_backfill(*, job: Job, start: datetime, end: datetime) -> BackfillPlan:
         raise ServiceError(
             "end", f"the range holds more than {MAX_BACKFILL_SCAN} slots; backfill a shorter range"
         )
-    present = set(
-        # partition_id first: the job's runs live in its one shard (on Citus, one shard read).
-        JobRun.objects.filter(
+    # partition_id first: the job's runs live in its one shard (on Citus, one shard read).
+    # With each run's id and status, the console's preview lists them from this one read.
+    present = {
+        at: (pk, status)
+        for at, pk, status in JobRun.objects.filter(
             partition_id=job.partition_id, job_id=job.id, scheduled_at__gte=start, scheduled_at__lte=end
-        ).values_list("scheduled_at", flat=True)
-    )
+        ).values_list("scheduled_at", "pk", "status")
+    }
     missing = [t for t in slots if t not in present]
     return BackfillPlan(
         missing=missing[:MAX_BACKFILL_RUNS],
         already_present=len(slots) - len(missing),
         capped=len(missing) > MAX_BACKFILL_RUNS,
-        present=[t for t in slots if t in present][:MAX_BACKFILL_RUNS],
+        present=[PresentSlot(t, *present[t]) for t in slots if t in present][:MAX_BACKFILL_RUNS],
     )
 
 

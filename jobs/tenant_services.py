@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import Count, F
 
 from jobs import audit
 from jobs.models import ApiToken, AuditAction, Job, Tenant, TenantDispatchWindow
@@ -134,6 +134,16 @@ def rotate_signing_secret(*, tenant: Tenant, actor: str) -> tuple[str, datetime]
     return secret, until
 
 
+def jobs_per_tenant(*, tenant_ids: list[int]) -> dict[int, int]:
+    """{tenant id: how many jobs it has} for those of `tenant_ids` with any, in one grouped
+    read. A tenant with jobs may not be deleted (delete_tenant); the console's tenant list and
+    its delete page show the same counts."""
+    if not tenant_ids:
+        return {}
+    counted = Job.objects.filter(tenant_id__in=tenant_ids).order_by().values_list("tenant_id")
+    return dict(counted.annotate(n=Count("*")))
+
+
 class TenantHasJobs(Exception):
     """The tenant still has jobs: delete them first (each job's delete takes its runs)."""
 
@@ -156,7 +166,7 @@ def delete_tenant(*, tenant: Tenant, actor: str) -> None:
     under the check.
     """
     Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
-    jobs = Job.objects.filter(tenant_id=tenant.pk).count()
+    jobs = jobs_per_tenant(tenant_ids=[tenant.pk]).get(tenant.pk)
     if jobs:
         raise TenantHasJobs(jobs)
     # No foreign keys on these two (each says why); they go with the tenant.

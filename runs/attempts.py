@@ -1,6 +1,6 @@
-"""Attempts: how many a run has used and when they are used up (`used`, `used_up` and
-their SQL forms `sql_used`, `sql_used_up`), and one attempt's entry in
-`job_runs.attempts`: the only definition of its keys and format.
+"""Attempts: how many a run has used and when they are used up (`used`, `used_up`, their
+SQL forms `sql_used`, `sql_used_up`, and `used` as a query expression, `orm_used`), and
+one attempt's entry in `job_runs.attempts`: the only definition of its keys and format.
 
 Attempts used is `attempt - deferrals`: the attempt number is the fencing token, taken
 by every claim, and a claim that put its run back unsent (a breaker's or a retry
@@ -45,6 +45,9 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from typing import Protocol
 
+from django.db.models import F
+from django.db.models.expressions import CombinedExpression
+
 
 def used(*, attempt: int, deferrals: int) -> int:
     """Attempts a run has used: its attempt number less the claims that sent nothing."""
@@ -54,6 +57,11 @@ def used(*, attempt: int, deferrals: int) -> int:
 def used_up(*, used: int, max_attempts: int) -> bool:
     """Whether `used` attempts leave none: the next failure ends the run dead."""
     return used >= max_attempts
+
+
+def orm_used() -> CombinedExpression:
+    """`used` as a query expression over job_runs (annotations, aggregates)."""
+    return F("attempt") - F("deferrals")
 
 
 def sql_used(alias: str) -> str:

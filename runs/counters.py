@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -186,49 +187,44 @@ class Tally:
             "values": [taken[key] for key in keys],
         }
 
-    def _statements(self) -> list[tuple[str, dict, Callable[[], None]]]:
-        """What a flush writes (nothing when nothing is pending), each statement with how
-        to give its data back to the tally when it fails."""
-        out: list[tuple[str, dict, Callable[[], None]]] = []
+    def _writes(self) -> Iterator[tuple[str, dict]]:
+        """What a flush writes, one statement at a time (nothing when nothing is pending).
+        Each is taken as written when the caller asks for the next; a flush that stops at
+        an error gives that statement's data and the rest back to the tally."""
+        statements: list[tuple[str, dict, Callable[[], None]]] = []
         taken = self._take()
         if taken:
-            out.append((_FLUSH_SQL, self._params(taken), lambda: self._give_back(taken)))
+            statements.append((_FLUSH_SQL, self._params(taken), lambda: self._give_back(taken)))
         successes = self._take_successes()
         if successes:
-            out.append(
+            statements.append(
                 (
                     _SUCCESS_FLUSH_SQL,
                     self._success_params(successes),
                     lambda: self._give_back_successes(successes),
                 )
             )
-        return out
+        written = 0
+        try:
+            for sql, params, _ in statements:
+                yield sql, params
+                written += 1
+        finally:
+            for _, _, give_back in statements[written:]:
+                give_back()
 
     def flush(self, cursor) -> None:
         """Write what was counted since the last flush (a sync cursor, autocommit or a
         transaction of its own). On an error the counts stay pending for the next flush."""
-        statements = self._statements()
-        for done, (sql, params, _) in enumerate(statements):
-            try:
+        with closing(self._writes()) as writes:
+            for sql, params in writes:
                 cursor.execute(sql, params)
-            except BaseException:
-                _give_back(statements[done:])
-                raise
 
     async def flush_async(self, conn) -> None:
         """`flush` on an async autocommit connection (the executor's node connection)."""
-        statements = self._statements()
-        for done, (sql, params, _) in enumerate(statements):
-            try:
+        with closing(self._writes()) as writes:
+            for sql, params in writes:
                 await conn.execute(sql, params)
-            except BaseException:
-                _give_back(statements[done:])
-                raise
-
-
-def _give_back(statements: list[tuple[str, dict, Callable[[], None]]]) -> None:
-    for _, _, give_back in statements:
-        give_back()
 
 
 def totals(cursor) -> dict[tuple[str, str], int]:

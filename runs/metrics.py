@@ -93,7 +93,7 @@ class CronyardCollector(Collector):
             # counters, which only go up and which rate() may be applied to.
             "cronyard_runs_last_24h",
             "Runs scheduled in the last 24 h: dispatched (all rows), succeeded, retried "
-            "(attempts beyond the first), dead, skipped, cancelled. A sliding window, not a counter.",
+            "(attempts used beyond the first), dead, skipped, cancelled. A sliding window, not a counter.",
             "status",
             window.items(),
         )

@@ -1,5 +1,6 @@
 from django.db import models
 
+from runs import attempts
 from runs.keys import format_utc
 from scheduler_project.sharding import PartitionKeyed
 
@@ -95,6 +96,11 @@ class JobRun(PartitionKeyed):
     def __str__(self) -> str:
         # Page titles, breadcrumbs and the admin log: the job's name reads, its id does not.
         return f"{self.job_name or self.job_id} @ {format_utc(self.scheduled_at)}"
+
+    @property
+    def attempts_used(self) -> int:
+        """Attempts this run has used (`attempt` is the claim's fence, not this)."""
+        return attempts.used(attempt=self.attempt, deferrals=self.deferrals)
 
     @property
     def run_key(self) -> str:

@@ -17,12 +17,12 @@ from uuid import UUID
 
 from django.contrib.postgres.aggregates import JSONBAgg
 from django.db import connection
-from django.db.models import Count, F, Min, Q, QuerySet, Sum, Value
+from django.db.models import Count, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
 from jobs.models import AuditEntry, Job, SchedulerNode, Tenant
 from runs import counters
-from runs.attempts import LEASE_EXPIRED, history, used_up
+from runs.attempts import LEASE_EXPIRED, history, orm_used, used_up
 from runs.keys import format_utc
 from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
 from scheduler_project import liveness
@@ -180,7 +180,7 @@ def dead_count(*, since: datetime) -> int:
 
 def window_totals(*, since: datetime) -> dict[str, int]:
     """Over runs scheduled at or after `since`, in one pass: dispatched (every run row),
-    succeeded, retried (attempts beyond the first), dead, skipped, cancelled, and
+    succeeded, retried (attempts used beyond the first), dead, skipped, cancelled, and
     lease_expiries (attempts entries the reaper recorded as expired)."""
     final = (RunStatus.SUCCEEDED, RunStatus.DEAD, RunStatus.SKIPPED, RunStatus.CANCELLED)
     any_expiry = Q()
@@ -188,7 +188,7 @@ def window_totals(*, since: datetime) -> dict[str, int]:
         any_expiry |= Q(attempts__contains=[{"outcome": outcome}])
     row = JobRun.objects.filter(scheduled_at__gte=since).aggregate(
         dispatched=Count("id"),
-        retried=Sum(Greatest(F("attempt") - Value(1), Value(0))),
+        retried=Sum(Greatest(orm_used() - Value(1), Value(0))),
         # Only the (rare) runs that had an expiry ship their history back to be counted.
         # Stored entries are enough: only a first-attempt success goes unstored
         # (runs/attempts.history), and it holds no expiry.

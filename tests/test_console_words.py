@@ -258,6 +258,33 @@ def test_trigger_kinds_and_actions_have_one_label_everywhere(admin_client, pages
     assert "`update` 'Edit'" in json.dumps(schema)
 
 
+def test_the_audit_actions_console_labels_are_one_sentence_in_the_schema(api):
+    """The audit entry's `action` and the list's `action` filter say the same words, from
+    one place in the code (two copies drift the day an action is added)."""
+    from pathlib import Path
+
+    from jobs.models import AuditAction
+
+    schema = api.get("/api/schema/", {"format": "json"}).json()
+    field = schema["components"]["schemas"]["AuditEntry"]["properties"]["action"]["description"]
+    (parameter,) = [
+        p["description"]
+        for p in schema["paths"]["/api/v1/audit/"]["get"]["parameters"]
+        if p["name"] == "action"
+    ]
+    sentence = "Shown in the console as: " + ", ".join(f"`{a.value}` {a.label!r}" for a in AuditAction)
+    assert sentence in field and sentence in parameter
+    root = Path(__file__).resolve().parent.parent
+    written = [
+        str(path.relative_to(root))
+        for package in ("jobs", "runs")
+        for path in (root / package).rglob("*.py")
+        for line in path.read_text().splitlines()
+        if '"Shown in the console as' in line
+    ]
+    assert written == ["jobs/api/audit.py"], written
+
+
 # --- audit changes by the API's field names -----------------------------------------
 
 

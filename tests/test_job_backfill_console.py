@@ -9,6 +9,8 @@ import re
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from jobs import services
 from jobs.models import AuditEntry
@@ -75,6 +77,19 @@ def test_the_form_and_its_preview_write_nothing(admin_client, hourly):
     assert "4 slots would get a run" in page and "2 already have a run and are skipped" in page
     assert 'value="Backfill 4 runs"' in page
     assert writes(hourly) == before
+
+
+def test_the_preview_reads_the_windows_runs_once(admin_client, hourly):
+    """The plan's read of the window's runs carries their ids and statuses: the page lists
+    the present slots, linked to their runs, without reading the runs again."""
+    with travel(NOW), CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(url(hourly), {**WINDOW, "preview": "Preview"}).content.decode()
+    reads = [q["sql"] for q in queries if q["sql"].startswith('SELECT "job_runs".')]
+    assert len(reads) == 1, reads
+    runs = dict(JobRun.objects.filter(job_id=hourly.pk).values_list("scheduled_at", "pk"))
+    for at in PRESENT:
+        assert f"/admin/runs/jobrun/{runs[parse_utc(at)]}/change/" in page
+    assert listed(page, "present") == PRESENT and page.count(">succeeded<") == 2
 
 
 def test_confirm_creates_exactly_the_previewed_runs_audited_under_the_operator(admin_client, hourly):

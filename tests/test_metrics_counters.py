@@ -166,6 +166,78 @@ def test_every_counter_is_exported_from_the_first_scrape(client):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_every_executor_count_says_which_counter_it_feeds_and_reaches_it():
+    """The executor exports its counts by the fields of Counters: a field added without
+    naming its counter (or that it feeds none) fails here, not silently on /metrics."""
+    from dataclasses import fields
+
+    from runs.execution.inflight import Counters
+
+    names = [count.name for count in fields(Counters)]
+    assert all("exported" in count.metadata for count in fields(Counters)), names
+    exported = [count.metadata["exported"] for count in fields(Counters) if count.metadata["exported"]]
+    fed = set(exported)
+    assert len(fed) == len(exported)  # no two fields feed one series
+    assert {spec for spec, _ in fed} <= set(counters.SPECS)
+
+    def total(spec: counters.Spec, label: str) -> int:
+        with connection.cursor() as cursor:
+            return counters.totals(cursor).get((spec.name, label), 0)
+
+    before = {(spec, label): total(spec, label) for spec, label in fed}
+    now = Counters(**{name: 10 + i for i, name in enumerate(names)})
+    tally = counters.Tally("counted-node")
+    for spec, gained, label in now.gained_since(Counters()):
+        tally.add(spec, gained, label=label)
+    with connection.cursor() as cursor:
+        tally.flush(cursor)
+    rose = {(spec, label): total(spec, label) - before[(spec, label)] for spec, label in fed}
+    expected = {count.metadata["exported"]: getattr(now, count.name) for count in fields(Counters)}
+    expected.pop(None)
+    assert rose == expected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_async_flush_writes_what_it_wrote_and_keeps_the_rest():
+    """The executor's flush (async): a statement that fails gives its data back; what was
+    written before it stays written and is not written twice."""
+    import asyncio
+
+    from tests.conftest import database_url
+
+    busy, _ = create_tenant(slug="busy")
+    at = timezone.now().replace(microsecond=0)
+
+    class SuccessesFail:
+        def __init__(self, conn):
+            self.conn = conn
+
+        async def execute(self, sql, params):
+            if "tenant_successes" in sql:
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+            return await self.conn.execute(sql, params)
+
+    async def flush(tally: counters.Tally, *, failing: bool) -> None:
+        async with await psycopg.AsyncConnection.connect(database_url(), autocommit=True) as conn:
+            await tally.flush_async(SuccessesFail(conn) if failing else conn)
+
+    def written() -> tuple[int, object]:
+        with connection.cursor() as cursor:
+            retries = counters.totals(cursor).get((counters.RETRIES.name, ""), 0)
+            return retries, counters.last_successes(cursor).get(busy.id)
+
+    start, _ = written()
+    tally = counters.Tally("async-node")
+    tally.add(counters.RETRIES, 3)
+    tally.succeeded(busy.id, at)
+    with pytest.raises(psycopg.OperationalError):
+        asyncio.run(flush(tally, failing=True))
+    assert written() == (start + 3, None)
+    asyncio.run(flush(tally, failing=False))
+    assert written() == (start + 3, at)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_failed_flush_keeps_its_counts_and_folding_keeps_every_sum():
     def total(name: str) -> int:
         with connection.cursor() as cursor:

@@ -163,6 +163,23 @@ def test_run_page_is_read_only_with_attempts_and_redacted_target(admin_client, r
     assert admin_client.get("/admin/runs/jobrun/add/").status_code == 403
 
 
+def test_a_run_shows_the_attempts_it_used_as_the_api_does(admin_client, api, runs):
+    """The attempt number is the claim's fence; a claim put back unsent (an open breaker,
+    a spent retry budget) used no attempt. Console and API both say how many were used."""
+    run = make_run(
+        runs["alpha"], minute_slots(7)[6], status="retrying", attempt=4, deferrals=2, max_attempts=5
+    )
+    field = r'<div class="readonly">{}</div>'
+    page = admin_client.get(f"/admin/runs/jobrun/{run.pk}/change/").content.decode()
+    assert re.search(field.format(r"2 / 5"), page), re.findall(field.format(r"\d+ / \d+"), page)
+    listed_page = admin_client.get("/admin/runs/jobrun/", {"status__exact": "retrying"}).content.decode()
+    assert re.search(r'<td class="field-attempt_text">2 / 5</td>', listed_page)
+    (shown,) = api.get("/api/v1/runs/", {"job": str(runs["alpha"].pk), "status": "retrying"}).json()[
+        "results"
+    ]
+    assert (shown["attempt"], shown["attempts_used"], shown["max_attempts"]) == (4, 2, 5)
+
+
 def test_single_replay_and_cancel_buttons(admin_client, runs):
     dead = runs["dead_b"]
     # A GET asks (what will happen, to which run) and changes nothing.

@@ -6,8 +6,7 @@ two times and the zone they are written in."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from urllib.parse import urlencode
 
 from django import forms
@@ -28,7 +27,6 @@ from jobs.admin.base import actor_of
 from jobs.admin.display import in_zone, relative
 from jobs.models import Job
 from runs.keys import format_utc
-from runs.models import JobRun
 
 WALL_FORMAT = "%Y-%m-%dT%H:%M:%S"
 
@@ -120,28 +118,6 @@ def initial(job: Job, *, now: datetime) -> dict[str, str]:
     return {"start": start.strftime(WALL_FORMAT), "end": end.strftime(WALL_FORMAT), "zone": job.time_zone}
 
 
-@dataclass(frozen=True)
-class PresentSlot:
-    """A slot of the window that already has a run (any status): the backfill skips it."""
-
-    scheduled_at: datetime
-    run_id: int | None
-    status: str
-
-
-def present_slots(job: Job, plan: services.BackfillPlan) -> list[PresentSlot]:
-    """The plan's present slots with their runs (one read by the run key's prefix)."""
-    if not plan.present:
-        return []
-    runs = {
-        at: (pk, status)
-        for pk, at, status in JobRun.objects.filter(
-            partition_id=job.partition_id, job_id=job.pk, scheduled_at__in=plan.present
-        ).values_list("pk", "scheduled_at", "status")
-    }
-    return [PresentSlot(at.astimezone(UTC), *runs.get(at, (None, ""))) for at in plan.present]
-
-
 def backfill_view(model_admin, request: HttpRequest, object_id: str) -> HttpResponse:
     """GET: the form, and with `preview` the dry run's list (nothing written). POST: the
     backfill through jobs.services.backfill_job, audited under the operator."""
@@ -227,9 +203,9 @@ def _page(
                     in_zone(p.scheduled_at, job.time_zone),
                     format_utc(p.scheduled_at),
                     p.status,
-                    reverse("admin:runs_jobrun_change", args=[p.run_id]) if p.run_id else "",
+                    reverse("admin:runs_jobrun_change", args=[p.run_id]),
                 )
-                for p in present_slots(job, plan)
+                for p in plan.present
             ],
             confirm=form.as_query() if form.is_valid() and plan.missing else None,
             window=(format_utc(window["start"]), format_utc(window["end"])),

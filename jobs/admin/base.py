@@ -14,6 +14,10 @@ def actor_of(request: HttpRequest) -> str:
     return admin_actor(request.user)
 
 
+# The context key by which change_view asks render_change_form for the object's title.
+_OBJECT_TITLE = "_console_object_title"
+
+
 class ConsoleTitles:
     """A list page titled by what it lists ("Runs", "Dead-letter queue"), and an object's
     page by the object (`object_title`), instead of Django's "Select job run to change"
@@ -29,9 +33,17 @@ class ConsoleTitles:
         return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
-        obj = self.get_object(request, object_id) if object_id else None
-        named = {"title": self.object_title(obj), "subtitle": None} if obj is not None else {}
-        return super().change_view(request, object_id, form_url, {**named, **(extra_context or {})})
+        # Titled in render_change_form, by the object Django loads for the form: a load
+        # here for the title would read the row twice per page.
+        own_title = "title" in (extra_context or {})
+        return super().change_view(
+            request, object_id, form_url, {_OBJECT_TITLE: not own_title, **(extra_context or {})}
+        )
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if context.pop(_OBJECT_TITLE, False) and obj is not None:
+            context.update(title=self.object_title(obj), subtitle=None)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
 
 class ReadOnlyAdmin(ConsoleTitles, admin.ModelAdmin):

@@ -11,6 +11,9 @@ from jobs.models import AuditAction, AuditEntry
 from runs.api.fields import UtcDateTimeField
 from runs.api.views import RunCursorPagination
 
+# What the console calls each action value: the entry's field and the list's filter say it alike.
+ACTION_LABELS = "Shown in the console as: " + ", ".join(f"`{a.value}` {a.label!r}" for a in AuditAction) + "."
+
 
 class AuditCursorPagination(RunCursorPagination):
     # The id is the commit order within one writer and ties nothing: one key suffices.
@@ -35,13 +38,7 @@ class AuditEntrySerializer(serializers.ModelSerializer):
         model = AuditEntry
         fields = ["id", "at", "actor", "action", "job_id", "job_name", "changes"]
         read_only_fields = fields
-        extra_kwargs = {
-            "action": {
-                "help_text": "Shown in the console as: "
-                + ", ".join(f"`{a.value}` {a.label!r}" for a in AuditAction)
-                + "."
-            }
-        }
+        extra_kwargs = {"action": {"help_text": ACTION_LABELS}}
 
     def to_representation(self, entry: AuditEntry) -> dict:
         data = super().to_representation(entry)
@@ -61,9 +58,7 @@ class AuditEntrySerializer(serializers.ModelSerializer):
             "action",
             OpenApiTypes.STR,
             enum=AuditAction.values,
-            description="Shown in the console as: "
-            + ", ".join(f"`{a.value}` {a.label!r}" for a in AuditAction)
-            + ".",
+            description=ACTION_LABELS,
         ),
         OpenApiParameter("since", OpenApiTypes.DATETIME, description="Inclusive."),
         OpenApiParameter("page_size", OpenApiTypes.INT, description="Default 50, at most 500."),

@@ -213,11 +213,12 @@ class JobRunAdmin(ConsoleTitles, RunOperations, admin.ModelAdmin):
     def status_badge(self, run: JobRun) -> str:
         return status_pill(run.status)
 
-    @admin.display(description="attempt", ordering="attempt")
+    @admin.display(description="attempts used", ordering="attempt")
     def attempt_text(self, run: JobRun) -> str:
+        # Used, not the attempt number: a claim put back unsent took a number but no attempt.
         # "6 / 5" alone reads like a bug; past max_attempts only a replay can take a run.
         note = selectors.attempt_note(run)
-        base = f"{run.attempt} / {run.max_attempts}"
+        base = f"{run.attempts_used} / {run.max_attempts}"
         return f"{base} ({note})" if note else base
 
     @admin.display(description="dispatch")
@@ -301,15 +302,12 @@ class JobRunAdmin(ConsoleTitles, RunOperations, admin.ModelAdmin):
     def changelist_view(self, request: HttpRequest, extra_context=None):
         return super().changelist_view(request, {"count_cap": COUNT_CAP, **(extra_context or {})})
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context=None):
-        run = self.get_object(request, object_id)
-        extra = {
-            "can_replay": run is not None and run.status in services.REPLAYABLE and self.can_operate(request),
-            "can_cancel": run is not None
-            and run.status in services.CANCELLABLE
-            and self.can_operate(request),
-        }
-        return super().change_view(request, object_id, form_url, {**extra, **(extra_context or {})})
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        # The buttons from the run Django loaded for the page, not a load of their own.
+        operate = obj is not None and self.can_operate(request)
+        context["can_replay"] = operate and obj.status in services.REPLAYABLE
+        context["can_cancel"] = operate and obj.status in services.CANCELLABLE
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         return dashboard.page(request, admin_site=self.admin_site)

@@ -47,6 +47,12 @@ class RunSerializer(serializers.ModelSerializer):
     started_at = UtcDateTimeField(read_only=True)
     finished_at = UtcDateTimeField(read_only=True)
     key = serializers.CharField(source="run_key", read_only=True)
+    attempts_used = serializers.IntegerField(
+        read_only=True,
+        help_text="Attempts the run has used: `attempt` (the claim's number, the fence) less the "
+        "claims that put it back unsent (an open circuit breaker, a spent retry budget). It is "
+        "out of attempts at `max_attempts`.",
+    )
     attempt_note = serializers.SerializerMethodField()
     rate_limited_to = UtcDateTimeField(read_only=True)
     dispatch_note = serializers.SerializerMethodField()
@@ -62,6 +68,7 @@ class RunSerializer(serializers.ModelSerializer):
             "status",
             "trigger",
             "attempt",
+            "attempts_used",
             "max_attempts",
             "attempt_note",
             "priority",

@@ -92,16 +92,6 @@ T = TypeVar("T")
 REAP_EVERY_SECONDS = 1.0
 HEARTBEAT_TICK_SECONDS = 0.25
 WRITE_BATCH = 500
-# Which field of Counters feeds which Prometheus counter (runs/counters.py), with its label.
-_EXPORTED = (
-    ("claimed", counters.ATTEMPTS, ""),
-    ("succeeded", counters.FINISHED, "succeeded"),
-    ("dead", counters.FINISHED, "dead"),
-    ("retried", counters.RETRIES, ""),
-    ("deferred", counters.DEFERRALS, ""),
-    ("lease_expiries", counters.LEASE_EXPIRIES, ""),
-    ("fenced", counters.FENCED, ""),
-)
 
 
 @dataclass
@@ -298,8 +288,8 @@ class Executor:
     async def flush_counters(self) -> None:
         """Hand what self.counters gained since the last flush to the tally, and write it."""
         now = self.counters
-        for attr, spec, label in _EXPORTED:
-            self.tally.add(spec, getattr(now, attr) - getattr(self._counted, attr), label=label)
+        for spec, gained, label in now.gained_since(self._counted):
+            self.tally.add(spec, gained, label=label)
         self._counted = replace(now)
         await self.tally.flush_async(self._node_conn)
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from runs import rows
+from runs import counters, rows
 from runs.attempts import HANDED_BACK, RETRIED, AttemptRecord, used_up
 from runs.execution import breaker_rules, retry
 from runs.keys import run_key
@@ -78,16 +78,36 @@ class Beat:
     lost: tuple[RunKey, ...] = ()  # dropped: their calls are cancelled, nothing is written
 
 
+def _count(spec: counters.Spec | None = None, label: str = "") -> int:
+    """A Counters field, with the Prometheus counter (runs/counters.py) and label it feeds;
+    no spec for a count /metrics does not show."""
+    return dataclasses.field(default=0, metadata={"exported": (spec, label) if spec else None})
+
+
 @dataclass
 class Counters:
-    claimed: int = 0
-    succeeded: int = 0
-    retried: int = 0
-    dead: int = 0
-    fenced: int = 0
-    handed_back: int = 0
-    lease_expiries: int = 0
-    deferred: int = 0
+    """The executor's counts since it started. Each field names the counter it feeds, so
+    what the executor exports follows the fields (`gained_since`)."""
+
+    claimed: int = _count(counters.ATTEMPTS)
+    succeeded: int = _count(counters.FINISHED, "succeeded")
+    retried: int = _count(counters.RETRIES)
+    dead: int = _count(counters.FINISHED, "dead")
+    fenced: int = _count(counters.FENCED)
+    # A hand-back that leaves its run to retry is not a failed call (cronyard_run_retries
+    # counts those) and one that ends it dead is counted as dead: no series of its own.
+    handed_back: int = _count()
+    lease_expiries: int = _count(counters.LEASE_EXPIRIES)
+    deferred: int = _count(counters.DEFERRALS)
+
+    def gained_since(self, before: Counters) -> list[tuple[counters.Spec, int, str]]:
+        """(counter, how much it gained since `before`, label) of every exported field."""
+        gained = []
+        for count in dataclasses.fields(self):
+            if count.metadata["exported"] is not None:
+                spec, label = count.metadata["exported"]
+                gained.append((spec, getattr(self, count.name) - getattr(before, count.name), label))
+        return gained
 
 
 def completion(
