@@ -84,7 +84,9 @@ def occurrences(
 
     runs = {
         r.scheduled_at: r
-        for r in JobRun.objects.filter(job_id=job.id, scheduled_at__gt=lo, scheduled_at__lte=hi)
+        for r in JobRun.objects.filter(
+            partition_id=job.partition_id, job_id=job.id, scheduled_at__gt=lo, scheduled_at__lte=hi
+        )
         .order_by("scheduled_at")
         .only("job_id", "scheduled_at", "status", "attempt", "trigger", "overlap_policy", "rate_limited_to")[
             :want

@@ -35,6 +35,17 @@ LEASE_EXPIRED_OUTCOMES = (LEASE_EXPIRED, "lease_expired")
 # --- runs -------------------------------------------------------------------------------
 
 
+def of_job(runs: QuerySet[JobRun], *, job_id: UUID) -> QuerySet[JobRun]:
+    """`runs` narrowed to the job's, by (partition_id, job_id): the run key's unique index
+    serves it, and on Citus it reads the job's one shard. The job's partition_id is read
+    from its row first (no index of job_runs is led by job_id alone); a job that does
+    not exist has no runs (deleting a job deletes its runs)."""
+    partition_id = Job.objects.filter(id=job_id).values_list("partition_id", flat=True).first()
+    if partition_id is None:
+        return runs.none()
+    return runs.filter(partition_id=partition_id, job_id=job_id)
+
+
 def runs_for_tenant(
     *,
     tenant_id: int,
@@ -47,7 +58,7 @@ def runs_for_tenant(
     exclusive, so consecutive windows tile without overlap."""
     qs = JobRun.objects.filter(tenant_id=tenant_id)
     if job_id is not None:
-        qs = qs.filter(job_id=job_id)
+        qs = of_job(qs, job_id=job_id)
     if status:
         qs = qs.filter(status=status)
     if scheduled_after is not None:
@@ -59,7 +70,7 @@ def runs_for_tenant(
 
 def get_run(*, job_id: UUID, scheduled_at: datetime, tenant_id: int | None = None) -> JobRun | None:
     """One run by its key; None when absent or (with tenant_id) another tenant's."""
-    qs = JobRun.objects.filter(job_id=job_id, scheduled_at=scheduled_at)
+    qs = of_job(JobRun.objects.filter(scheduled_at=scheduled_at), job_id=job_id)
     if tenant_id is not None:
         qs = qs.filter(tenant_id=tenant_id)
     return qs.first()

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from jobs import audit
 from jobs.models import AuditAction
+from runs import selectors
 from runs.attempts import AttemptRecord
 from runs.enqueue import notify_executors
 from runs.keys import run_key
@@ -74,7 +75,7 @@ def _cancel_changes(now: datetime, actor: str) -> dict:
 
 
 def _keyed(job_id: UUID, scheduled_at: datetime, tenant_id: int | None):
-    qs = JobRun.objects.filter(job_id=job_id, scheduled_at=scheduled_at)
+    qs = selectors.of_job(JobRun.objects.filter(scheduled_at=scheduled_at), job_id=job_id)
     return qs.filter(tenant_id=tenant_id) if tenant_id is not None else qs
 
 

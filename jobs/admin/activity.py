@@ -32,7 +32,7 @@ _FINISHED = ("succeeded", "dead", "skipped", "cancelled")
 
 def recent_runs(*, job: Job, limit: int = RECENT_RUNS) -> list[JobRun]:
     return list(
-        JobRun.objects.filter(job_id=job.id)
+        JobRun.objects.filter(partition_id=job.partition_id, job_id=job.id)
         .order_by("-scheduled_at")
         .only(
             "id",
@@ -51,7 +51,9 @@ def recent_runs(*, job: Job, limit: int = RECENT_RUNS) -> list[JobRun]:
 def last_finished(*, job: Job) -> JobRun | None:
     """The newest run (by slot) with a final status."""
     return (
-        JobRun.objects.filter(job_id=job.id, status__in=_FINISHED, finished_at__isnull=False)
+        JobRun.objects.filter(
+            partition_id=job.partition_id, job_id=job.id, status__in=_FINISHED, finished_at__isnull=False
+        )
         .order_by("-scheduled_at")
         .only("id", "job_id", "scheduled_at", "status", "finished_at", "last_error")
         .first()

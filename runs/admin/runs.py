@@ -53,7 +53,7 @@ class JobFilter(admin.SimpleListFilter):
         job_id = _uuid_or_none(self.value())
         if job_id is None:
             raise IncorrectLookupParameters(f"not a job id: {self.value()!r}")
-        return queryset.filter(job_id=job_id)
+        return selectors.of_job(queryset, job_id=job_id)
 
 
 def _uuid_or_none(text: str) -> UUID | None:
@@ -278,7 +278,7 @@ class JobRunAdmin(ConsoleTitles, RunOperations, admin.ModelAdmin):
             job_id = UUID(job_part)
         except ValueError:
             return queryset.filter(job_name__icontains=term), False
-        queryset = queryset.filter(job_id=job_id)
+        queryset = selectors.of_job(queryset, job_id=job_id)
         if time_part:
             try:
                 queryset = queryset.filter(scheduled_at=parse_utc(time_part))
