@@ -152,7 +152,7 @@ async def citus_installed_async(conn) -> bool:
 # co-located tables' shards are on the same worker). Catalog tables only: citus_shards
 # asks every worker for shard sizes, and so fails while one is down.
 PLACEMENTS_SQL = """
-SELECT p.partition_id, n.nodename || ':' || n.nodeport
+SELECT p.partition_id, n.nodename || ':' || n.nodeport, pl.shardid
 FROM unnest(%s::int[]) AS p(partition_id)
 JOIN pg_dist_placement pl ON pl.shardid = get_shard_id_for_distribution_column('jobs', p.partition_id)
 JOIN pg_dist_node n ON n.groupid = pl.groupid
@@ -170,6 +170,7 @@ class Placements:
 
     def __init__(self) -> None:
         self._nodes: dict[int, str] = {}
+        self._shards: dict[int, int] = {}
         self._read_at: float | None = None
 
     def _stale(self, partitions: Iterable[int]) -> bool:
@@ -179,9 +180,16 @@ class Placements:
             or any(p not in self._nodes for p in partitions)
         )
 
-    def _keep(self, rows: list[tuple[int, str]]) -> None:
-        self._nodes.update(rows)
+    def _keep(self, rows: list[tuple[int, str, int]]) -> None:
+        self._nodes.update((partition, node) for partition, node, _ in rows)
+        self._shards.update((partition, shard) for partition, _, shard in rows)
         self._read_at = time.monotonic()
+
+    def shard(self, partition: int) -> int:
+        """The shard (of `jobs`, and of its co-located tables) holding `partition`, as of
+        the last read; 0 for every partition where there are no shards. Partitions of one
+        shard can be named by one statement that Citus still sends to that shard alone."""
+        return self._shards.get(partition, 0)
 
     def forget(self) -> None:
         self._read_at = None

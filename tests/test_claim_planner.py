@@ -1,7 +1,8 @@
 """fair_share.Planner: a claimer claims again from its last fair-share plan, without
 reading a new one, while its claims with it come back full and it is younger than
 PLAN_REUSE_SECONDS; a short claim, its age or a forget() (the executor's NOTIFY) make
-the next claim read a new one. The claims themselves still decide caps and ranks."""
+the next claim read a new one. The claims themselves still decide caps and ranks.
+On Citus the planner keeps a work map instead (fair_share.Planner.refresh)."""
 
 from __future__ import annotations
 
@@ -129,9 +130,28 @@ def test_runs_announced_while_a_plan_is_read_make_the_next_claim_read_again(plan
     assert plan_reads == [10, 10]
 
 
-def test_one_partition_per_statement_reads_a_plan_for_every_claim(plan_reads, per_partition_forms):
-    backlog(30)
+def test_per_partition_claims_take_from_the_work_map_until_it_is_used_up(per_partition_forms, monkeypatch):
+    # The Citus claim path (on this plain server, one "worker" named ''): no read of every
+    # shard per claim; the map is read once and claimed from until used up, and runs queued
+    # since are found after a forget() (the executor's NOTIFY) or MAP_SECONDS.
+    monkeypatch.setattr(fair_share, "MAP_SECONDS", 60.0)
+    reads: list[str] = []
+    real = fair_share.Planner.refresh
+
+    async def counting(self, conn, node, partitions, **kwargs):
+        did = await real(self, conn, node, partitions, **kwargs)
+        if did:
+            reads.append(node)
+        return did
+
+    monkeypatch.setattr(fair_share.Planner, "refresh", counting)
+    tenant = backlog(25)
     planner = fair_share.Planner()
-    for _ in range(3):
-        assert len(claim(planner, limit=10)) == 10
-    assert plan_reads == [10, 10, 10]
+    assert [len(claim(planner, limit=10)) for _ in range(3)] == [10, 10, 5]
+    assert reads == [""], "the map was read again while it still held runs"
+    queue_runs(tenant, task_target("noop"), count=4)
+    assert len(claim(planner, limit=10)) == 0  # not announced, the map is young
+    planner.forget()
+    assert len(claim(planner, limit=10)) == 4
+    assert reads == ["", ""]
+

@@ -68,12 +68,21 @@ def partition_problems(statements: list[tuple[str, object]]) -> list[str]:
         if not _WRITES_OR_LOCKS.search(sql):
             continue
         head = " ".join(sql.split())[:80]
-        partition = params.get("partition") if isinstance(params, dict) else None
-        if not isinstance(partition, int):
-            problems.append(f"no single partition parameter: {head}")
+        # One partition (`= %(partition)s`), or the partitions of one shard (`=
+        # ANY(%(partitions)s)`, grouped by scheduler_project.citus.Placements: on this
+        # plain server every partition is in the one "shard", and on Citus the shards
+        # are Citus's own).
+        params = params if isinstance(params, dict) else {}
+        if isinstance(params.get("partition"), int):
+            named = r"= %\(partition\)s"
+        elif params.get("partitions") and all(isinstance(p, int) for p in params["partitions"]):
+            named = r"= ANY\(%\(partitions\)s::int\[\]\)"
+        else:
+            problems.append(f"no partition parameter: {head}")
+            continue
         for table, alias in _TABLE_REF.findall(sql):
-            if not re.search(rf"\b{alias}\.partition_id = %\(partition\)s", sql) and not (
-                alias.upper() in ("WHERE", "GROUP") and "partition_id = %(partition)s" in sql
+            if not re.search(rf"\b{alias}\.partition_id {named}", sql) and not (
+                alias.upper() in ("WHERE", "GROUP") and re.search(rf"partition_id {named}", sql)
             ):
                 problems.append(f"{table} {alias} not limited to the partition: {head}")
         for assignments in _SET_CLAUSE.findall(sql):

@@ -8,7 +8,9 @@ Citus, are runs/execution/queries.py (LOCK_TENANTS, RUNNING, CLAIM).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import psycopg
@@ -17,9 +19,15 @@ from psycopg import pq
 from runs import per_partition
 from runs.execution import fair_share, queries
 from runs.rows import ClaimedRun
+from scheduler_project.citus import by_node
+from scheduler_project.outage import OutageLog, is_outage
 
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
 TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
+
+# The per-partition claim's rank bound on Citus: none, its grants already say how many
+# runs of each tenant it takes (fair share was applied by fair_share.allocate).
+UNBOUNDED_RANK = 1e12
 
 # EXECUTOR_PRIORITY_AGING_SECONDS' default: a run waiting longer claims as priority 9.
 DEFAULT_AGING_SECONDS = 60.0
@@ -33,44 +41,43 @@ async def claim_runs(
     aging_seconds: float = DEFAULT_AGING_SECONDS,
     open_from: datetime | None = None,
     planner: fair_share.Planner | None = None,
+    holds: Holds | None = None,
+    mine: dict[int, int] | None = None,
+    outage: OutageLog | None = None,
 ) -> list[ClaimedRun]:
-    """Claim up to `limit` runnable runs for `owner`: one read chooses the partitions and
-    tenants in fair-share order (runs/execution/fair_share.py), then one short claim transaction
-    for all of them: one claim statement for the batch (plain PostgreSQL) or one per
-    partition until the batch is full (Citus). No transaction is open during any call.
+    """Claim up to `limit` runnable runs for `owner`. No transaction is open during any call.
 
-    Never more running runs per tenant than tenants.max_concurrency, across all
-    partitions: claimers of the same tenant are serialised by a transaction-scoped
-    advisory lock, and the running counts are read (by a statement that starts) after
-    the locks are held. Runs scheduled before `open_from` are not looked for
-    (fair_share.OpenFrom: no open run is older). A `planner` may hand out its last
-    plan again (fair_share.Planner); it is told whether the claim came back full.
+    Plain PostgreSQL: one read chooses the tenants in fair-share order
+    (runs/execution/fair_share.py), then one short claim transaction for all of them, one
+    statement for the batch. Never more running runs per tenant than
+    tenants.max_concurrency: claimers of the same tenant are serialised by a
+    transaction-scoped advisory lock, and the running counts are read (by a statement
+    that starts) after the locks are held. Runs scheduled before `open_from` are not
+    looked for (fair_share.OpenFrom: no open run is older). A `planner` may hand out its
+    last plan again (fair_share.Planner); it is told whether the claim came back full.
+
+    Citus (wherever claims go per partition, runs/per_partition.split): `_claim_by_node`,
+    with `holds` (this executor's tenant_holds), `mine` (its runs in flight per tenant)
+    and `outage` (the process's OutageLog, which sets a worker out of reach aside).
     """
     if limit <= 0:
         return []
     planner = planner or fair_share.Planner()
+    if await per_partition.split(conn):
+        return await _claim_by_node(
+            conn,
+            planner,
+            holds or Holds(owner=owner),
+            owner=owner,
+            limit=limit,
+            aging_seconds=aging_seconds,
+            mine=mine,
+            outage=outage,
+        )
     plan = await planner.plan(conn, limit=limit, aging_seconds=aging_seconds, open_from=open_from)
     if not plan.partitions:
         planner.forget()
         return []
-    claimed = await _claim_planned(
-        conn, plan, owner=owner, limit=limit, aging_seconds=aging_seconds, open_from=open_from
-    )
-    planner.claimed(full=len(claimed) >= limit)
-    return claimed
-
-
-async def _claim_planned(
-    conn,
-    plan: fair_share.ClaimPlan,
-    *,
-    owner: str,
-    limit: int,
-    aging_seconds: float,
-    open_from: datetime | None,
-) -> list[ClaimedRun]:
-    """The claim transaction for the tenants (and, on Citus, partitions) `plan` names."""
-    tenant_ids = sorted({t for _, ts in plan.partitions for t in ts})
     params = {
         "limit": limit,
         "owner": owner,
@@ -79,27 +86,258 @@ async def _claim_planned(
         "aged": plan.aged,
         "open_from": fair_share.bound(open_from),
     }
-    if not await per_partition.split(conn):
-        return await _claim_batch(conn, params, tenant_ids)
-    # Citus: the locks and the tenants' running counts (a read of every shard) once for
-    # the batch, then a claim statement per partition in the same transaction, each
-    # counting the claims of the partitions before it. A transaction per partition read
-    # the counts per partition too: ~30 ms of fan-out for a few runs each.
+    claimed = await _claim_batch(conn, params, sorted({t for _, ts in plan.partitions for t in ts}))
+    planner.claimed(full=len(claimed) >= limit)
+    return claimed
+
+
+# A hold outlives its last write by this much; the claim loop writes it again every
+# HOLD_SECONDS / 3 while it holds runs (Holds.refresh). An executor that stops writing
+# (crashed, stalled) stops counting against the tenants' caps about when its runs'
+# leases end and they become claimable again.
+HOLD_SECONDS = 30
+
+
+@dataclass
+class Holds:
+    """This executor's runs per tenant in tenant_holds (Citus), which every claimer's
+    grant counts against the tenants' caps. Every write is a delta, and all of them go
+    through the claim connection, one at a time: a grant (`reserve`), the grants a claim
+    did not use, and the runs no longer in flight (`release`)."""
+
+    owner: str
+    told: dict[int, int] = field(default_factory=dict)  # what tenant_holds holds for us
+    hold_seconds: int = HOLD_SECONDS
+    _refreshed_at: float = 0.0
+
+    def excess(self, mine: dict[int, int]) -> dict[int, int]:
+        """Held but no longer in flight (finished, deferred, fenced, handed back)."""
+        return {t: n - mine.get(t, 0) for t, n in self.told.items() if n > mine.get(t, 0)}
+
+    async def reserve(
+        self, conn, want: dict[int, int], *, caps: dict[int, int], release: dict[int, int]
+    ) -> dict[int, int]:
+        """Give back `release` and hold up to `want` more runs per tenant, as far as its cap
+        allows beside what every executor holds: {tenant_id: granted}. One transaction
+        on the coordinator, one round trip: BEGIN, the tenants' locks, the grant, COMMIT."""
+        tenants = sorted(set(want) | set(release))
+        try:
+            async with conn.pipeline():
+                await conn.execute("BEGIN")
+                await conn.execute(queries.LOCK_TENANTS, {"ns": TENANT_CLAIM_LOCK, "tenants": tenants})
+                cursor = await conn.execute(
+                    queries.HOLDS_RESERVE,
+                    {
+                        "owner": self.owner,
+                        "tenants": tenants,
+                        "want": [want.get(t, 0) for t in tenants],
+                        "release": [release.get(t, 0) for t in tenants],
+                        "caps": [caps.get(t, 0) for t in tenants],
+                        "hold": self.hold_seconds,
+                    },
+                )
+                await conn.execute("COMMIT")
+            granted = dict(await cursor.fetchall())
+        except psycopg.Error:
+            await _end_failed(conn)
+            raise
+        for tenant in tenants:
+            self._add(tenant, granted.get(tenant, 0) - release.get(tenant, 0))
+        self._refreshed_at = time.monotonic()
+        return granted
+
+    async def release(self, conn, counts: dict[int, int]) -> None:
+        """Give back `counts` runs per tenant."""
+        counts = {t: n for t, n in counts.items() if n > 0}
+        if not counts:
+            return
+        tenants = sorted(counts)
+        await conn.execute(
+            queries.HOLDS_RELEASE,
+            {"owner": self.owner, "tenants": tenants, "counts": [counts[t] for t in tenants]},
+        )
+        for tenant in tenants:
+            self._add(tenant, -counts[tenant])
+
+    async def refresh(self, conn) -> None:
+        """Keep the holds counting while their runs are in flight and no claim writes them."""
+        if self.told and time.monotonic() - self._refreshed_at >= self.hold_seconds / 3:
+            await conn.execute(queries.HOLDS_REFRESH, {"owner": self.owner, "hold": self.hold_seconds})
+            self._refreshed_at = time.monotonic()
+
+    def _add(self, tenant: int, n: int) -> None:
+        left = self.told.get(tenant, 0) + n
+        if left > 0:
+            self.told[tenant] = left
+        else:
+            self.told.pop(tenant, None)
+
+
+async def _claim_by_node(
+    conn,
+    planner: fair_share.Planner,
+    holds: Holds,
+    *,
+    owner: str,
+    limit: int,
+    aging_seconds: float,
+    mine: dict[int, int] | None,
+    outage: OutageLog | None,
+) -> list[ClaimedRun]:
+    """Citus: no statement visits every shard, and one worker out of reach stops only its
+    own partitions (docs/decisions/0075-citus-claims.md, 0073-one-worker-down.md).
+
+    1. The work map (fair_share.Planner.refresh): per worker, the runnable runs per
+       (partition, tenant), read again only when used up, stale or announced.
+    2. The batch's places by fair share from the map (fair_share.allocate), ties going
+       to the fullest shard: each shard is a claim statement.
+    3. Grants under the tenants' caps from tenant_holds, on the coordinator only
+       (Holds.reserve, under the tenants' advisory locks): what every executor holds,
+       not a count of running runs over every shard. The runs this executor no longer
+       has in flight (`mine`: what it has) are given back in the same statement.
+    4. Per worker, one transaction of one claim statement per shard (its partitions of
+       the batch), pipelined: one round trip, committed on that worker alone.
+    5. The grants the claims did not use are given back.
+    """
+    mine = dict(mine or {})
+    excess = holds.excess(mine)
+    placements = await planner.placements.read_async(conn, list(range(planner.partition_count())))
+    nodes = by_node(placements)
+    away = outage.set_aside([n for n in nodes if n]) if outage else set()
+    healthy: dict[str, list[int]] = {}
+    refreshed = False
+    for node, partitions in nodes.items():
+        if node in away:
+            continue
+        try:
+            refreshed |= await planner.refresh(conn, node, partitions, aging_seconds=aging_seconds)
+        except psycopg.Error as exc:
+            if not _node_away(exc, planner, outage):
+                raise
+            continue
+        healthy[node] = partitions
+    groups = planner.groups(healthy)
+    limits = await planner.limits(conn, groups, refresh=refreshed)
+    running: dict[int, int] = {}
+    for g in groups:
+        running[g.tenant_id] = running.get(g.tenant_id, 0) + g.running
+    places = fair_share.allocate(groups, limits, running, limit=limit, shard_of=planner.placements.shard)
+    if not places:
+        if excess:
+            await holds.release(conn, excess)
+        else:
+            await holds.refresh(conn)
+        return []
+    want: dict[int, int] = {}
+    for quotas in places.values():
+        for tenant, n in quotas.items():
+            want[tenant] = want.get(tenant, 0) + n
+    granted = await holds.reserve(conn, want, caps={t: limits[t].cap for t in want}, release=excess)
     claimed: list[ClaimedRun] = []
-    async with conn.transaction():
-        running = await _lock_and_count(conn, tenant_ids)
-        for partition_id, tenants in plan.partitions:
-            params["limit"] = limit - len(claimed)
-            got = await _claim(
-                conn, queries.CLAIM.one, {**params, "partition": partition_id}, sorted(set(tenants)), running
-            )
-            for run in got:
-                running[run.tenant_id] = running.get(run.tenant_id, 0) + 1
+    try:
+        shards: dict[int, dict[int, dict[int, int]]] = {}  # shard -> partition -> tenant -> n
+        for partition, quotas in _trim(places, granted).items():
+            shards.setdefault(planner.placements.shard(partition), {})[partition] = quotas
+        by_worker: dict[str, list[dict[int, dict[int, int]]]] = {}
+        for in_shard in shards.values():
+            by_worker.setdefault(placements[next(iter(in_shard))], []).append(in_shard)
+        for node, asked in by_worker.items():
+            try:
+                got = await _claim_in(conn, asked, owner=owner, aging_seconds=aging_seconds, planner=planner)
+            except psycopg.Error as exc:
+                if not _node_away(exc, planner, outage):
+                    raise
+                continue
+            if outage and node:
+                outage.reached([node])
+            asked_total = sum(n for shard in asked for quotas in shard.values() for n in quotas.values())
+            planner.took(node, _counts((r.partition_id, r.tenant_id) for r in got), asked_total)
             claimed += got
-            if len(claimed) >= limit:
-                break
+    finally:
+        unused = dict(granted)
+        for run in claimed:
+            unused[run.tenant_id] = unused.get(run.tenant_id, 0) - 1
+        await holds.release(conn, unused)
     claimed.sort(key=lambda run: (-run.priority, run.scheduled_at))
     return claimed
+
+
+def _counts(keys) -> dict:
+    out: dict = {}
+    for key in keys:
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _trim(places: dict[int, dict[int, int]], granted: dict[int, int]) -> dict[int, dict[int, int]]:
+    """`places` cut to what each tenant was granted, its best places first (allocate's order)."""
+    left = dict(granted)
+    out: dict[int, dict[int, int]] = {}
+    for partition, quotas in places.items():
+        for tenant, n in quotas.items():
+            take = min(n, left.get(tenant, 0))
+            if take > 0:
+                out.setdefault(partition, {})[tenant] = take
+                left[tenant] -= take
+    return out
+
+
+def _node_away(exc: psycopg.Error, planner: fair_share.Planner, outage: OutageLog | None) -> bool:
+    """Whether `exc` says a Citus worker is out of reach: then the outage log has it (and
+    sets the worker aside), the placements are read again (a shard may have moved), and
+    the caller goes on with the other workers."""
+    if not is_outage(exc) or outage is None:
+        return False
+    outage.failed(exc)
+    planner.placements.forget()
+    return True
+
+
+async def _claim_in(
+    conn,
+    asked: list[dict[int, dict[int, int]]],
+    *,
+    owner: str,
+    aging_seconds: float,
+    planner: fair_share.Planner,
+) -> list[ClaimedRun]:
+    """One worker's claims: a transaction of one claim statement per shard of `asked`
+    (per shard {partition: {tenant: runs granted there}}), in one pipeline sync (one
+    round trip), committed on that worker alone."""
+    epoch = datetime.now(UTC).timestamp()
+    aged = planner.aged()
+    try:
+        cursors = []
+        async with conn.pipeline():
+            await conn.execute("BEGIN")
+            for in_shard in asked:
+                grants: dict[int, int] = {}
+                for quotas in in_shard.values():
+                    for tenant, n in quotas.items():
+                        grants[tenant] = grants.get(tenant, 0) + n
+                tenants = sorted(grants)
+                cursors.append(
+                    await conn.execute(
+                        queries.CLAIM_IN_SHARD,
+                        {
+                            "partitions": sorted(in_shard),
+                            "tenants": tenants,
+                            "granted": [grants[t] for t in tenants],
+                            "limit": sum(grants.values()),
+                            "owner": owner,
+                            "aging": aging_seconds,
+                            "max_rank": UNBOUNDED_RANK,
+                            "aged": sorted(aged & set(tenants)),
+                            "open_from": fair_share.bound(None),
+                            "epoch": epoch,
+                        },
+                    )
+                )
+            await conn.execute("COMMIT")
+        return [ClaimedRun(*row) for cursor in cursors for row in await cursor.fetchall()]
+    except psycopg.Error:
+        await _end_failed(conn)
+        raise
 
 
 async def _claim_batch(conn, params: dict, tenant_ids: Sequence[int]) -> list[ClaimedRun]:
@@ -117,7 +355,7 @@ async def _claim_batch(conn, params: dict, tenant_ids: Sequence[int]) -> list[Cl
             await conn.execute("BEGIN")
             await conn.execute(queries.LOCK_TENANTS, {"ns": TENANT_CLAIM_LOCK, "tenants": list(tenant_ids)})
             cursor = await conn.execute(
-                queries.CLAIM.many,
+                queries.CLAIM,
                 {**params, "tenants": list(tenant_ids), "epoch": datetime.now(UTC).timestamp()},
             )
             await conn.execute("COMMIT")
@@ -125,38 +363,15 @@ async def _claim_batch(conn, params: dict, tenant_ids: Sequence[int]) -> list[Cl
         # inside it would flush and wait once more).
         return [ClaimedRun(*row) for row in await cursor.fetchall()]
     except psycopg.Error:
-        # A failed statement leaves the transaction aborted (the server skipped the rest
-        # of the pipeline, COMMIT included): end it so the connection stays usable.
-        if not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE:
-            try:
-                await conn.execute("ROLLBACK")
-            except psycopg.Error:
-                pass  # the connection is gone; the caller's error says why
+        await _end_failed(conn)
         raise
 
 
-async def _lock_and_count(conn, tenant_ids: Sequence[int]) -> dict[int, int]:
-    """Inside the claim transaction: lock the tenants (in id order), then count their
-    running runs across every partition. {tenant_id: running}."""
-    await conn.execute(queries.LOCK_TENANTS, {"ns": TENANT_CLAIM_LOCK, "tenants": list(tenant_ids)})
-    cursor = await conn.execute(queries.RUNNING, {"tenants": list(tenant_ids)})
-    return dict(await cursor.fetchall())
-
-
-async def _claim(
-    conn, sql: str, params: dict, tenant_ids: Sequence[int], running: dict[int, int]
-) -> list[ClaimedRun]:
-    """One claim statement (a form of queries.CLAIM; `params` carries its partition
-    parameter, the batch limit, owner, aging and rank bound) for `tenant_ids`, whose
-    running counts are `running`. The lease ends count from this process's clock (see
-    runs/execution/run_leases.py), a parameter: Citus refuses now() + a column in UPDATE ... SET."""
-    cursor = await conn.execute(
-        sql,
-        {
-            **params,
-            "tenants": list(tenant_ids),
-            "running": [running.get(t, 0) for t in tenant_ids],
-            "epoch": datetime.now(UTC).timestamp(),
-        },
-    )
-    return [ClaimedRun(*row) for row in await cursor.fetchall()]
+async def _end_failed(conn) -> None:
+    """A failed statement leaves the transaction aborted (the server skipped the rest of
+    the pipeline, COMMIT included): end it so the connection stays usable."""
+    if not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+        try:
+            await conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass  # the connection is gone; the caller's error says why

@@ -119,6 +119,8 @@ class Executor:
         self._slots = Slots(concurrency=self.concurrency, claim_batch=self.claim_batch)
         self.open_from = fair_share.OpenFrom()  # the claim's lower bound on scheduled_at
         self.planner = fair_share.Planner()  # the claims' fair-share plan, reused while they come back full
+        # On Citus, this executor's runs per tenant as the others' claims count them.
+        self.holds = claims.Holds(owner=self.owner)
         self._results: list[tuple[InFlight, rows.Completion]] = []
         # Alerts are sent by tasks of this loop (runs/alerts.py): a slow webhook holds no step.
         # The process's Prometheus counters (runs/counters.py), flushed with the node heartbeat.
@@ -203,6 +205,9 @@ class Executor:
         """Claim what the free slots allow, admit it past the breakers, start its calls."""
         limit = min(self._slots.claimable(in_flight=len(self._inflight)), self.claim_batch)
         if limit <= 0:
+            # Citus: give back what finished, keep holding what is in flight.
+            await self.holds.release(self._claim_conn, self.holds.excess(self._held()))
+            await self.holds.refresh(self._claim_conn)
             return Claimed(limit, [], [])
         await self._replanning["claim"].before(self._claim_conn)
         claimed = await claims.claim_runs(
@@ -212,6 +217,9 @@ class Executor:
             aging_seconds=self.aging_seconds,
             open_from=await self.open_from.get(self._claim_conn),
             planner=self.planner,
+            holds=self.holds,
+            mine=self._held(),
+            outage=self._outage,
         )
         self._replanning["claim"].after(empty=not claimed)
         if not claimed:
@@ -222,6 +230,13 @@ class Executor:
         if claimed:
             self._last_claim_at = max(run.started_at for run in claimed)
         return Claimed(limit, claimed, started)
+
+    def _held(self) -> dict[int, int]:
+        """Runs in flight per tenant (claimed and not yet finished, called or not)."""
+        held: dict[int, int] = {}
+        for entry in self._inflight.values():
+            held[entry.run.tenant_id] = held.get(entry.run.tenant_id, 0) + 1
+        return held
 
     async def write_outcomes_once(self) -> Written:
         """Write one batch of finished attempts' outcomes, each fenced by its attempt."""

@@ -1,25 +1,19 @@
-"""Which partitions an executor claims from next, in fair-share order: one read, no lock.
+"""Fair share across tenants (docs/CONTRACT.md, "Execution"): which runs an executor
+claims next. A tenant's k-th place ranks (runs it has running + k) / weight; the batch's
+places go to the best ranks, then effective priority, then age. A tenant with nothing
+running is served ahead of a busy tenant's backlog.
 
-Claims lock and write in one partition per statement (runs/execution/claims.py), so a batch is
-gathered partition by partition. Which partitions, and in which order, is what keeps
-fair share across tenants (docs/CONTRACT.md, "Execution"): this read ranks the runs every tenant
-with a free slot would hand out next, exactly as a claim ranks them ((runs it has
-running + its k-th pick) / weight, then effective priority, then age), keeps the first
-`limit` of them, and returns their partitions best rank first, each with the tenants
-whose runs put it there. A tenant with nothing running therefore puts its partition
-at the head of the list while a busy tenant's backlog waits: the partition of the
-run fair share would pick next is claimed next, wherever it lives.
-
-Reads may span partitions (docs/CONTRACT.md, "Beyond one server": a row lock must not). Two forms of the
-same read (queries.PLAN_PLAIN, queries.PLAN_CITUS), chosen per connection by the
-per-partition policy (runs/per_partition.split):
-- plain PostgreSQL: per open tenant, two index-ordered probes (best priority, longest
-  waiting), as cheap as the claim's own;
-- Citus: a LIMIT inside a LATERAL subquery that correlates on a non-distribution
-  column cannot be pushed down to the shards, so the shards each aggregate their
-  runnable runs per (partition, tenant) (a pushed-down GROUP BY on the distribution
-  column) and the coordinator ranks those groups. It reads every runnable row once,
-  spread over the workers (docs/decisions/0033-claim-transaction.md; what that costs: docs/SCALING.md).
+Two engines, two ways to find the places, one rule:
+- plain PostgreSQL (`plan`, queries.PLAN_PLAIN): one read, no lock, per open tenant two
+  index-ordered probes (best priority, longest waiting); `rank` turns the picks into the
+  claim's rank bound, and the one claim statement ranks within it
+  (docs/decisions/0033-claim-transaction.md). `Planner` reuses a plan while claims with
+  it come back full.
+- Citus (`Planner.refresh`, queries.WORK_MAP; `allocate`): a work map per worker, the
+  runnable runs per (partition, tenant), read by one statement per worker and kept
+  until used up, stale or announced; `allocate` applies the rule to it in Python, so
+  the claims need no statement that visits every shard
+  (docs/decisions/0075-citus-claims.md).
 """
 
 from __future__ import annotations
@@ -27,12 +21,13 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from runs import per_partition
 from runs.execution import queries
+from scheduler_project.citus import Placements
 
 # Picks read per tenant on plain PostgreSQL: enough to find where its next runs are;
 # the plan's rank bound counts a tenant's whole cap, so a batch is not cut to what the
@@ -97,11 +92,8 @@ def _places(tenant: Pick, *, limit: int) -> Iterator[float]:
 
 
 async def plan(conn, *, limit: int, aging_seconds: float, open_from: datetime | None = None) -> ClaimPlan:
-    # The Citus form wherever the claims go per partition (runs/per_partition.split), so
-    # that the tests of the per-partition forms run it on plain PostgreSQL too.
-    sql = queries.PLAN_CITUS if await per_partition.split(conn) else queries.PLAN_PLAIN
     params = {"limit": limit, "aging": aging_seconds, "probe": PROBE, "open_from": bound(open_from)}
-    cursor = await conn.execute(sql, params)
+    cursor = await conn.execute(queries.PLAN_PLAIN, params)
     return rank([Pick(*row) for row in await cursor.fetchall()], limit=limit)
 
 
@@ -164,6 +156,144 @@ class Planner:
 
     def forget(self) -> None:
         self._read_at = None
+        self._map_read_at.clear()
+
+    # Citus: the work map, per worker ({node: its groups}), and when each part was read.
+    _map: dict[str, list[Group]] = field(default_factory=dict)
+    _map_read_at: dict[str, float] = field(default_factory=dict)
+    _limits: dict[int, Limits] = field(default_factory=dict)
+
+    # Citus: which worker holds each partition, and how many partitions there are.
+    placements: Placements = field(default_factory=lambda: per_partition.PLACEMENTS)
+    partitions: int | None = None
+
+    def partition_count(self) -> int:
+        """The partitions runs can be in: the scheduler's (SCHEDULER_PARTITIONS)."""
+        if self.partitions is None:
+            from django.conf import settings
+
+            self.partitions = settings.SCHEDULER_PARTITIONS
+        return self.partitions
+
+    async def refresh(self, conn, node: str, partitions: list[int], *, aging_seconds: float) -> bool:
+        """Read `node`'s part of the work map again if it is older than MAP_SECONDS or
+        forgotten: one read of that worker's shards (a worker out of reach raises, and its
+        part is dropped). Whether it read."""
+        now = time.monotonic()
+        if now - self._map_read_at.get(node, -MAP_SECONDS) < MAP_SECONDS:
+            return False
+        self._map_read_at[node] = now  # before the read: a forget() meanwhile wins
+        try:
+            cursor = await conn.execute(queries.WORK_MAP, {"partitions": partitions, "aging": aging_seconds})
+            self._map[node] = [Group(*row) for row in await cursor.fetchall()]
+        except BaseException:
+            self._map_read_at.pop(node, None)
+            self._map.pop(node, None)
+            raise
+        return True
+
+    def groups(self, nodes) -> list[Group]:
+        """The map's groups on `nodes`."""
+        return [g for node in nodes for g in self._map.get(node, [])]
+
+    async def limits(self, conn, groups: list[Group], *, refresh: bool) -> dict[int, Limits]:
+        """The weights and caps of the groups' tenants, read with the map (a coordinator
+        read of the reference table tenants)."""
+        tenants = sorted({g.tenant_id for g in groups})
+        if refresh or any(t not in self._limits for t in tenants):
+            cursor = await conn.execute(queries.TENANT_LIMITS, [tenants])
+            self._limits = {t: Limits(w, c) for t, w, c in await cursor.fetchall()}
+        return self._limits
+
+    def aged(self) -> set[int]:
+        """Tenants with a run the map saw aged to priority 9 (their claims probe for them)."""
+        return {g.tenant_id for gs in self._map.values() for g in gs if g.effective_priority >= AGED_PRIORITY}
+
+    def took(self, node: str, claimed: dict[tuple[int, int], int], asked: int) -> None:
+        """Claims in `node`'s partitions took `claimed` runs per (partition, tenant) of
+        the `asked` the grants allowed: the map no longer offers them. (Its running counts
+        stay as read: runs finish meanwhile, and the caps are the grants' to enforce.)
+        Claims that came back short found runs the map saw blocked or taken by another
+        claimer: the node's part is read again at its next claim."""
+        for g in self._map.get(node, []):
+            g.runs = max(0, g.runs - claimed.get((g.partition_id, g.tenant_id), 0))
+        if sum(claimed.values()) < asked:
+            self._map_read_at.pop(node, None)
+
+
+# --- Citus: the work map and the allocation of a batch ------------------------------------
+
+# How long a worker's part of the work map serves while claims still find runs with it;
+# a NOTIFY (runs queued), a claim that comes back short, or a failure reads it again.
+MAP_SECONDS = 1.0
+
+
+@dataclass
+class Group:
+    """The runnable runs of one tenant in one partition, as the work map last read them."""
+
+    partition_id: int
+    tenant_id: int
+    runs: int
+    running: int
+    scheduled_at: datetime | None
+    effective_priority: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    weight: int
+    cap: int  # max_concurrency
+
+
+def allocate(
+    groups: list[Group],
+    limits: dict[int, Limits],
+    running: dict[int, int],
+    *,
+    limit: int,
+    shard_of: Callable[[int], int] = lambda partition: partition,
+) -> dict[int, dict[int, int]]:
+    """The batch's places by fair share, as {partition_id: {tenant_id: runs}}.
+
+    The same rule as `rank` and the claims on plain PostgreSQL (docs/CONTRACT.md,
+    "Execution"): a tenant's k-th place ranks (running + k) / weight, and the `limit`
+    best places over every tenant go, none past a tenant's cap. Within a tenant its
+    places go to its groups best first (effective priority, then the oldest slot), each
+    at most the runs the map saw there; ties (a top-of-the-hour backlog shares one slot)
+    go to the shard with the most runs (`shard_of` a partition): each shard is a claim
+    statement, about as dear for one run as for a hundred. `running` counts the
+    tenants' running runs."""
+    by_tenant: dict[int, list[Group]] = {}
+    runnable = [g for g in groups if g.runs > 0 and g.tenant_id in limits]
+    in_shard: dict[int, int] = {}
+    for g in runnable:
+        in_shard[shard_of(g.partition_id)] = in_shard.get(shard_of(g.partition_id), 0) + g.runs
+
+    def order(g: Group) -> tuple:
+        shard = shard_of(g.partition_id)
+        return (-g.effective_priority, g.scheduled_at, -in_shard[shard], shard, -g.runs)
+
+    for g in sorted(runnable, key=order):
+        by_tenant.setdefault(g.tenant_id, []).append(g)
+    places = []
+    for tenant, tgroups in by_tenant.items():
+        lim = limits[tenant]
+        n = running.get(tenant, 0)
+        available = min(sum(g.runs for g in tgroups), max(0, lim.cap - n), limit)
+        places.append([((n + k) / lim.weight, tenant) for k in range(1, available + 1)])
+    taken: dict[int, int] = {}
+    for _, tenant in itertools.islice(heapq.merge(*places), limit):
+        taken[tenant] = taken.get(tenant, 0) + 1
+    out: dict[int, dict[int, int]] = {}
+    for tenant, n in taken.items():
+        for g in by_tenant[tenant]:
+            if n <= 0:
+                break
+            take = min(n, g.runs)
+            out.setdefault(g.partition_id, {})[tenant] = take
+            n -= take
+    return out
 
 
 def bound(open_from: datetime | None) -> datetime | str:

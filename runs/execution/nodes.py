@@ -36,6 +36,7 @@ async def beat(
 ) -> None:
     """Register or refresh this executor's row, and drop rows silent for far longer than a lease."""
     await conn.execute(queries.NODE_EXPIRE, [expire_after_seconds])
+    await conn.execute(queries.HOLDS_EXPIRE, [expire_after_seconds])
     await conn.execute(
         queries.NODE_UPSERT,
         {

@@ -156,44 +156,30 @@ FROM picks
 WINDOW w AS (PARTITION BY tenant_id)
 """
 
-# The fair-share read wherever claims go per partition (Citus); fair_share.plan runs it.
-# Per (partition, tenant): its runnable runs, the best effective priority among them
-# and the oldest slot, and its running runs; the tenant's k-th group ranks like its k-th
-# pick would (runs in one partition are claimed together, so a group stands for them).
-# One pass over the shards for both (a GROUP BY on the distribution column, pushed down):
-# a second multi-shard read for the running runs cost as much again. Runs of busy jobs
-# are not passed over here (that would ship the running set to every shard); the claim
-# passes over them, at the cost of a claim that may find nothing.
 _RUNNABLE = f"r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD}"
-PLAN_CITUS = f"""
-WITH groups AS MATERIALIZED (
-    SELECT r.partition_id, r.tenant_id,
-           count(*) FILTER (WHERE {_RUNNABLE}) AS runs,
-           count(*) FILTER (WHERE r.status = 'running') AS running,
-           min(r.scheduled_at) FILTER (WHERE {_RUNNABLE}) AS scheduled_at,
-           max(CASE WHEN NOT ({_RUNNABLE}) THEN NULL
-                    WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9
-                    ELSE r.priority END) AS effective_priority
-    FROM job_runs r
-    WHERE r.status IN ('queued', 'retrying', 'running')
-    GROUP BY r.partition_id, r.tenant_id
-),
-running AS (
-    SELECT tenant_id, sum(running)::bigint AS n FROM groups GROUP BY tenant_id
-),
-{_OPEN_TENANTS},
-picks AS (
-    SELECT g.partition_id, g.tenant_id, g.runs, g.scheduled_at, g.effective_priority,
-           o.n, o.weight, least(o.free, %(limit)s) AS cap,
-           row_number() OVER (PARTITION BY g.tenant_id
-                              ORDER BY g.effective_priority DESC, g.scheduled_at) AS k,
-           sum(g.runs) OVER (PARTITION BY g.tenant_id) AS found
-    FROM groups g JOIN open_tenants o ON o.id = g.tenant_id
-    WHERE g.runs > 0
-)
-SELECT tenant_id, n, weight, partition_id, effective_priority, scheduled_at, k, least(cap, found)::bigint
-FROM picks WHERE k <= %(limit)s
+
+# The work map on Citus (fair_share.Planner.work runs it), per worker: for the named
+# partitions, all on one worker (scheduler_project/citus.Placements), per (partition,
+# tenant): its runnable runs, the best effective priority among them, the oldest slot
+# and its running runs. A pushed-down GROUP BY on the distribution column over that
+# worker's shards only: a worker out of reach fails its own read, not the others'
+# (docs/decisions/0073-one-worker-down.md). It is not on every claim: a claimer keeps the
+# map and claims from it until it is used up, stale, or a NOTIFY says runs were queued.
+WORK_MAP = f"""
+SELECT r.partition_id, r.tenant_id,
+       count(*) FILTER (WHERE {_RUNNABLE}) AS runs,
+       count(*) FILTER (WHERE r.status = 'running') AS running,
+       min(r.scheduled_at) FILTER (WHERE {_RUNNABLE}) AS scheduled_at,
+       coalesce(max(CASE WHEN NOT ({_RUNNABLE}) THEN NULL
+                         WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9
+                         ELSE r.priority END), 0) AS effective_priority
+FROM job_runs r
+WHERE r.partition_id = ANY(%(partitions)s::int[]) AND r.status IN ('queued', 'retrying', 'running')
+GROUP BY r.partition_id, r.tenant_id
 """
+
+# The weights and caps of the map's tenants; read with the map (fair_share.Planner.work).
+TENANT_LIMITS = "SELECT id, weight, max_concurrency FROM tenants WHERE id = ANY(%s::bigint[])"
 
 # OPEN_FROM's bound, plain PostgreSQL; fair_share.OpenFrom.get runs it.
 # The oldest day partition holding an open (queued, retrying or running) run, one day
@@ -222,7 +208,7 @@ SELECT CASE
 # --- the claim (runs/execution/claims.py) ------------------------------------------------------
 
 # Step 1 of a claim: lock the tenants fair_share chose for it, in tenant id order
-# (claimers never deadlock); claims._claim_batch and claims._lock_and_count run it. A
+# (claimers never deadlock); claims._claim_batch and claims.Holds.reserve run it. A
 # statement without distributed tables: on Citus it runs on the coordinator, so one
 # tenant's claims are serialised whichever shard they touch (inside a statement on a
 # shard the lock would be taken on that worker).
@@ -235,17 +221,58 @@ SELECT count(*) FROM (
 ) locks
 """
 
-# Step 2 on Citus, under those locks: the tenants' running runs, across every partition
-# (the cap is per tenant); claims._lock_and_count runs it. Plain PostgreSQL counts them
-# inside the claim (_COUNTED_RUNNING). On Citus, a read of its own, not a CTE of the
-# claim: there a statement that reads several shards is split into a plan per CTE with
-# intermediate results (about ten round trips to the workers); without it the claim goes
-# to one shard whole. READ COMMITTED: this statement sees every claim committed before
-# it began, and no claim of these tenants can commit before ours while we hold their locks.
-RUNNING = """
-SELECT tenant_id, count(*) FROM job_runs
-WHERE status = 'running' AND tenant_id = ANY(%(tenants)s::bigint[])
-GROUP BY tenant_id
+# On Citus, under those locks (claims.Holds.reserve): give back `release` runs per
+# tenant and grant this executor up to `want` more, as far as the tenant's cap allows
+# beside what every executor holds (tenant_holds, a coordinator table: no worker is
+# asked). Returns (tenant_id, granted). The caps are passed in (read with the work map):
+# a join of tenants (a reference table) would make this a distributed statement. Every
+# write of a hold is a delta, so the writes of one executor never overwrite each other.
+HOLDS_RESERVE = """
+WITH asked AS (
+    SELECT * FROM unnest(%(tenants)s::bigint[], %(want)s::int[], %(release)s::int[], %(caps)s::int[])
+        AS a(tenant_id, want, release, cap)
+),
+held AS (
+    SELECT h.tenant_id,
+           sum(h.running) FILTER (WHERE h.owner <> %(owner)s AND h.held_until > now()) AS others,
+           sum(h.running) FILTER (WHERE h.owner = %(owner)s) AS mine
+    FROM tenant_holds h WHERE h.tenant_id = ANY(%(tenants)s::bigint[])
+    GROUP BY h.tenant_id
+),
+granted AS (
+    SELECT a.tenant_id,
+           greatest(0, coalesce(h.mine, 0) - a.release) AS kept,
+           greatest(0, least(a.want, a.cap - coalesce(h.others, 0)
+                                     - greatest(0, coalesce(h.mine, 0) - a.release))) AS n
+    FROM asked a LEFT JOIN held h ON h.tenant_id = a.tenant_id
+),
+written AS (
+    INSERT INTO tenant_holds (owner, tenant_id, running, held_until)
+    SELECT %(owner)s, g.tenant_id, g.kept + g.n, now() + make_interval(secs => %(hold)s) FROM granted g
+    ON CONFLICT (tenant_id, owner) DO UPDATE SET running = excluded.running, held_until = excluded.held_until
+)
+SELECT tenant_id, n FROM granted
+"""
+
+# Give back runs per tenant (claims.Holds.release): grants a claim did not use, and runs
+# no longer in flight when there is nothing to claim. Parameters: owner, tenants, counts.
+HOLDS_RELEASE = """
+UPDATE tenant_holds h SET running = greatest(0, h.running - u.n)
+FROM unnest(%(tenants)s::bigint[], %(counts)s::int[]) AS u(tenant_id, n)
+WHERE h.owner = %(owner)s AND h.tenant_id = u.tenant_id
+"""
+
+# Keep this executor's holds counting (claims.Holds.refresh); parameters: owner, hold.
+HOLDS_REFRESH = """
+UPDATE tenant_holds SET held_until = now() + make_interval(secs => %(hold)s)
+WHERE owner = %(owner)s AND running > 0
+"""
+
+# Rows of executors long gone and rows holding nothing; nodes.beat runs it with
+# NODE_EXPIRE.
+HOLDS_EXPIRE = """
+DELETE FROM tenant_holds
+WHERE held_until < now() - make_interval(secs => %s) OR (running = 0 AND held_until < now())
 """
 
 # The history entry of a run a newer run of a cancel_previous job cut short.
@@ -265,8 +292,6 @@ _CANCELLED_BY_NEWER_ENTRY = attempts.sql_entry(
 # - plain PostgreSQL, counted by the claim itself: its snapshot is taken when it starts,
 #   after the lock statement before it returned, so it sees every claim of these
 #   tenants committed before ours and none can commit meanwhile (the locks);
-# - Citus (and the per-partition forms), given: RUNNING read them once for the
-#   batch (a read of every shard), and each partition's claim adds the ones before it.
 # Counted from `busy`, which the batch form reads over every partition: one pass over
 # the running runs. (A LATERAL count per tenant probed every day partition per tenant,
 # 340 buffers a claim with 20 tenants; a scalar subquery in the select list was pulled up
@@ -276,12 +301,19 @@ _COUNTED_RUNNING = """(
     FROM unnest(%(tenants)s::bigint[]) AS u(t) LEFT JOIN busy b ON b.tenant_id = u.t
     GROUP BY u.t
 ) AS run"""
-_GIVEN_RUNNING = "unnest(%(tenants)s::bigint[], %(running)s::bigint[]) AS run(tenant_id, n)"
+# - Citus (and the per-partition forms), granted: the runs tenant_holds granted each
+#   tenant in this partition (claims.Holds.reserve); counted as "max_concurrency minus
+#   the grant running", so the claim's free slots are the grant.
+_GRANTED = """LATERAL (
+    SELECT g.tenant_id, t.max_concurrency - g.n AS n
+    FROM unnest(%(tenants)s::bigint[], %(granted)s::bigint[]) AS g(tenant_id, n)
+    WHERE g.tenant_id = t.id
+) AS run"""
 
 
 def _claim(running: str) -> str:
     """The claim, with the tenants' running runs from `running` (_COUNTED_RUNNING or
-    _GIVEN_RUNNING); `{partition_filter}` is left for per_partition.Forms."""
+    _GRANTED); `{partition_filter}` is left for per_partition.Forms."""
     return f"""
 WITH busy AS MATERIALIZED (
     -- Every running run, older than the claim's bound too: the caps and the skip and
@@ -430,21 +462,21 @@ SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
 """
 
 
-# Step 3, the claim itself: in the partitions named (one per statement on Citus), with
-# those counts; claims._claim_batch runs `.many`, claims._claim `.one`.
+# Step 3, the claim itself. Plain PostgreSQL: CLAIM, one statement for the batch over
+# every partition, with the counts (claims._claim_batch). Citus: CLAIM_IN_SHARD, one
+# statement per shard over the batch's partitions in it, with the grants
+# (claims._claim_in).
 # Per locked tenant, its best runs by effective priority (a run waiting longer than
 # `aging` seconds counts as priority 9, so a flood of 9s cannot hold a 0 back forever):
 # the union of two index-ordered probes, the best by priority and the longest waiting,
 # each at most the tenant's places in the batch (slots.probe). Per job, at most one run
 # unless the job allows overlap (a job's runs are all in its partition). Across tenants,
 # the fair-share rank (running + k-th pick) / weight decides, as in fair_share.
-# The batch form counts (plain PostgreSQL), the one-partition form is given the counts.
+# The batch form counts (plain PostgreSQL), the shard form is given the grants.
 # The batch form names no partitions (runs/per_partition.py): with the plan's, each
 # tenant's probe fetched and skipped its runs elsewhere, 5,324 buffers for 102 runs.
-CLAIM = per_partition.Forms(
-    one=per_partition.Forms.of(_claim(_GIVEN_RUNNING)).one,
-    many=per_partition.every(_claim(_COUNTED_RUNNING)),
-)
+CLAIM = per_partition.every(_claim(_COUNTED_RUNNING))
+CLAIM_IN_SHARD = per_partition.in_shard(_claim(_GRANTED))
 
 # --- outcomes (runs/execution/outcomes.py) ---------------------------------------------------
 
