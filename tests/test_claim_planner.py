@@ -154,4 +154,3 @@ def test_per_partition_claims_take_from_the_work_map_until_it_is_used_up(per_par
     planner.forget()
     assert len(claim(planner, limit=10)) == 4
     assert reads == ["", ""]
-
