@@ -162,7 +162,10 @@ def test_full_batches_loop_and_many_jobs_fire_once_each(tenant, make_scheduler):
         make_job(tenant, interval_seconds=60, next_run_at=T - timedelta(seconds=i % 7)) for i in range(25)
     ]
     sched = make_scheduler(node_id="n1", batch_size=10)
-    assert sched.step() is True and sched.step() is True and sched.step() is False
+    # A full batch says "again" until the due jobs are done (a batch per Citus worker,
+    # so there two steps may do what takes three on one server).
+    steps = [sched.step() for _ in range(3)]
+    assert steps[0] is True and steps[-1] is False and steps in ([True, True, False], [True, False, False])
     assert JobRun.objects.count() == 25
     assert set(JobRun.objects.values_list("job_id", flat=True)) == {j.id for j in jobs}
 
@@ -295,7 +298,9 @@ def test_dispatch_follows_the_per_partition_policy_of_the_executor(
         statements = [(sql, params) for sql, params in sent if marker in sql]
         assert all("ANY(" not in sql for sql, _ in statements), marker
         named = [params.get("partition") for _, params in statements]
-        assert named == (partitions if per_partition else [None]), marker
+        # Each partition once (on Citus in the order of their workers' batches).
+        expected = partitions if per_partition else [None]
+        assert (sorted(named) if per_partition else named) == expected, marker
     assert sorted(JobRun.objects.values_list("job_id", flat=True)) == sorted(j.id for j in jobs)
 
 
