@@ -34,7 +34,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+import psycopg
+from psycopg.pq import TransactionStatus
+
 from scheduler_project.citus import Placements, citus_installed, citus_installed_async
+from scheduler_project.outage import is_outage
+
+IDLE = TransactionStatus.IDLE
 
 T = TypeVar("T")
 
@@ -128,15 +134,44 @@ async def run(
         items = [item for batch in groups.values() for item in batch]
         cursor = await conn.execute(forms.many, params(items))
         return await cursor.fetchall()
-    await PLACEMENTS.read_async(conn, list(groups))
-    shards: dict[int, dict[int, list[T]]] = defaultdict(dict)
+    nodes = await PLACEMENTS.read_async(conn, list(groups))
+    by_worker: dict[str, dict[int, dict[int, list[T]]]] = defaultdict(lambda: defaultdict(dict))
     for partition, batch in groups.items():
-        shards[PLACEMENTS.shard(partition)][partition] = batch
-    each = [
-        {**params([item for batch in in_shard.values() for item in batch]), "partitions": sorted(in_shard)}
-        for in_shard in shards.values()
-    ]
-    return await _each(conn, forms.shard, each)
+        by_worker[nodes[partition]][PLACEMENTS.shard(partition)][partition] = batch
+    rows: list[tuple] = []
+    away: list[T] = []
+    cause: psycopg.Error | None = None
+    # One pipeline per worker: a worker out of reach fails its own statements, not the
+    # others' (outside a transaction; inside one, the caller's transaction fails whole).
+    for shards in by_worker.values():
+        each = [
+            {**params([i for batch in in_shard.values() for i in batch]), "partitions": sorted(in_shard)}
+            for in_shard in shards.values()
+        ]
+        try:
+            rows += await _each(conn, forms.shard, each)
+        except psycopg.Error as exc:
+            if len(by_worker) == 1 or not is_outage(exc) or conn.info.transaction_status != IDLE:
+                raise
+            PLACEMENTS.forget()  # a shard may have moved
+            away += [item for in_shard in shards.values() for batch in in_shard.values() for item in batch]
+            cause = exc
+    if cause is not None:
+        raise WorkerUnreachable(cause, rows=rows, items=away)
+    return rows
+
+
+class WorkerUnreachable(psycopg.OperationalError):
+    """`run` reached some workers and not others: `rows` are the answers of the statements
+    that ran, `items` the ones sent to the worker out of reach (nothing of theirs was
+    written). An OperationalError that names the worker, like Citus's own: a caller that
+    does not look inside treats it as before, as an outage."""
+
+    def __init__(self, cause: psycopg.Error, *, rows: list[tuple], items: list) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.rows = rows
+        self.items = items
 
 
 def run_sync(

@@ -379,3 +379,57 @@ def test_a_failed_plain_claim_leaves_its_connection_usable():
     assert error is psycopg.errors.QueryCanceled
     assert status == psycopg.pq.TransactionStatus.IDLE
     assert claimed == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outcomes_and_heartbeats_reach_the_healthy_workers_when_one_is_out_of_reach(
+    per_partition_forms, monkeypatch
+):
+    """Citus with one worker down: the writes for runs on the other workers still land,
+    and those for the down worker come back as not written (to try again), not fenced.
+    Here the partitions are split over two make-believe workers, and every statement
+    naming a partition of the second fails as Citus fails when it cannot reach a worker."""
+    tenant, _ = create_tenant(slug="split", max_concurrency=100)
+    jobs = spread_jobs(tenant, 6)
+    for job in jobs:
+        queue_for(job)
+    down = {p for p in {j.partition_id for j in jobs} if p % 2}
+    assert down and len(down) < len({j.partition_id for j in jobs})
+
+    async def placements(conn, partitions):
+        return {p: ("127.0.0.1:2" if p in down else "127.0.0.1:1") for p in partitions}
+
+    monkeypatch.setattr(per_partition.PLACEMENTS, "read_async", placements)
+    monkeypatch.setattr(per_partition.PLACEMENTS, "shard", lambda partition: partition)
+    real_each = per_partition._each
+
+    async def each(conn, sql, params):
+        if any(p in down for ps in params for p in ps["partitions"]):
+            raise psycopg.OperationalError(
+                "connection to the remote node cronyard@127.0.0.1:2 failed with the following error: refused"
+            )
+        return await real_each(conn, sql, params)
+
+    monkeypatch.setattr(per_partition, "_each", each)
+
+    async def scenario():
+        conn = await connections.connect_async(database_url())
+        try:
+            claimed = await claims.claim_runs(conn, owner="me:1", limit=50)
+            on_down = {(r.job_id, r.scheduled_at, r.attempt) for r in claimed if r.partition_id in down}
+            keys = [(r.partition_id, (r.job_id, r.scheduled_at, r.attempt)) for r in claimed]
+            held = await run_leases.heartbeat_runs(conn, keys)
+            assert held == {k for _, k in keys}  # the down worker's runs are kept, not dropped
+            with pytest.raises(outcomes.PartlyWritten) as failed:
+                await outcomes.complete_runs(conn, [completion(r, "succeeded") for r in claimed])
+            assert failed.value.written == {k for _, k in keys} - on_down
+            assert {(c.job_id, c.scheduled_at, c.attempt) for c in failed.value.items} == on_down
+            return on_down
+        finally:
+            await conn.close()
+
+    on_down = asyncio.run(scenario())
+    assert on_down
+    statuses = {(r.job_id, r.status) for r in JobRun.objects.filter(tenant_id=tenant.id)}
+    assert {s for j, s in statuses if j in {k[0] for k in on_down}} == {"running"}
+    assert {s for j, s in statuses if j not in {k[0] for k in on_down}} == {"succeeded"}

@@ -92,6 +92,9 @@ T = TypeVar("T")
 REAP_EVERY_SECONDS = 1.0
 HEARTBEAT_TICK_SECONDS = 0.25
 WRITE_BATCH = 500
+# Outcomes for a Citus worker out of reach wait this long between tries (newer outcomes
+# are written meanwhile).
+UNREACHABLE_RETRY_SECONDS = 1.0
 
 
 @dataclass
@@ -132,6 +135,8 @@ class Executor:
         # All connections report here: one "away" and one "back" line per outage.
         self._outage = OutageLog(name="executor")
         self._last_claim_at: datetime | None = None
+        # Outcomes for a Citus worker out of reach are written again from this time.
+        self._retry_writes_at = 0.0
         self._next_beat = float("inf")  # monotonic time the in-flight leases need extending
         self._signals = False
         # Whether the last claim found nothing, and whether runs were announced since:
@@ -253,6 +258,19 @@ class Executor:
         now = datetime.now(UTC)
         try:
             written = await outcomes.complete_runs(self._write_conn, [c for _, c in batch], now=now)
+        except outcomes.PartlyWritten as exc:
+            # Citus, a worker out of reach: what reached the others is done; the rest is
+            # written again after a pause, behind newer outcomes (which may be on healthy
+            # workers), and the outage log has the worker.
+            self._outage.failed(exc.cause)
+            waiting = {id(c) for c in exc.items}
+            parked = [(e, c) for e, c in batch if id(c) in waiting]
+            for entry, _ in parked:
+                entry.writing = False
+            self._results += parked
+            batch = [(e, c) for e, c in batch if id(c) not in waiting]
+            written = exc.written
+            self._retry_writes_at = time.monotonic() + UNREACHABLE_RETRY_SECONDS
         except psycopg.DataError as exc:
             # The database refuses the data itself: retrying the same batch would
             # fail forever and stop this executor recording anything.
@@ -611,6 +629,13 @@ class Executor:
             await self._results_ready.wait()
             self._results_ready.clear()
             while self._results:
+                pause = self._retry_writes_at - time.monotonic()
+                if pause > 0:  # outcomes waiting for a worker out of reach
+                    try:
+                        await asyncio.wait_for(self._results_ready.wait(), timeout=pause)
+                        self._results_ready.clear()
+                    except TimeoutError:
+                        pass
                 await self._guarded(self.write_outcomes_once, "_write_conn")
             self._flushed.set()
 

@@ -32,18 +32,31 @@ async def complete_runs(
     clock) is the finished_at the ended runs get.
     """
     now = now or datetime.now(UTC)
-    written = await per_partition.run(
-        conn,
-        queries.COMPLETE,
-        per_partition.group((c.partition_id, c) for c in completions),
-        lambda batch: {
-            "now": now,
-            "stale_before": now - LAST_SUCCESS_REFRESH,
-            "rows": _encode_completions(batch, now=now),
-            "job_ids": sorted({c.job_id for c in batch}),
-        },
-    )
+    try:
+        written = await per_partition.run(
+            conn,
+            queries.COMPLETE,
+            per_partition.group((c.partition_id, c) for c in completions),
+            lambda batch: {
+                "now": now,
+                "stale_before": now - LAST_SUCCESS_REFRESH,
+                "rows": _encode_completions(batch, now=now),
+                "job_ids": sorted({c.job_id for c in batch}),
+            },
+        )
+    except per_partition.WorkerUnreachable as exc:
+        raise PartlyWritten(exc, written={(row[0], row[1], row[2]) for row in exc.rows}) from exc
     return {(row[0], row[1], row[2]) for row in written}
+
+
+class PartlyWritten(per_partition.WorkerUnreachable):
+    """Some outcomes were written (`written`, as complete_runs returns them; the others of
+    those workers were fenced), and those of `items` (Completions) were not: their worker
+    is out of reach. Write them again later."""
+
+    def __init__(self, exc: per_partition.WorkerUnreachable, *, written: set[RunKey]) -> None:
+        super().__init__(exc.cause, rows=exc.rows, items=exc.items)
+        self.written = written
 
 
 def _encode_completions(completions: Sequence[Completion], *, now: datetime) -> str:

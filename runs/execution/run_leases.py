@@ -14,6 +14,7 @@ queries.REAP.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
@@ -22,6 +23,8 @@ from runs.execution import queries
 from runs.rows import ReapedRun, RunKey
 
 # --- heartbeats ---------------------------------------------------------------------------
+
+log = logging.getLogger(__name__)
 
 
 async def heartbeat_runs(conn, runs: Iterable[tuple[int, RunKey]]) -> set[RunKey]:
@@ -45,7 +48,14 @@ async def heartbeat_runs(conn, runs: Iterable[tuple[int, RunKey]]) -> set[RunKey
         }
 
     grouped = per_partition.group((p, (p, key)) for p, key in runs)
-    held = await per_partition.run(conn, queries.HEARTBEAT, grouped, params)
+    try:
+        held = await per_partition.run(conn, queries.HEARTBEAT, grouped, params)
+    except per_partition.WorkerUnreachable as exc:
+        # A worker out of reach: its runs' leases could not be extended, and may still
+        # hold. Counted as held: dropping them would stop calls that may well finish and
+        # write before their leases end. If they do not, their writes are fenced.
+        log.debug("heartbeat: %d run(s) on a worker out of reach kept as they are", len(exc.items))
+        return {(row[0], row[1], row[2]) for row in exc.rows} | {key for _, key in exc.items}
     return {(row[0], row[1], row[2]) for row in held}
 
 
