@@ -58,3 +58,13 @@ def test_nothing_to_give():
     assert allocate([], {}, {}, limit=10) == {}
     assert allocate([group(1, 10, 0)], {10: Limits(1, 5)}, {}, limit=10) == {}
     assert allocate([group(1, 10, 5)], {10: Limits(1, 5)}, {10: 5}, limit=10) == {}
+
+
+def test_a_tenants_places_follow_its_runs_across_partitions_not_whole_groups():
+    # Partition 1 holds runs at 0 s and 5 s, partition 2 one at 2 s: two places are the
+    # runs at 0 s and 2 s, one in each, not both of partition 1.
+    at = [T0, T0 + timedelta(seconds=5)]
+    one = Group(1, 10, 2, 0, T0, 0, [0, 0], at)
+    two = Group(2, 10, 1, 0, T0 + timedelta(seconds=2), 0, [0], [T0 + timedelta(seconds=2)])
+    assert allocate([one, two], {10: Limits(1, 100)}, {}, limit=2) == {1: {10: 1}, 2: {10: 1}}
+    assert allocate([one, two], {10: Limits(1, 100)}, {}, limit=3) == {1: {10: 2}, 2: {10: 1}}

@@ -184,8 +184,12 @@ class Planner:
             return False
         self._map_read_at[node] = now  # before the read: a forget() meanwhile wins
         try:
-            cursor = await conn.execute(queries.WORK_MAP, {"partitions": partitions, "aging": aging_seconds})
-            self._map[node] = [Group(*row) for row in await cursor.fetchall()]
+            cursor = await conn.execute(
+                queries.WORK_MAP, {"partitions": partitions, "aging": aging_seconds, "first": MAP_FIRST_RUNS}
+            )
+            self._map[node] = [
+                Group(*row[:6], list(row[6] or []), list(row[7] or [])) for row in await cursor.fetchall()
+            ]
         except BaseException:
             self._map_read_at.pop(node, None)
             self._map.pop(node, None)
@@ -216,7 +220,9 @@ class Planner:
         Claims that came back short found runs the map saw blocked or taken by another
         claimer: the node's part is read again at its next claim."""
         for g in self._map.get(node, []):
-            g.runs = max(0, g.runs - claimed.get((g.partition_id, g.tenant_id), 0))
+            got = claimed.get((g.partition_id, g.tenant_id), 0)
+            g.runs = max(0, g.runs - got)
+            del g.priorities[:got], g.times[:got]
         if sum(claimed.values()) < asked:
             self._map_read_at.pop(node, None)
 
@@ -226,6 +232,9 @@ class Planner:
 # How long a worker's part of the work map serves while claims still find runs with it;
 # a NOTIFY (runs queued), a claim that comes back short, or a failure reads it again.
 MAP_SECONDS = 1.0
+# Runs per group the map lists one by one, so that a tenant's places follow its runs'
+# order across partitions (past them, a group's remaining runs rank after its last one).
+MAP_FIRST_RUNS = 16
 
 
 @dataclass
@@ -238,6 +247,9 @@ class Group:
     running: int
     scheduled_at: datetime | None
     effective_priority: int
+    # Its first runs (up to MAP_FIRST_RUNS) in claim order: effective priority, slot.
+    priorities: list[int] = field(default_factory=list)
+    times: list[datetime] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -259,22 +271,16 @@ def allocate(
     The same rule as `rank` and the claims on plain PostgreSQL (docs/CONTRACT.md,
     "Execution"): a tenant's k-th place ranks (running + k) / weight, and the `limit`
     best places over every tenant go, none past a tenant's cap. Within a tenant its
-    places go to its groups best first (effective priority, then the oldest slot), each
-    at most the runs the map saw there; ties (a top-of-the-hour backlog shares one slot)
-    go to the shard with the most runs (`shard_of` a partition): each shard is a claim
-    statement, about as dear for one run as for a hundred. `running` counts the
-    tenants' running runs."""
+    places go to its runs best first across its groups (effective priority, then the
+    oldest slot; the map lists each group's first runs), each group at most the runs
+    the map saw there; ties (a top-of-the-hour backlog shares one slot) go to the shard
+    with the most runs (`shard_of` a partition): each shard is a claim statement, about
+    as dear for one run as for a hundred. `running` counts the tenants' running runs."""
     by_tenant: dict[int, list[Group]] = {}
     runnable = [g for g in groups if g.runs > 0 and g.tenant_id in limits]
     in_shard: dict[int, int] = {}
     for g in runnable:
         in_shard[shard_of(g.partition_id)] = in_shard.get(shard_of(g.partition_id), 0) + g.runs
-
-    def order(g: Group) -> tuple:
-        shard = shard_of(g.partition_id)
-        return (-g.effective_priority, g.scheduled_at, -in_shard[shard], shard, -g.runs)
-
-    for g in sorted(runnable, key=order):
         by_tenant.setdefault(g.tenant_id, []).append(g)
     places = []
     for tenant, tgroups in by_tenant.items():
@@ -287,13 +293,21 @@ def allocate(
         taken[tenant] = taken.get(tenant, 0) + 1
     out: dict[int, dict[int, int]] = {}
     for tenant, n in taken.items():
-        for g in by_tenant[tenant]:
-            if n <= 0:
-                break
-            take = min(n, g.runs)
-            out.setdefault(g.partition_id, {})[tenant] = take
-            n -= take
+        fullness = {g.partition_id: -in_shard[shard_of(g.partition_id)] for g in by_tenant[tenant]}
+        runs = heapq.merge(*(_runs(g, fullness[g.partition_id], shard_of) for g in by_tenant[tenant]))
+        for *_, partition in itertools.islice(runs, n):
+            out.setdefault(partition, {})[tenant] = out.get(partition, {}).get(tenant, 0) + 1
     return out
+
+
+def _runs(g: Group, fullness: int, shard_of: Callable[[int], int]) -> Iterator[tuple]:
+    """A group's runs in claim order as sort keys: its listed ones, then the rest ranked
+    after the last of them. Ties go to the fullest shard (`fullness`, negated)."""
+    shard = shard_of(g.partition_id)
+    listed = list(zip(g.priorities, g.times, strict=False)) or [(g.effective_priority, g.scheduled_at)]
+    for i in range(g.runs):
+        priority, at = listed[min(i, len(listed) - 1)]
+        yield (-priority, at, fullness, shard, i, g.partition_id)
 
 
 def bound(open_from: datetime | None) -> datetime | str:

@@ -165,14 +165,21 @@ _RUNNABLE = f"r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {
 # worker's shards only: a worker out of reach fails its own read, not the others'
 # (docs/decisions/0073-one-worker-down.md). It is not on every claim: a claimer keeps the
 # map and claims from it until it is used up, stale, or a NOTIFY says runs were queued.
+_EFFECTIVE_PRIORITY = (
+    "CASE WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9 ELSE r.priority END"
+)
 WORK_MAP = f"""
 SELECT r.partition_id, r.tenant_id,
        count(*) FILTER (WHERE {_RUNNABLE}) AS runs,
        count(*) FILTER (WHERE r.status = 'running') AS running,
        min(r.scheduled_at) FILTER (WHERE {_RUNNABLE}) AS scheduled_at,
-       coalesce(max(CASE WHEN NOT ({_RUNNABLE}) THEN NULL
-                         WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9
-                         ELSE r.priority END), 0) AS effective_priority
+       coalesce(max({_EFFECTIVE_PRIORITY}) FILTER (WHERE {_RUNNABLE}), 0) AS effective_priority,
+       -- The group's first runs in the order a claim takes them (fair_share.allocate
+       -- orders a tenant's places run by run across its groups with these).
+       (array_agg({_EFFECTIVE_PRIORITY} ORDER BY {_EFFECTIVE_PRIORITY} DESC, r.scheduled_at)
+            FILTER (WHERE {_RUNNABLE}))[1:%(first)s] AS priorities,
+       (array_agg(r.scheduled_at ORDER BY {_EFFECTIVE_PRIORITY} DESC, r.scheduled_at)
+            FILTER (WHERE {_RUNNABLE}))[1:%(first)s] AS times
 FROM job_runs r
 WHERE r.partition_id = ANY(%(partitions)s::int[]) AND r.status IN ('queued', 'retrying', 'running')
 GROUP BY r.partition_id, r.tenant_id
