@@ -38,7 +38,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 
 from scheduler_project.citus import Placements, citus_installed, citus_installed_async
-from scheduler_project.outage import is_outage
+from scheduler_project.outage import unreachable_worker
 
 IDLE = TransactionStatus.IDLE
 
@@ -151,7 +151,7 @@ async def run(
         try:
             rows += await _each(conn, forms.shard, each)
         except psycopg.Error as exc:
-            if len(by_worker) == 1 or not is_outage(exc) or conn.info.transaction_status != IDLE:
+            if len(by_worker) == 1 or not unreachable_worker(exc) or conn.info.transaction_status != IDLE:
                 raise
             PLACEMENTS.forget()  # a shard may have moved
             away += [item for in_shard in shards.values() for batch in in_shard.values() for item in batch]

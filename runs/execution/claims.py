@@ -9,7 +9,8 @@ Citus, are runs/execution/queries.py (LOCK_TENANTS, RUNNING, CLAIM).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -20,7 +21,7 @@ from runs import per_partition
 from runs.execution import fair_share, queries
 from runs.rows import ClaimedRun
 from scheduler_project.citus import by_node
-from scheduler_project.outage import OutageLog, is_outage
+from scheduler_project.outage import OutageLog, unreachable_worker
 
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
 TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
@@ -218,9 +219,9 @@ async def _claim_by_node(
         healthy[node] = partitions
     groups = planner.groups(healthy)
     limits = await planner.limits(conn, groups, refresh=refreshed)
-    running: dict[int, int] = {}
+    running: Counter[int] = Counter()
     for g in groups:
-        running[g.tenant_id] = running.get(g.tenant_id, 0) + g.running
+        running[g.tenant_id] += g.running
     places = fair_share.allocate(groups, limits, running, limit=limit, shard_of=planner.placements.shard)
     if not places:
         if excess:
@@ -228,10 +229,7 @@ async def _claim_by_node(
         else:
             await holds.refresh(conn)
         return []
-    want: dict[int, int] = {}
-    for quotas in places.values():
-        for tenant, n in quotas.items():
-            want[tenant] = want.get(tenant, 0) + n
+    want = _per_tenant(places.values())
     granted = await holds.reserve(conn, want, caps={t: limits[t].cap for t in want}, release=excess)
     claimed: list[ClaimedRun] = []
     try:
@@ -250,23 +248,21 @@ async def _claim_by_node(
                 continue
             if outage and node:
                 outage.reached([node])
-            asked_total = sum(n for shard in asked for quotas in shard.values() for n in quotas.values())
-            planner.took(node, _counts((r.partition_id, r.tenant_id) for r in got), asked_total)
+            asked_total = sum(_per_tenant(q for shard in asked for q in shard.values()).values())
+            planner.took(node, Counter((r.partition_id, r.tenant_id) for r in got), asked_total)
             claimed += got
     finally:
-        unused = dict(granted)
-        for run in claimed:
-            unused[run.tenant_id] = unused.get(run.tenant_id, 0) - 1
-        await holds.release(conn, unused)
+        await holds.release(conn, Counter(granted) - Counter(run.tenant_id for run in claimed))
     claimed.sort(key=lambda run: (-run.priority, run.scheduled_at))
     return claimed
 
 
-def _counts(keys) -> dict:
-    out: dict = {}
-    for key in keys:
-        out[key] = out.get(key, 0) + 1
-    return out
+def _per_tenant(quotas: Iterable[dict[int, int]]) -> Counter[int]:
+    """{tenant: runs} summed over several {tenant: runs}."""
+    total: Counter[int] = Counter()
+    for q in quotas:
+        total.update(q)
+    return total
 
 
 def _trim(places: dict[int, dict[int, int]], granted: dict[int, int]) -> dict[int, dict[int, int]]:
@@ -286,7 +282,7 @@ def _node_away(exc: psycopg.Error, planner: fair_share.Planner, outage: OutageLo
     """Whether `exc` says a Citus worker is out of reach: then the outage log has it (and
     sets the worker aside), the placements are read again (a shard may have moved), and
     the caller goes on with the other workers."""
-    if not is_outage(exc) or outage is None:
+    if unreachable_worker(exc) is None or outage is None:
         return False
     outage.failed(exc)
     planner.placements.forget()
@@ -311,10 +307,7 @@ async def _claim_in(
         async with conn.pipeline():
             await conn.execute("BEGIN")
             for in_shard in asked:
-                grants: dict[int, int] = {}
-                for quotas in in_shard.values():
-                    for tenant, n in quotas.items():
-                        grants[tenant] = grants.get(tenant, 0) + n
+                grants = _per_tenant(in_shard.values())
                 tenants = sorted(grants)
                 cursors.append(
                     await conn.execute(

@@ -296,7 +296,8 @@ def allocate(
         fullness = {g.partition_id: -in_shard[shard_of(g.partition_id)] for g in by_tenant[tenant]}
         runs = heapq.merge(*(_runs(g, fullness[g.partition_id], shard_of) for g in by_tenant[tenant]))
         for *_, partition in itertools.islice(runs, n):
-            out.setdefault(partition, {})[tenant] = out.get(partition, {}).get(tenant, 0) + 1
+            quotas = out.setdefault(partition, {})
+            quotas[tenant] = quotas.get(tenant, 0) + 1
     return out
 
 
