@@ -74,6 +74,11 @@ def clear(tenants: list[int]) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM job_runs WHERE tenant_id = ANY(%s)", [tenants])
+        cursor.execute(
+            "DELETE FROM job_targets t USING jobs j WHERE j.partition_id = t.partition_id"
+            " AND j.id = t.job_id AND j.tenant_id = ANY(%s)",
+            [tenants],
+        )
         cursor.execute("DELETE FROM jobs WHERE tenant_id = ANY(%s)", [tenants])
 
 
@@ -115,7 +120,7 @@ def enqueue(tenants: list[int], n: int, target: dict) -> None:
     each, committed with a NOTIFY."""
     from django.db import transaction
 
-    from jobs.models import Job
+    from jobs.models import Job, JobTarget
     from runs.enqueue import enqueue_runs, notify_executors
     from runs.rows import NewRun
 
@@ -129,7 +134,7 @@ def enqueue(tenants: list[int], n: int, target: dict) -> None:
             scheduled_at=scheduled,
             tenant_id=job.tenant_id,
             partition_id=job.partition_id,
-            target=target,
+            target_version=job.target_version,
             job_name=job.name,
             overlap_check=False,
         )
@@ -137,6 +142,7 @@ def enqueue(tenants: list[int], n: int, target: dict) -> None:
     ]
     with transaction.atomic():
         Job.objects.bulk_create(jobs, batch_size=5000)
+        JobTarget.objects.bulk_create([JobTarget.current(job) for job in jobs], batch_size=5000)
         enqueue_runs(runs)
         notify_executors()
 

@@ -69,7 +69,7 @@ def reset_jobs(*, n: int, target: dict, interval_seconds: int) -> None:
     """Empty the scratch database's tables and create `n` interval jobs, due tomorrow."""
     from django.db import connection
 
-    from jobs.models import Job, Tenant
+    from jobs.models import Job, JobTarget, Tenant
     from runs.execution.signing import new_secret
 
     with connection.cursor() as cursor:
@@ -85,6 +85,7 @@ def reset_jobs(*, n: int, target: dict, interval_seconds: int) -> None:
         tenant=tenant.id, n=n, target=target, interval_seconds=interval_seconds, next_run_at=later
     )
     Job.objects.bulk_create(jobs, batch_size=5000)
+    JobTarget.objects.bulk_create([JobTarget.current(job) for job in jobs], batch_size=5000)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE jobs")
 

@@ -29,7 +29,7 @@ RUN_BLOCK = 400  # minutes of fired runs between pauses
 
 def seed(*, now) -> object:
     from jobs.dispatch.planning import run_for, skipped_range
-    from jobs.models import Job, SlotReason, Tenant
+    from jobs.models import Job, JobTarget, SlotReason, Tenant
     from runs.enqueue import enqueue_runs
     from runs.execution.signing import new_secret
 
@@ -49,6 +49,7 @@ def seed(*, now) -> object:
         next_run_at=now.replace(second=0, microsecond=0),
     )
     job.save(force_insert=True)
+    JobTarget.current(job).save(force_insert=True)
     Job.objects.filter(pk=job.pk).update(created_at=start, schedule_since=start)
     job.refresh_from_db()
     month = timedelta(days=365) / PAUSES

@@ -1,6 +1,7 @@
 """Bytes on disk per finished run, as a user's runs leave them.
 
-    DATABASE_URL=... .venv/bin/python bench/storage.py [--runs 20000] [--retried 5000] [--json out.json]
+    DATABASE_URL=... .venv/bin/python bench/storage.py [--runs 20000] [--retried 5000] [--waves 10]
+        [--json out.json]
 
 A scratch database on the same cluster (`cronyard_bench_storage`, dropped and migrated
 afresh, so nothing else shares its tables; `--db` names another) holds N jobs with the realistic HTTP target
@@ -14,8 +15,10 @@ partitions, and:
     indexes        pg_indexes_size of every partition
     row            avg(pg_column_size(job_runs.*)): the live tuple alone
 
-each divided by the runs. A second round does the same with a target under
-`/fail-twice`, which answers 503 twice per run key: runs that needed three attempts.
+each divided by the runs. The same again in `--waves` waves (one_round says why), and both
+with a target under `/fail-twice`, which answers 503 twice per run key: runs that needed
+three attempts. A run names its job's target version instead of holding the target:
+the versions (`job_targets`, one per job and edit, not per run) are printed per job.
 
 The budget is the seed's: about 200 bytes per run (240M runs a day, 30 days kept); the
 report prints the seed-scale figures these bytes come to. The scratch database is left
@@ -77,11 +80,12 @@ def fresh_database(base: str, name: str) -> str:
 def seed(*, n: int, url: str) -> None:
     """N jobs of one tenant, each due now and then not for a day: one run each."""
     from bench.execute import make_jobs
-    from jobs.models import Job, Tenant
+    from jobs.models import Job, JobTarget, Tenant
     from runs.execution.signing import new_secret
 
-    tenant = Tenant.objects.create(
-        slug="bench-storage", name="bench-storage", max_concurrency=1_000_000, signing_secret=new_secret()
+    tenant, _ = Tenant.objects.get_or_create(
+        slug="bench-storage",
+        defaults={"name": "bench-storage", "max_concurrency": 1_000_000, "signing_secret": new_secret()},
     )
     jobs = make_jobs(
         tenant=tenant.id, n=n, target=target(url), interval_seconds=86400, next_run_at=datetime.now(UTC)
@@ -89,6 +93,7 @@ def seed(*, n: int, url: str) -> None:
     for job in jobs:
         job.retry_backoff_seconds, job.retry_backoff_cap_seconds = 1, 2
     Job.objects.bulk_create(jobs, batch_size=2000)
+    JobTarget.objects.bulk_create([JobTarget.current(job) for job in jobs], batch_size=2000)
 
 
 def wait_done(conn: psycopg.Connection, n: int, timeout: float = 900) -> None:
@@ -115,7 +120,11 @@ def measure(conn: psycopg.Connection) -> dict:
     ).fetchone()
     heap, indexes = int(heap), int(indexes)
     total = (heap + indexes) / runs
+    versions, version_bytes = conn.execute(
+        "SELECT count(*), pg_total_relation_size('job_targets') FROM job_targets"
+    ).fetchone()
     return {
+        "target_version_bytes_per_job": round(version_bytes / max(versions, 1)),
         "runs": runs,
         "attempts": round(float(attempts), 2),
         "heap_bytes_per_run": round(heap / runs),
@@ -128,7 +137,13 @@ def measure(conn: psycopg.Connection) -> dict:
     }
 
 
-def one_round(base: str, *, db: str, n: int, path: str, expect_attempts: int) -> dict:
+def one_round(base: str, *, db: str, n: int, path: str, expect_attempts: int, waves: int = 1) -> dict:
+    """N runs fired and finished in `waves` waves of n/waves runs each, with a plain VACUUM
+    after each wave (what autovacuum does between the hours of a real day): one wave is
+    every run due at once, the worst case, where the queue's indexes and the row versions
+    that claims and outcomes leave reach the size of every run; more waves is a day whose
+    busiest moment holds a share of its runs (the seed's: 3M due at once of 240M a day),
+    where later waves reuse the space the earlier ones freed."""
     from django.db import connections
 
     connections.close_all()  # the previous round's, to the database about to be dropped
@@ -141,7 +156,6 @@ def one_round(base: str, *, db: str, n: int, path: str, expect_attempts: int) ->
     logs = ROOT / "var" / "bench" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with NoopServer() as server, psycopg.connect(url, autocommit=True) as conn:
-        seed(n=n, url=server.url.replace("/noop", path))
         # Every run of the retried round fails twice against one host: that would open the
         # host's breaker and spend its retry budget, and the round would measure deferrals.
         # Both are lifted for it (the storage of a retried run is what is measured here).
@@ -155,26 +169,31 @@ def one_round(base: str, *, db: str, n: int, path: str, expect_attempts: int) ->
             procs.start("run_scheduler")
             for _ in range(2):
                 procs.start("run_executor", "--concurrency", "64")
-            wait_done(conn, n)
+            for wave in range(1, waves + 1):
+                seed(n=n // waves, url=server.url.replace("/noop", path))
+                wait_done(conn, wave * (n // waves))
+                conn.execute("VACUUM job_runs")
         finally:
             procs.stop_all()
         row = measure(conn)
     row["case"] = f"{expect_attempts} attempt" + ("s" if expect_attempts > 1 else "")
+    row["waves"] = waves
     row["budget"] = BUDGET[expect_attempts]
     return row
 
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| runs | attempts | heap + TOAST B/run | indexes B/run (count) | total B/run | budget | live row B |"
-        " GB a day at 240M runs | TB for 30 days |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| runs | waves | attempts | heap + TOAST B/run | indexes B/run (count) | total B/run | budget"
+        " | live row B | GB a day at 240M runs | TB for 30 days | target version B/job |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['runs']} | {r['attempts']} | {r['heap_bytes_per_run']}"
+            f"| {r['runs']} | {r['waves']} | {r['attempts']} | {r['heap_bytes_per_run']}"
             f" | {r['index_bytes_per_run']} ({r['indexes']}) | **{r['total_bytes_per_run']}** | {r['budget']}"
-            f" | {r['row_bytes']} | {r['gb_a_day_at_seed_scale']} | {r['tb_for_30_days']} |"
+            f" | {r['row_bytes']} | {r['gb_a_day_at_seed_scale']} | {r['tb_for_30_days']}"
+            f" | {r['target_version_bytes_per_job']} |"
         )
     return "\n".join(lines)
 
@@ -185,6 +204,9 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=20_000, help="runs that succeed on their first attempt")
     parser.add_argument("--retried", type=int, default=5_000, help="runs that need three attempts (0: skip)")
+    parser.add_argument(
+        "--waves", type=int, default=10, help="the first-attempt runs again in this many waves (1: skip)"
+    )
     parser.add_argument("--db", default=DATABASE, help="scratch database name (dropped and made afresh)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
@@ -196,8 +218,16 @@ def main() -> None:
     os.environ["DATABASE_URL"] = f"{base.rsplit('/', 1)[0]}/{args.db}"
     django.setup()
     rows = [one_round(base, db=args.db, n=args.runs, path="/ok", expect_attempts=1)]
+    if args.waves > 1:
+        rows.append(one_round(base, db=args.db, n=args.runs, path="/ok", expect_attempts=1, waves=args.waves))
     if args.retried:
         rows.append(one_round(base, db=args.db, n=args.retried, path="/fail-twice", expect_attempts=3))
+        if args.waves > 1:
+            rows.append(
+                one_round(
+                    base, db=args.db, n=args.retried, path="/fail-twice", expect_attempts=3, waves=args.waves
+                )
+            )
     for r in rows:
         print(json.dumps(r), file=sys.stderr)
     print(table(rows))

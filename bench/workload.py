@@ -75,7 +75,7 @@ def create_jobs(url: str, *, n: int, workload: str, later: datetime, seed: int =
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}")
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE job_runs, job_misfires, job_slot_ranges, scheduler_nodes, jobs")
+        conn.execute("TRUNCATE job_runs, job_misfires, job_slot_ranges, scheduler_nodes, job_targets, jobs")
     tenant, _ = Tenant.objects.get_or_create(
         slug="bench", defaults={"name": "bench", "max_concurrency": 1000, "signing_secret": new_secret()}
     )
@@ -100,6 +100,10 @@ def create_jobs(url: str, *, n: int, workload: str, later: datetime, seed: int =
                     (job_id, f"bench-{i}", cron, zone, interval, partition_for(job_id), later, *tail)
                 )
     with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO job_targets (partition_id, job_id, version, target, created_at)"
+            " SELECT partition_id, id, target_version, target, now() FROM jobs"
+        )
         conn.execute("VACUUM ANALYZE jobs")
 
 

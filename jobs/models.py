@@ -1,3 +1,5 @@
+from __future__ import annotations
+
 import uuid
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -143,6 +145,9 @@ class Job(PartitionKeyed):
     dst_policy = models.JSONField(default=dict, blank=True)
 
     target = models.JSONField()
+    # The version of `target` its runs reference (JobTarget): a new one with every change
+    # of the target, written in the same transaction as the job (jobs/services.py).
+    target_version = models.IntegerField(default=1, editable=False)
 
     misfire_policy = models.CharField(
         max_length=16, choices=MisfirePolicy.choices, default=MisfirePolicy.RUN_ONCE
@@ -242,6 +247,38 @@ class Job(PartitionKeyed):
         if self.interval_seconds is not None:
             return TriggerType.INTERVAL.value
         return TriggerType.RUN_AT.value
+
+
+class JobTarget(models.Model):
+    """One immutable version of a job's target: what its runs execute.
+
+    A run references (job_id, target_version) instead of carrying a copy: the target
+    (URL, headers, body) was most of a run row's bytes (docs/decisions/0076-job-target-versions.md).
+    A version is never changed once written, so a run, its retries and its replays
+    execute the target they were created with whatever later edits do; the claim joins
+    it in (runs/execution/queries.py). Co-located with the job on Citus (same
+    partition_id). No foreign key: jobs/services.py deletes a job's versions with it.
+    """
+
+    pk = models.CompositePrimaryKey("partition_id", "job_id", "version")
+    partition_id = models.PositiveSmallIntegerField()
+    job_id = models.UUIDField()
+    version = models.PositiveIntegerField()
+    target = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "job_targets"
+
+    def __str__(self) -> str:
+        return f"{self.job_id} target v{self.version}"
+
+    @classmethod
+    def current(cls, job: Job) -> JobTarget:
+        """The version row of the job's target as it is now (unsaved)."""
+        return cls(
+            partition_id=job.partition_id, job_id=job.id, version=job.target_version, target=job.target
+        )
 
 
 class Misfire(PartitionKeyed):

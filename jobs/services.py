@@ -24,7 +24,7 @@ from django.db import transaction
 from jobs import audit
 from jobs.dispatch import planning
 from jobs.dispatch.planning import latest_slot, next_slot, run_for, slots_between
-from jobs.models import AuditAction, Job, Tenant
+from jobs.models import AuditAction, Job, JobTarget, Tenant
 from jobs.rules import edits
 from runs.enqueue import enqueue_runs, notify_executors
 from runs.models import JobRun
@@ -89,6 +89,7 @@ def _insert_job(*, tenant: Tenant, job_id: UUID, values: dict, actor: str, now: 
     job.next_run_at = next_slot(job, after=now, anchor=job.start_at or now.replace(microsecond=0))
     job.schedule_since = now
     job.save(force_insert=True)
+    JobTarget.current(job).save(force_insert=True)
     audit.record(actor=actor, action=AuditAction.CREATE, job=job, changes=audit.snapshot(values))
     return job
 
@@ -120,8 +121,11 @@ def update_job(
 
 
 def _apply_changes(*, job: Job, effects: planning.EditEffects, actor: str) -> None:
-    for name in (*effects.changes, "next_run_at", "schedule_since"):
+    versioned = effects.changed.target_version != job.target_version
+    for name in (*effects.changes, "next_run_at", "schedule_since", "target_version"):
         setattr(job, name, getattr(effects.changed, name))
+    if versioned:
+        JobTarget.current(job).save(force_insert=True)
     job.save()
     if effects.unfired is not None:
         effects.unfired.save()
@@ -210,6 +214,7 @@ def delete_job(*, job: Job, actor: str = audit.SYSTEM) -> None:
     # Runs have no database FK (the table is partitioned); remove them in one statement.
     JobRun.objects.filter(partition_id=job.partition_id, job_id=job.pk)._raw_delete(JobRun.objects.db)
     job.misfires.all().delete()
+    JobTarget.objects.filter(partition_id=job.partition_id, job_id=job.pk).delete()
     if Job.objects.filter(partition_id=job.partition_id, pk=job.pk).delete()[0]:
         audit.record(actor=actor, action=AuditAction.DELETE, job=job, changes={})
 

@@ -6,7 +6,6 @@ reaping (run_leases.py), outcomes (outcomes.py); docs/state_machine.md lists eve
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import fields
 
@@ -20,11 +19,11 @@ from scheduler_project.db import raw_cursor
 _INSERT_SQL = """
 WITH incoming AS (
     SELECT * FROM unnest(
-        %b::uuid[], %b::timestamptz[], %b::bigint[], %b::smallint[], %b::text[], %b::text[],
+        %b::uuid[], %b::timestamptz[], %b::bigint[], %b::smallint[], %b::integer[], %b::text[],
         %b::smallint[], %b::text[], %b::text[], %b::integer[], %b::integer[], %b::integer[],
         %b::integer[], %b::boolean[], %b::timestamptz[]
     ) AS x(
-        job_id, scheduled_at, tenant_id, partition_id, target, "trigger", priority, job_name,
+        job_id, scheduled_at, tenant_id, partition_id, target_version, "trigger", priority, job_name,
         overlap_policy, max_attempts, retry_backoff_seconds, retry_backoff_cap_seconds,
         lease_seconds, overlap_check, not_before)
 ),
@@ -49,11 +48,11 @@ decided AS (
 )
 INSERT INTO job_runs (
     job_id, scheduled_at, tenant_id, partition_id, status, "trigger", priority, attempt,
-    not_before, target, job_name, overlap_policy, max_attempts, retry_backoff_seconds,
+    not_before, target_version, job_name, overlap_policy, max_attempts, retry_backoff_seconds,
     retry_backoff_cap_seconds, lease_seconds, created_at, finished_at, last_error, attempts
 )
 SELECT job_id, scheduled_at, tenant_id, partition_id, status, "trigger", priority, 0,
-       coalesce(not_before, now()), target::jsonb, job_name, overlap_policy, max_attempts,
+       coalesce(not_before, now()), target_version, job_name, overlap_policy, max_attempts,
        retry_backoff_seconds, retry_backoff_cap_seconds, lease_seconds, now(),
        CASE WHEN status = 'skipped' THEN now() END,
        CASE WHEN status = 'skipped' THEN 'skipped: an earlier run of this job is still active' ELSE '' END,
@@ -76,17 +75,13 @@ _INSERT = {
 }
 
 _NEW_RUN_FIELDS = tuple(f.name for f in fields(NewRun))
-_TARGET = _NEW_RUN_FIELDS.index("target")
 
 
 def _columns(runs: Sequence[NewRun]) -> list[list]:
     # One array per column, bound server-side in binary. The batch used to travel as
     # one JSON document for jsonb_to_recordset: encoding it (dataclass to dict, dates to
     # ISO text) and quoting it into the SQL text client-side cost more than the insert.
-    columns = [[getattr(run, name) for run in runs] for name in _NEW_RUN_FIELDS]
-    # The scheduler passes targets as the JSON text it read (planning.DueJob.target).
-    columns[_TARGET] = [t if isinstance(t, str) else json.dumps(t) for t in columns[_TARGET]]
-    return columns
+    return [[getattr(run, name) for run in runs] for name in _NEW_RUN_FIELDS]
 
 
 def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:

@@ -56,8 +56,12 @@ class JobRun(PartitionKeyed):
     lease_until = models.DateTimeField(null=True, blank=True)
     owner = models.CharField(max_length=100, blank=True, default="")
 
-    # Snapshot of what executing needs, so runs never read the jobs table.
-    target = models.JSONField()
+    # What executing needs, so runs never read the jobs table: the job's target as the
+    # immutable version `target_version` (jobs.models.JobTarget, which the claim joins
+    # in), and the policies copied. `target` holds a copy only in runs written before
+    # target versions existed (target_version NULL); runs.selectors.target_of reads both.
+    target = models.JSONField(null=True, blank=True, editable=False)
+    target_version = models.IntegerField(null=True, blank=True, editable=False)
     job_name = models.CharField(max_length=200, blank=True, default="")
     overlap_policy = models.CharField(max_length=16, default="skip")
     max_attempts = models.PositiveIntegerField(default=5)

@@ -21,13 +21,13 @@ RunKey = tuple[UUID, datetime, int]
 
 @dataclass(frozen=True)
 class NewRun:
-    """One occurrence to insert, with the snapshot of the job that executing needs."""
+    """One occurrence to insert, with what of the job executing needs."""
 
     job_id: UUID
     scheduled_at: datetime
     tenant_id: int
     partition_id: int
-    target: dict | str  # str: the JSON text as the dispatch read it (runs.enqueue inserts either)
+    target_version: int  # the jobs.models.JobTarget version the run executes
     trigger: str = "schedule"
     priority: int = 0
     job_name: str = ""

@@ -10,6 +10,7 @@ jobs.models, which the operator side of runs may import), and only reads.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
@@ -20,7 +21,7 @@ from django.db import connection
 from django.db.models import Count, Min, Q, QuerySet, Sum, Value
 from django.db.models.functions import Greatest
 
-from jobs.models import AuditEntry, Job, SchedulerNode, Tenant
+from jobs.models import AuditEntry, Job, JobTarget, SchedulerNode, Tenant
 from runs import counters
 from runs.attempts import LEASE_EXPIRED, history, orm_used, used_up
 from runs.keys import format_utc
@@ -33,6 +34,32 @@ LEASE_EXPIRED_OUTCOMES = (LEASE_EXPIRED, "lease_expired")
 
 
 # --- runs -------------------------------------------------------------------------------
+
+
+def attach_targets(runs: Sequence[JobRun]) -> None:
+    """Fill each run's `target` from the version it names (jobs.models.JobTarget), in one
+    read: a run written since target versions existed carries no copy. A run that has
+    its own copy (written before) keeps it."""
+    wanted = [run for run in runs if run.target is None and run.target_version is not None]
+    if not wanted:
+        return
+    keys = Q()
+    for run in wanted:
+        keys |= Q(partition_id=run.partition_id, job_id=run.job_id, version=run.target_version)
+    found = {
+        (p, j, v): target
+        for p, j, v, target in JobTarget.objects.filter(keys).values_list(
+            "partition_id", "job_id", "version", "target"
+        )
+    }
+    for run in wanted:
+        run.target = found.get((run.partition_id, run.job_id, run.target_version))
+
+
+def target_of(run: JobRun) -> dict | None:
+    """What the run executes (and executed): its target version's, or its own copy."""
+    attach_targets([run])
+    return run.target
 
 
 def of_job(runs: QuerySet[JobRun], *, job_id: UUID) -> QuerySet[JobRun]:

@@ -162,6 +162,7 @@ CITUS_TESTS = (
     "tests/test_audit.py",
     "tests/test_dashboard_charts.py",
     "tests/test_executor_claims.py",
+    "tests/test_job_targets.py",
     "tests/test_executor_fairness.py",
     "tests/test_executor_fencing.py",
     "tests/test_executor_reaping.py",

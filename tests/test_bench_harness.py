@@ -33,7 +33,7 @@ TABLE_HEADERS = [
     "| own-schema limit runs/s | ratio |",
     "| executors | runs | Cronyard runs/s | minimal limit runs/s | ratio to minimal "
     "| raw claim+complete runs/s | ratio |",
-    "| runs | attempts | heap + TOAST B/run | indexes B/run (count) | total B/run | budget |",
+    "| runs | waves | attempts | heap + TOAST B/run | indexes B/run (count) | total B/run | budget |",
     "| tenants | runs/s per round | median runs/s | vs 1 tenant |",
     "| executors | runs | Cronyard runs/s | raw aiohttp runs/s | ratio |",
     "| steady rate | schedulers | executors | window | received/expected | p50 s | p99 s |",
@@ -116,14 +116,17 @@ def test_smoke_run_writes_the_report_with_every_table_and_plot(transactional_db,
     # no part's size is asserted, only that it was measured and counted.
     for execution, budget, ours, raw in CPU_BUDGETS:
         check_cpu_budget(text, execution=execution, budget=budget, ours=ours, raw=raw)
-    # Storage: a round of first-attempt successes and one of runs that took three, each
-    # measured from its own scratch database's partitions.
-    storage = table_at(text, "| runs | attempts |")
-    assert [(row["runs"], row["attempts"], row["budget"]) for row in storage] == [
-        ("200", "1.0", "200"),
-        ("50", "3.0", "400"),
+    # Storage: first-attempt successes and runs that took three, all due at once and in two
+    # waves, each measured from its own scratch database's partitions.
+    storage = table_at(text, "| runs | waves | attempts |")
+    assert [(row["runs"], row["waves"], row["attempts"], row["budget"]) for row in storage] == [
+        ("200", "1", "1.0", "200"),
+        ("200", "2", "1.0", "200"),
+        ("50", "1", "3.0", "400"),
+        ("50", "2", "3.0", "400"),
     ]
     assert all(int(row["total B/run"].strip("*")) > int(row["live row B"]) > 0 for row in storage)
+    assert all(int(row["target version B/job"]) > 0 for row in storage)
     # The smoke form stays on plain PostgreSQL and says so where the Citus rows would be.
     assert "\nCitus rows skipped: --smoke\n" in text
     for name in PLOTS:

@@ -49,8 +49,11 @@ def make_jobs(tenant, http_target) -> list[Job]:
         retry_backoff_cap_seconds=2,
         overlap_policy="allow",
     )
+    fast_target = {"type": "http", "url": http_target.url("/fast"), "method": "POST", "timeout_seconds": 10}
+    slow_target = {"type": "http", "url": http_target.url("/slow"), "method": "POST", "timeout_seconds": 10}
     fast = bulk_interval_jobs(
         tenant,
+        target=fast_target,
         anchors_and_intervals=[
             (base + timedelta(milliseconds=rng.randrange(3000)), rng.randint(2, 4))
             for _ in range(int(300 * scale))
@@ -60,13 +63,10 @@ def make_jobs(tenant, http_target) -> list[Job]:
     # Calls of two seconds: a stalled executor is always caught with some in flight.
     slow = bulk_interval_jobs(
         tenant,
+        target=slow_target,
         anchors_and_intervals=[(base + timedelta(milliseconds=rng.randrange(3000)), 3) for _ in range(30)],
         **common,
     )
-    fast_target = {"type": "http", "url": http_target.url("/fast"), "method": "POST", "timeout_seconds": 10}
-    slow_target = {"type": "http", "url": http_target.url("/slow"), "method": "POST", "timeout_seconds": 10}
-    Job.objects.filter(id__in=[j.id for j in fast]).update(target=fast_target)
-    Job.objects.filter(id__in=[j.id for j in slow]).update(target=slow_target)
     return fast + slow
 
 

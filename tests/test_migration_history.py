@@ -201,6 +201,12 @@ def test_a_fresh_install_and_an_upgraded_database_end_with_one_schema(django_db_
             cursor.execute("SELECT signing_secret FROM tenants")
             ((secret,),) = cursor.fetchall()
             assert secret.startswith("whsec_") and len(base64.b64decode(secret.removeprefix("whsec_"))) == 32
+            # The job's target became its version 1 (jobs 0018); the runs written before keep
+            # their own copy and name no version (runs 0018), which the claim falls back to.
+            cursor.execute("SELECT job_id, partition_id, version, target->>'name' FROM job_targets")
+            assert cursor.fetchall() == [(JOB_ID, PARTITION, 1, TARGET["name"])]
+            cursor.execute("SELECT DISTINCT target_version, target->>'name' FROM job_runs")
+            assert cursor.fetchall() == [(None, TARGET["name"])]
 
         if os.environ.get(RECORD_ENV):
             write_recorded(leaves(fresh), fresh_now["schema"])

@@ -41,7 +41,7 @@ def test_due_cron_job_fires_once_and_advances(tenant, make_scheduler):
     assert [(r.scheduled_at, r.trigger, r.status) for r in runs] == [
         (T - timedelta(seconds=5), "schedule", "queued")
     ]
-    assert runs[0].partition_id == job.partition_id and runs[0].target == job.target
+    assert runs[0].partition_id == job.partition_id and runs[0].target_version == job.target_version
     job.refresh_from_db()
     assert job.next_run_at == datetime(2026, 5, 4, 10, 1, tzinfo=UTC)
 

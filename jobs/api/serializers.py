@@ -122,6 +122,11 @@ class JobSerializer(RejectUnknownMixin, serializers.Serializer):
     dst_policy_effective = serializers.SerializerMethodField()
     next_run_at = UtcDateTimeField(read_only=True)
     partition_id = serializers.IntegerField(read_only=True)
+    target_version = serializers.IntegerField(
+        read_only=True,
+        help_text="Version of `target`: each change of the target makes the next one, and a run "
+        "calls the version it was created with (its `target_version`).",
+    )
     created_at = UtcDateTimeField(read_only=True)
     updated_at = UtcDateTimeField(read_only=True)
     misfires = serializers.SerializerMethodField()

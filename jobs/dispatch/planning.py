@@ -40,9 +40,9 @@ class DueJob:
     interval_seconds: int | None
     run_at: datetime | None
     dst_policy: dict
-    # The target as the JSON text the row holds: it only travels on to the run row,
-    # and parsing it here to dump it again there was a tenth of a batch (py-spy).
-    target: str
+    # The version of the job's target its runs reference (jobs.models.JobTarget): the
+    # dispatch neither reads nor copies the target itself.
+    target_version: int
     misfire_policy: str
     max_catch_up: int
     overlap_policy: str
@@ -201,7 +201,7 @@ def missed_slots(job: Job | DueJob, *, first: datetime, now: datetime, want: int
 
 
 def run_for(job: Job | DueJob, *, scheduled_at: datetime, trigger: str, overlap_check: bool = True) -> NewRun:
-    """The run row for one occurrence, carrying the snapshot the executor needs.
+    """The run row for one occurrence: its job's target version and the policies the executor needs.
 
     Scheduled and catch-up runs get `not_before = scheduled_at + offset` (jobs/schedule/jitter.py):
     a catch-up's slot is past, so a backlog after downtime is spread over the jitter
@@ -215,7 +215,7 @@ def run_for(job: Job | DueJob, *, scheduled_at: datetime, trigger: str, overlap_
         scheduled_at=scheduled_at,
         tenant_id=job.tenant_id,
         partition_id=job.partition_id,
-        target=job.target,
+        target_version=job.target_version,
         trigger=trigger,
         priority=job.priority,
         job_name=job.name,
@@ -420,6 +420,9 @@ def edit_effects(job: Job, changes: Mapping[str, Any], *, now: datetime) -> Edit
         unfired = slot_range(job, first=job.next_run_at, last=now, outcome=outcome, reason=reason)
     for name, value in changes.items():
         setattr(after, name, value)
+    if "target" in changes and changes["target"] != job.target:
+        # The next immutable version (jobs.models.JobTarget): runs written before keep theirs.
+        after.target_version = job.target_version + 1
     if schedule_changed:
         after.next_run_at = None
         after.next_run_at = next_slot(after, after=now, anchor=after.start_at or now.replace(microsecond=0))

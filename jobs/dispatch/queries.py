@@ -103,11 +103,11 @@ SELECT now(), set_config('idle_in_transaction_session_timeout', %(ms)s, true),
        ARRAY({_HELD.format(pid="%(pid)s")})
 """
 
-# target as text: see DueJob.target. The tenant's rate limit rides along (a primary-key
-# probe of the small tenants table per row), so an unlimited batch needs no query more.
+# The tenant's rate limit rides along (a primary-key probe of the small tenants table
+# per row), so an unlimited batch needs no query more.
 _READ_COLUMNS = ", ".join(
     [
-        *("target::text" if c == "target" else c for c in DUE_JOB_COLUMNS),
+        *DUE_JOB_COLUMNS,
         "(SELECT t.max_runs_per_minute FROM tenants t WHERE t.id = jobs.tenant_id)",
     ]
 )

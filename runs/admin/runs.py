@@ -132,9 +132,10 @@ class JobRunAdmin(ConsoleTitles, RunOperations, admin.ModelAdmin):
         ),
         ("Attempts", {"fields": ("attempts_table",)}),
         (
-            "Snapshot",
+            "What it runs",
             {
                 "fields": (
+                    "target_version_shown",
                     "target_snapshot",
                     "overlap_policy",
                     "retry_backoff_seconds",
@@ -263,9 +264,16 @@ class JobRunAdmin(ConsoleTitles, RunOperations, admin.ModelAdmin):
             '<table class="attempts"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>', head, rows
         )
 
+    @admin.display(description="target version")
+    def target_version_shown(self, run: JobRun) -> str:
+        # Every attempt and replay of the run calls this version, whatever edits came since.
+        if run.target_version is None:
+            return "its own copy (created before target versions)"
+        return f"version {run.target_version} of the job's target"
+
     @admin.display(description="target (secrets redacted)")
     def target_snapshot(self, run: JobRun) -> str:
-        return target_html(run.target)
+        return target_html(selectors.target_of(run))
 
     # --- search: job id or run key, else name ------------------------------------------
 

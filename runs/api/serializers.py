@@ -11,7 +11,7 @@ from runs import attempts
 from runs.api.fields import RejectUnknownMixin, UtcDateTimeField
 from runs.keys import format_utc
 from runs.models import JobRun, RunStatus
-from runs.selectors import attempt_note, dispatch_note
+from runs.selectors import attempt_note, dispatch_note, target_of
 from runs.target_secrets import redact_target
 
 
@@ -132,7 +132,7 @@ class SnapshotMethods:
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_target(self, run: JobRun) -> dict:
-        return redact_target(run.target)
+        return redact_target(target_of(run))
 
     @extend_schema_field(AttemptSerializer(many=True))
     def get_attempts(self, run: JobRun) -> list:
@@ -148,6 +148,12 @@ class SnapshotMethods:
 
 
 class RunDetailSerializer(SnapshotMethods, RunSerializer):
+    target_version = serializers.IntegerField(
+        read_only=True,
+        allow_null=True,
+        help_text="The version of its job's target the run calls (on every attempt and replay); "
+        "null for a run created before target versions, which carries its own copy.",
+    )
     target = serializers.SerializerMethodField()
     attempts = serializers.SerializerMethodField()
     created_at = UtcDateTimeField(read_only=True)
@@ -161,6 +167,7 @@ class RunDetailSerializer(SnapshotMethods, RunSerializer):
             "overlap_policy",
             "lease_seconds",
             "created_at",
+            "target_version",
             "target",
             "attempts",
             "replay_url",

@@ -122,6 +122,12 @@ class DeadLetterListView(FilteredRunsMixin, generics.ListAPIView):
             tenant_id=self.request.auth.id, **{**filters, "status": RunStatus.DEAD}
         )
 
+    def paginate_queryset(self, queryset):
+        # Each entry shows its target: the page's versions in one read, not one per run.
+        page = super().paginate_queryset(queryset)
+        selectors.attach_targets(page or [])
+        return page
+
 
 class RunDetailView(APIView):
     @extend_schema(parameters=KEY_PARAMETERS, responses=RunDetailSerializer, tags=["runs"])

@@ -437,11 +437,13 @@ claimed AS (
     FROM chosen c
     WHERE r.partition_id {{partition_filter}} AND r.partition_id = c.partition_id
       AND r.job_id = c.job_id AND r.scheduled_at = c.scheduled_at
-    RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.target, r.job_name,
+    RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.job_name,
               r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
               r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, c.signing_secrets,
               r.deferrals, r.deferred_since,
               CASE WHEN {attempts.sql_used("r")} > 1 THEN r.attempts -> -1 ->> 'outcome' END
+                AS previous_outcome,
+              r.target_version, r.target AS own_target
 ),
 older AS (
     -- cancel_previous: the older running run loses the run; its worker finds out at
@@ -465,7 +467,16 @@ cancelled AS (
       AND o.attempt = x.attempt AND o.status = 'running'
     RETURNING o.job_id
 )
-SELECT * FROM claimed ORDER BY priority DESC, scheduled_at
+-- The target: the version the run names (immutable, co-located with the run), or the
+-- copy a run written before target versions carries.
+SELECT c.job_id, c.scheduled_at, c.tenant_id, c.partition_id, c.attempt,
+       coalesce(v.target, c.own_target), c.job_name, c.overlap_policy, c.priority,
+       c.max_attempts, c.retry_backoff_seconds, c.retry_backoff_cap_seconds, c.lease_seconds,
+       c.started_at, c.signing_secrets, c.deferrals, c.deferred_since, c.previous_outcome
+FROM claimed c
+LEFT JOIN job_targets v ON v.partition_id {{partition_filter}} AND v.partition_id = c.partition_id
+     AND v.job_id = c.job_id AND v.version = c.target_version
+ORDER BY c.priority DESC, c.scheduled_at
 """
 
 

@@ -258,29 +258,27 @@ def make_jobs(params: Params, target: HttpTarget, *, start: datetime, end: datet
     for _ in range(params.jobs):
         interval = rng.randint(params.interval_min, params.interval_max)
         anchors.append((start + timedelta(milliseconds=rng.randrange(interval * 1000)), interval))
+    # Calls of two seconds for some: a killed or stalled executor always has runs in
+    # flight, so reclaiming and fencing are exercised, not just restarts.
+    slow = [rng.random() < params.slow_share for _ in anchors]
     jobs = []
     for n in range(params.tenants):
         tenant, _ = create_tenant(slug=f"chaos-{os.getpid()}-{n}", max_concurrency=100_000)
-        jobs += bulk_interval_jobs(
-            tenant,
-            anchors_and_intervals=anchors[n :: params.tenants],
-            end_at=end,
-            lease_seconds=params.lease,
-            max_attempts=1000,  # a run may be reclaimed many times; it must still succeed
-            retry_backoff_seconds=1,
-            retry_backoff_cap_seconds=2,
-            overlap_policy="allow",
-            misfire_policy="catch_up",
-            max_catch_up=10_000,
-        )
-    from jobs.models import Job
-
-    # Calls of two seconds for some: a killed or stalled executor always has runs in
-    # flight, so reclaiming and fencing are exercised, not just restarts.
-    slow = [j.id for j in jobs if rng.random() < params.slow_share]
-    for path, ids in (("/hook", [j.id for j in jobs if j.id not in set(slow)]), ("/slow", slow)):
-        spec = {"type": "http", "url": target.url(path), "method": "POST", "timeout_seconds": 10}
-        Job.objects.filter(id__in=ids).update(target=spec)
+        mine = list(zip(anchors, slow, strict=True))[n :: params.tenants]
+        for path, is_slow in (("/hook", False), ("/slow", True)):
+            jobs += bulk_interval_jobs(
+                tenant,
+                anchors_and_intervals=[anchor for anchor, s in mine if s == is_slow],
+                target={"type": "http", "url": target.url(path), "method": "POST", "timeout_seconds": 10},
+                end_at=end,
+                lease_seconds=params.lease,
+                max_attempts=1000,  # a run may be reclaimed many times; it must still succeed
+                retry_backoff_seconds=1,
+                retry_backoff_cap_seconds=2,
+                overlap_policy="allow",
+                misfire_policy="catch_up",
+                max_catch_up=10_000,
+            )
     target.script("/slow", then=Reply(delay=2.0))
     return jobs
 

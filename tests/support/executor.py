@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+from jobs.models import JobTarget
 from jobs.services import partition_for
 from runs.enqueue import enqueue_runs, notify_executors
 from runs.execution.executor import Executor
@@ -26,7 +27,8 @@ def queue_runs(
     job_name: str = "test job",
     **fields,
 ) -> list[tuple[uuid.UUID, datetime]]:
-    """Queue `count` runs straight into job_runs (no jobs row: runs carry their snapshot).
+    """Queue `count` runs straight into job_runs (no jobs row: runs carry the policies,
+    and their target is a job_targets version written here).
 
     With job_id given all runs belong to that job, `spacing` apart; otherwise each run
     gets its own job id, so overlap policies do not come into play. Each run is in its
@@ -35,13 +37,14 @@ def queue_runs(
     """
     start = start or datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     job_ids = [job_id or uuid.uuid4() for _ in range(count)]
+    versions = target_versions(set(job_ids), target)
     runs = [
         NewRun(
             job_id=job_ids[i],
             scheduled_at=start + i * spacing,
             tenant_id=tenant.id,
             partition_id=partition_for(job_ids[i]),
-            target=target,
+            target_version=versions[job_ids[i]],
             job_name=job_name,
             overlap_check=False,
             **fields,
@@ -54,6 +57,25 @@ def queue_runs(
     # job_id in the insert's plan returns the rows shuffled), and tests compare the
     # keys' order with the order runs started in.
     return sorted(((r.job_id, r.scheduled_at) for r in inserted), key=lambda key: key[1])
+
+
+def target_versions(job_ids: set[uuid.UUID], target: dict) -> dict[uuid.UUID, int]:
+    """Each job's version of `target` in job_targets: the one it has, or a new one after
+    its newest (a test may queue runs of one job with another target later)."""
+    rows = JobTarget.objects.filter(job_id__in=job_ids).values_list("job_id", "version", "target")
+    newest: dict[uuid.UUID, int] = {}
+    found: dict[uuid.UUID, int] = {}
+    for job_id, version, stored in rows:
+        newest[job_id] = max(version, newest.get(job_id, 0))
+        if stored == target:
+            found[job_id] = version
+    new = [
+        JobTarget(partition_id=partition_for(j), job_id=j, version=newest.get(j, 0) + 1, target=target)
+        for j in job_ids
+        if j not in found
+    ]
+    JobTarget.objects.bulk_create(new, batch_size=2000)
+    return {**found, **{t.job_id: t.version for t in new}}
 
 
 def row(key: tuple[uuid.UUID, datetime]) -> JobRun:

@@ -45,7 +45,7 @@ def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
         "trigger": "schedule",
         "priority": job.priority,
         "not_before": scheduled_at,
-        "target": job.target,
+        "target_version": job.target_version,
         "job_name": job.name,
         "overlap_policy": job.overlap_policy,
         "max_attempts": job.max_attempts,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from jobs.dispatch.partition_leases import NAMESPACE
-from jobs.models import Job, Tenant
+from jobs.models import Job, JobTarget, Tenant
 from jobs.services import partition_for
 from runs.models import JobRun
 
@@ -29,6 +29,7 @@ def make_job(tenant: Tenant, *, next_run_at: datetime | None, **fields) -> Job:
     job.partition_id = partition_for(job.id)
     job.next_run_at = next_run_at
     job.save(force_insert=True)
+    JobTarget.current(job).save(force_insert=True)
     return job
 
 
@@ -50,6 +51,7 @@ def bulk_interval_jobs(
                 **fields,
             )
         )
+    JobTarget.objects.bulk_create([JobTarget.current(job) for job in jobs], batch_size=2000)
     return Job.objects.bulk_create(jobs, batch_size=2000)
 
 
