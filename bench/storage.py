@@ -92,8 +92,9 @@ def seed(*, n: int, url: str) -> None:
     )
     for job in jobs:
         job.retry_backoff_seconds, job.retry_backoff_cap_seconds = 1, 2
-    Job.objects.bulk_create(jobs, batch_size=2000)
+    # The versions first: a running scheduler dispatches a job the moment it is committed.
     JobTarget.objects.bulk_create([JobTarget.current(job) for job in jobs], batch_size=2000)
+    Job.objects.bulk_create(jobs, batch_size=2000)
 
 
 def wait_done(conn: psycopg.Connection, n: int, timeout: float = 900) -> None:

@@ -28,8 +28,9 @@ def make_job(tenant: Tenant, *, next_run_at: datetime | None, **fields) -> Job:
     job = Job(tenant=tenant, **fields)
     job.partition_id = partition_for(job.id)
     job.next_run_at = next_run_at
-    job.save(force_insert=True)
+    # The version first: a running scheduler may dispatch the job the moment it is committed.
     JobTarget.current(job).save(force_insert=True)
+    job.save(force_insert=True)
     return job
 
 
