@@ -46,13 +46,21 @@ def scratch_url(base: str, name: str) -> str:
     return urlunsplit(parts._replace(path=f"/{name}"))
 
 
-def ensure_database(base: str, name: str) -> str:
+def ensure_database(base: str, name: str, *, retained: bool = True) -> str:
+    """The scratch database `name`, migrated; with `retained`, with the day partitions of a
+    database in use for RUN_RETENTION_DAYS (bench/workload.retained_partitions)."""
     with psycopg.connect(base, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
     url = scratch_url(base, name)
     env = {**os.environ, "DATABASE_URL": url}
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+    if retained:
+        subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), "shell", "-c",
+             "from bench.workload import retained_partitions; retained_partitions()"],
+            cwd=ROOT, env=env, check=True,
+        )  # fmt: skip
     return url
 
 

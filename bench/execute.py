@@ -340,6 +340,9 @@ def main() -> None:
 
     django.setup()
     from bench.noop_server import NoopServer
+    from bench.workload import retained_partitions
+
+    retained_partitions()
 
     if args.tenants < 1:
         parser.error("--tenants: at least 1")

@@ -180,6 +180,9 @@ def main() -> None:
 
     django.setup()
     from bench.execute import create_tenants, remove_tenants
+    from bench.workload import retained_partitions
+
+    retained_partitions()
 
     (tenant,) = create_tenants(1)
     try:

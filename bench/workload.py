@@ -148,3 +148,21 @@ def verify(conn: psycopg.Connection, *, n: int, moment: datetime, runs_table: st
 
 def later_than_now() -> datetime:
     return datetime.now(UTC) + timedelta(days=1)
+
+
+def retained_partitions() -> int:
+    """Give job_runs the day partitions a database has after RUN_RETENTION_DAYS of use
+    (empty), as well as the days ahead; returns how many it created. A claim or an insert
+    that names no day is planned over every partition (on Citus, on the worker, for each
+    statement): a fresh database's nine partitions made every round look faster than a
+    month-old installation runs (docs/SCALING.md). Needs Django set up."""
+    from datetime import UTC, timedelta
+    from datetime import datetime as dt
+
+    from django.conf import settings
+
+    from runs.day_partitions import maintain
+
+    retention = settings.RUN_RETENTION_DAYS
+    start = dt.now(UTC).date() - timedelta(days=retention)
+    return len(maintain(days_ahead=retention + 7, retention_days=retention, today=start).created)
