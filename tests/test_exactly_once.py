@@ -23,7 +23,6 @@ from jobs.models import Job
 from runs.models import ACTIVE_STATUSES, JobRun
 from tests.support.exactly_once import RUN_FIELDS, audit
 from tests.support.http_target import Reply
-from tests.support.processes import load_scale
 from tests.support.scheduler import (
     bulk_interval_jobs,
     expected_interval_slots,
@@ -40,7 +39,6 @@ ENV = {"SCHEDULER_LEASE_SECONDS": str(LEASE)}
 
 def make_jobs(tenant, http_target) -> list[Job]:
     rng = random.Random(7)
-    scale = load_scale()
     base = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=3)
     common = dict(
         lease_seconds=LEASE,
@@ -55,8 +53,7 @@ def make_jobs(tenant, http_target) -> list[Job]:
         tenant,
         target=fast_target,
         anchors_and_intervals=[
-            (base + timedelta(milliseconds=rng.randrange(3000)), rng.randint(2, 4))
-            for _ in range(int(300 * scale))
+            (base + timedelta(milliseconds=rng.randrange(3000)), rng.randint(2, 4)) for _ in range(300)
         ],
         **common,
     )
@@ -71,7 +68,6 @@ def make_jobs(tenant, http_target) -> list[Job]:
 
 
 def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tenant, processes, http_target):
-    scale = load_scale()
     tenant.max_concurrency = 1000
     tenant.save()
     http_target.script("/slow", then=Reply(delay=2.0))
@@ -146,7 +142,7 @@ def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tena
     # Exactly once: nothing duplicated, nothing missing up to the cutoff, nothing off the grid.
     assert result.duplicates == []
     expected = expected_interval_slots(jobs, cutoff=cutoff)
-    assert len(expected) > 3000 * scale
+    assert len(expected) > 3000
     assert expected - {(r[0], r[1]) for r in runs} == set(), "missing occurrences"
     assert result.extra == [], "occurrences that are not slots of their job"
     assert set(result.triggers) == {"schedule"}

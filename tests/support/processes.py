@@ -72,22 +72,3 @@ class Processes:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-# The share of its plain-PostgreSQL load a process test puts on a Citus database. Those
-# tests check exactly-once under kills and stalls, not speed; under `make test-citus`
-# one 2-core machine runs three PostgreSQL nodes besides the schedulers and executors,
-# and a multi-shard statement costs there what a whole batch costs on one server, so
-# the full load left slots undispatched past the tests' margins. Citus's throughput is
-# measured by `make bench` and the short bench of `make test-citus`, not here.
-CITUS_LOAD = 0.35
-
-
-def load_scale() -> float:
-    """1.0 on plain PostgreSQL, CITUS_LOAD when the test database has Citus."""
-    from django.db import connection
-
-    from scheduler_project.citus import citus_installed
-
-    with connection.cursor() as cursor:
-        return CITUS_LOAD if citus_installed(cursor) else 1.0
