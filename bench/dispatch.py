@@ -57,7 +57,7 @@ def ensure_database(base: str, name: str, *, retained: bool = True) -> str:
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "migrate", "-v0"], cwd=ROOT, env=env, check=True)
     if retained:
         subprocess.run(
-            [sys.executable, str(ROOT / "manage.py"), "shell", "-c",
+            [sys.executable, str(ROOT / "manage.py"), "shell", "-v", "0", "-c",
              "from bench.workload import retained_partitions; retained_partitions()"],
             cwd=ROOT, env=env, check=True,
         )  # fmt: skip
