@@ -481,6 +481,9 @@ Machine: {info["cpu"]}, {info["cores"]} cores, {info["ram_gb"]} GB RAM, {info["a
 {info["python"]}; PostgreSQL {info["postgres"]} (the embedded cluster, default settings).
 The machine may be shared with other builds and tests: absolute numbers are noisy.
 Each Cronyard figure was taken right beside its limit (interleaved), so read the ratios.
+Every round but storage runs on a database with the day partitions of
+`RUN_RETENTION_DAYS` of use (`bench/workload.retained_partitions`), as a month-old
+installation has them; the minimal limits' table is not partitioned.
 
 ## Storage: bytes on disk per finished run
 
