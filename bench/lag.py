@@ -84,7 +84,7 @@ def reset_jobs(*, n: int, target: dict, interval_seconds: int) -> None:
     jobs = make_jobs(
         tenant=tenant.id, n=n, target=target, interval_seconds=interval_seconds, next_run_at=later
     )
-    JobTarget.objects.bulk_create([JobTarget.current(job) for job in jobs], batch_size=5000)
+    JobTarget.objects.create_for_new_jobs(jobs, batch_size=5000)
     Job.objects.bulk_create(jobs, batch_size=5000)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE jobs")

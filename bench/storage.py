@@ -94,8 +94,7 @@ def seed(*, n: int, url: str) -> None:
     )
     for job in jobs:
         job.retry_backoff_seconds, job.retry_backoff_cap_seconds = 1, 2
-    # The versions first: a running scheduler dispatches a job the moment it is committed.
-    JobTarget.objects.bulk_create([JobTarget.current(job) for job in jobs], batch_size=2000)
+    JobTarget.objects.create_for_new_jobs(jobs, batch_size=2000)
     Job.objects.bulk_create(jobs, batch_size=2000)
 
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.core.validators import MaxValueValidator, MinValueValidator
@@ -249,6 +250,16 @@ class Job(PartitionKeyed):
         return TriggerType.RUN_AT.value
 
 
+class JobTargetManager(models.Manager["JobTarget"]):
+    def create_for_new_jobs(self, jobs: Iterable[Job], *, batch_size: int | None = None) -> list[JobTarget]:
+        """Write each unsaved job's current target version; create the jobs after.
+
+        The versions go first because a running scheduler dispatches a job the moment
+        it is committed, and the run it writes must find its version when claimed.
+        """
+        return self.bulk_create([self.model.current(job) for job in jobs], batch_size=batch_size)
+
+
 class JobTarget(models.Model):
     """One immutable version of a job's target: what its runs execute.
 
@@ -266,6 +277,8 @@ class JobTarget(models.Model):
     version = models.PositiveIntegerField()
     target = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = JobTargetManager()
 
     class Meta:
         db_table = "job_targets"

@@ -52,7 +52,7 @@ def bulk_interval_jobs(
                 **fields,
             )
         )
-    JobTarget.objects.bulk_create([JobTarget.current(job) for job in jobs], batch_size=2000)
+    JobTarget.objects.create_for_new_jobs(jobs, batch_size=2000)
     return Job.objects.bulk_create(jobs, batch_size=2000)
 
 
