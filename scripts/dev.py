@@ -162,6 +162,8 @@ CITUS_TESTS = (
     "tests/test_audit.py",
     "tests/test_dashboard_charts.py",
     "tests/test_executor_claims.py",
+    "tests/test_claim_races.py",
+    "tests/test_executor_cancel_previous.py",
     "tests/test_job_targets.py",
     "tests/test_executor_fairness.py",
     "tests/test_executor_fencing.py",

@@ -196,8 +196,10 @@ async def _claim_by_node(
        (Holds.reserve, under the tenants' advisory locks): what every executor holds,
        not a count of running runs over every shard. The runs this executor no longer
        has in flight (`mine`: what it has) are given back in the same statement.
-    4. Per worker, one transaction of one claim statement per shard (its partitions of
-       the batch), pipelined: one round trip, committed on that worker alone.
+    4. Per worker, one transaction of the tenants' locks and one claim statement per
+       shard (its partitions of the batch), pipelined: one round trip, committed on that
+       worker alone. The locks serialise claimers of one tenant, so that each sees the
+       runs the other set running (overlap policies).
     5. The grants the claims did not use are given back.
     """
     mine = dict(mine or {})
@@ -302,10 +304,18 @@ async def _claim_in(
     round trip), committed on that worker alone."""
     epoch = datetime.now(UTC).timestamp()
     aged = planner.aged()
+    tenants_asked = sorted({t for in_shard in asked for quotas in in_shard.values() for t in quotas})
     try:
         cursors = []
         async with conn.pipeline():
             await conn.execute("BEGIN")
+            # The tenants' locks, held until this transaction (and with it the worker's)
+            # commits, as on plain PostgreSQL (_claim_batch): two claimers of one tenant
+            # take turns, so each one's statement sees the other's claims. Without them two
+            # claimers of one skip job each took one of its runs: the first locked the
+            # oldest, the second skipped it (SKIP LOCKED) and took the next, and neither
+            # saw the other's run as running.
+            await conn.execute(queries.LOCK_TENANTS, {"ns": TENANT_CLAIM_LOCK, "tenants": tenants_asked})
             for in_shard in asked:
                 grants = _per_tenant(in_shard.values())
                 tenants = sorted(grants)

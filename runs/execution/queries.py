@@ -215,8 +215,9 @@ SELECT CASE
 # --- the claim (runs/execution/claims.py) ------------------------------------------------------
 
 # Step 1 of a claim: lock the tenants fair_share chose for it, in tenant id order
-# (claimers never deadlock); claims._claim_batch and claims.Holds.reserve run it. A
-# statement without distributed tables: on Citus it runs on the coordinator, so one
+# (claimers never deadlock); claims._claim_batch, claims._claim_in and
+# claims.Holds.reserve run it. A statement without distributed tables: on Citus it runs
+# on the coordinator, in the coordinator's transaction, which commits the worker's: one
 # tenant's claims are serialised whichever shard they touch (inside a statement on a
 # shard the lock would be taken on that worker).
 LOCK_TENANTS = """
