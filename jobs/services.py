@@ -26,7 +26,7 @@ from jobs.dispatch import planning
 from jobs.dispatch.planning import latest_slot, next_slot, run_for, slots_between
 from jobs.models import AuditAction, Job, JobTarget, Tenant
 from jobs.rules import edits
-from runs.enqueue import enqueue_runs, notify_executors
+from runs.enqueue import enqueue_runs, notify_executors, oldest_slot
 from runs.models import JobRun
 from scheduler_project import db
 
@@ -189,7 +189,7 @@ def _resume_locked(*, job: Job, catch_up: str, actor: str, now: datetime) -> Non
             missed = slots_between(job, after=after, until=now, limit=job.max_catch_up)
     if missed:
         enqueue_runs([run_for(job, scheduled_at=t, trigger="catch_up", overlap_check=False) for t in missed])
-        notify_executors()
+        notify_executors(oldest=min(missed))
     left = planning.resume_slots(job, now=now)
     if left.range is not None:
         # The ledger: every slot that fell while paused is skipped, except those the
@@ -320,7 +320,7 @@ def backfill_job(
             [run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in plan.missing]
         )
         if inserted:
-            notify_executors()
+            notify_executors(oldest=oldest_slot(inserted))
             # Only a backfill that created runs changed anything (a dry run never gets here).
             audit.record(
                 actor=actor,

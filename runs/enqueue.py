@@ -6,12 +6,14 @@ reaping (run_leases.py), outcomes (outcomes.py); docs/state_machine.md lists eve
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
+from datetime import datetime
 
 from django.db import connection
 
 from runs.execution.queries import NOTIFY_CHANNEL
+from runs.keys import format_utc
 from runs.rows import InsertedRun, NewRun
 from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
@@ -102,7 +104,17 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
         return [InsertedRun(job_id=row[0], scheduled_at=row[1], status=row[2]) for row in cursor.fetchall()]
 
 
-def notify_executors() -> None:
-    """Wake LISTENing executors; delivered when the surrounding transaction commits."""
+def notify_executors(*, oldest: datetime | None = None) -> None:
+    """Wake LISTENing executors; delivered when the surrounding transaction commits.
+
+    `oldest`, the oldest slot of the runs queued, is the payload (RFC 3339): on Citus an
+    executor's work map reads the days from a floor on, and a run queued in an older day
+    (a replay, a backfill, a catch-up) lowers it (runs/execution/fair_share.Planner).
+    Runs of today and yesterday need none: no floor is above yesterday."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+        cursor.execute("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, format_utc(oldest) if oldest else ""])
+
+
+def oldest_slot(runs: Iterable) -> datetime | None:
+    """The oldest `scheduled_at` of `runs` (rows or runs), the payload of notify_executors."""
+    return min((run.scheduled_at for run in runs), default=None)

@@ -29,9 +29,11 @@ lock and compare-and-set of job rows follow the same policy
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import psycopg
@@ -87,10 +89,42 @@ def every(template: str) -> str:
     return _fill(template, EVERY)
 
 
+# A run's day window, `{in_window:<alias>}` in a template: on Citus the bound
+# `%(window_from)s <= <alias>.scheduled_at < %(window_to)s` (`window` gives the two
+# parameters), nothing on plain PostgreSQL.
+#
+# Why on Citus: each statement is planned afresh on its worker (custom plans; Citus
+# keeps no plan of a statement on a partitioned table), and a reference to job_runs
+# the planner cannot prune with a constant is planned over every day partition, its
+# partial indexes proved one by one: 38 partitions (a month's retention) made a claim
+# statement cost ~40 ms of worker planning and execution ran at 373 runs/s instead of
+# 1,750 with 9. A bound whose values are known at planning prunes the days outside it
+# (docs/decisions/0077-day-windows.md). Every window holds all the rows its reference
+# may find (the keys of a batch, or a probe's own bound), so it changes no result.
+#
+# Why not on plain PostgreSQL: its executors keep one generic plan per statement
+# (runs/execution/connections.py), which plans every partition once whatever the bound,
+# and a range on a parameter is estimated at 0.5% of the rows, which once made the
+# probes read a tenant's whole day (docs/decisions/0035-claim-day-bounds.md).
+WINDOW = re.compile(r"\{in_window:(\w+)\}")
+WINDOW_BOUND = (
+    "({alias}.scheduled_at >= %(window_from)s::timestamptz"
+    " AND {alias}.scheduled_at < %(window_to)s::timestamptz)"
+)
+# A window's start that leaves out no day.
+EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+
+
+def window(earliest: datetime, latest: datetime) -> dict[str, datetime]:
+    """The parameters of `{in_window:...}` for slots from `earliest` to `latest`, both in."""
+    return {"window_from": earliest, "window_to": latest + timedelta(microseconds=1)}
+
+
 def _fill(template: str, form: str) -> str:
     if PLACEHOLDER not in template:
         raise ValueError("the template names no {partition_filter}")
-    return template.replace(PLACEHOLDER, form)
+    bound = WINDOW_BOUND if form != EVERY else "TRUE"
+    return WINDOW.sub(lambda m: bound.format(alias=m.group(1)), template.replace(PLACEHOLDER, form))
 
 
 def group(items: Iterable[tuple[int, T]]) -> dict[int, list[T]]:

@@ -22,7 +22,7 @@ from jobs import audit
 from jobs.models import AuditAction
 from runs import selectors
 from runs.attempts import AttemptRecord
-from runs.enqueue import notify_executors
+from runs.enqueue import notify_executors, oldest_slot
 from runs.keys import run_key
 from runs.models import JobRun, RunStatus, RunTrigger
 
@@ -139,7 +139,7 @@ def replay_run(
         if current is None:
             raise RunNotFound(run_key(job_id, scheduled_at))
         raise RunConflict(operation="replay", status=current, allowed=REPLAYABLE)
-    notify_executors()
+    notify_executors(oldest=scheduled_at)
     run = qs.get()
     _audit(run, actor=actor, action=AuditAction.REPLAY, attempts_before=run.attempt)
     log.info(
@@ -221,7 +221,7 @@ def replay_runs(*, ids: Iterable[int], actor: str, now: datetime | None = None) 
         JobRun.objects.filter(id__in=locked, status__in=REPLAYABLE).update(
             **_replay_changes(now or timezone.now())
         )
-        notify_executors()
+        notify_executors(oldest=oldest_slot(rows))
     for run in rows:
         _audit(run, actor=actor, action=AuditAction.REPLAY, attempts_before=run.attempt)
     log.info("runs replay (bulk): actor=%r done=%d ignored=%d", actor, len(locked), len(ids) - len(locked))

@@ -6,11 +6,15 @@ On Citus the planner keeps a work map instead (fair_share.Planner.refresh)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
+import psycopg
 import pytest
 
 from jobs.tenant_services import create_tenant
-from runs.execution import claims, fair_share
+from runs.execution import claims, connections, executor, fair_share, queries
 from runs.models import JobRun
+from runs.services import replay_run
 from tests.support.executor import on_executor_connection, queue_runs, task_target
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -154,3 +158,44 @@ def test_per_partition_claims_take_from_the_work_map_until_it_is_used_up(per_par
     planner.forget()
     assert len(claim(planner, limit=10)) == 4
     assert reads == ["", ""]
+
+
+def test_the_work_map_reads_from_its_floor_and_a_notify_naming_an_older_slot_lowers_it(
+    per_partition_forms, monkeypatch
+):
+    # The map reads the days from its floor on (the oldest open slot its last full read
+    # saw, at most the start of yesterday), so that Citus plans only those partitions.
+    # A run queued in an older day waits until a NOTIFY names its slot (what replays,
+    # backfills and catch-ups send) or the next full read.
+    monkeypatch.setattr(fair_share, "MAP_SECONDS", 60.0)
+    tenant = backlog(3)
+    planner = fair_share.Planner()
+    assert len(claim(planner, limit=10)) == 3  # the first read is a full one
+    week_ago = datetime.now(UTC).replace(microsecond=0) - timedelta(days=7)
+    queue_runs(tenant, task_target("noop"), count=2, start=week_ago)
+
+    planner.forget()  # announced without its slot: before the floor, not read
+    assert claim(planner, limit=10) == []
+    planner.forget(oldest=week_ago)
+    assert len(claim(planner, limit=10)) == 2
+
+    queue_runs(tenant, task_target("noop"), count=1, start=week_ago - timedelta(days=1))
+    planner.forget()
+    assert claim(planner, limit=10) == []
+    monkeypatch.setattr(fair_share, "FULL_READ_SECONDS", 0.0)
+    planner.forget()
+    assert len(claim(planner, limit=10)) == 1  # a full read finds it
+
+
+def test_a_replay_announces_the_slot_of_the_run_it_queues_again():
+    # What lowers an executor's floor (the test above): the NOTIFY of a replay names the
+    # replayed run's slot, read by the executor's listener as it parses it.
+    tenant, _ = create_tenant(slug="replayed", max_concurrency=10)
+    week_ago = datetime.now(UTC).replace(microsecond=0) - timedelta(days=7)
+    [(job_id, slot)] = queue_runs(tenant, task_target("noop"), start=week_ago)
+    JobRun.objects.filter(job_id=job_id).update(status="dead")
+    with psycopg.connect(connections.database_conninfo(), autocommit=True) as listener:
+        listener.execute(f"LISTEN {queries.NOTIFY_CHANNEL}")
+        replay_run(job_id=job_id, scheduled_at=slot, actor="test")
+        payloads = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+    assert [executor._slot(p) for p in payloads] == [slot]

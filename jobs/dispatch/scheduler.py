@@ -40,7 +40,7 @@ from jobs.dispatch import fencing, partition_leases, rate_limits
 from jobs.dispatch.planning import DueJob, Plan, plan_job
 from jobs.models import Misfire, SlotRange
 from runs import alerts, counters, day_partitions
-from runs.enqueue import enqueue_runs, notify_executors
+from runs.enqueue import enqueue_runs, notify_executors, oldest_slot
 from runs.execution import breakers
 from scheduler_project import db, liveness
 from scheduler_project.citus import Placements, by_node, citus_installed
@@ -316,7 +316,8 @@ class Scheduler(Loop):
             if ranges:
                 SlotRange.objects.bulk_create(ranges)
             if inserted:
-                notify_executors()
+                # Slots older than yesterday (catching up after an outage) name theirs.
+                notify_executors(oldest=oldest_slot(inserted))
         skipped = sum(1 for r in inserted if r.status == "skipped")
         self.tally.add(counters.DISPATCHED, len(inserted) - skipped, label="queued")
         self.tally.add(counters.DISPATCHED, skipped, label="skipped")

@@ -110,7 +110,7 @@ async def admit(conn, candidates: Sequence[Candidate], *, policy: Policy) -> Adm
             conn,
             queries.DEFER,
             per_partition.group((partition_of[d.key], (partition_of[d.key], d)) for d in admission.defer),
-            lambda deferrals: {"now": now, "rows": _encode_deferrals(deferrals)},
+            lambda deferrals: _defer_params(deferrals, now=now),
         )
     return admission
 
@@ -126,9 +126,15 @@ async def put_back(conn, runs: Sequence[tuple[int, tuple]], *, reason: str) -> i
         conn,
         queries.DEFER,
         per_partition.group((p, (p, Deferral(key, now, reason))) for p, key in runs),
-        lambda deferrals: {"now": now, "rows": _encode_deferrals(deferrals)},
+        lambda deferrals: _defer_params(deferrals, now=now),
     )
     return len(rows)
+
+
+def _defer_params(deferrals: Sequence[tuple[int, Deferral]], *, now: datetime) -> dict:
+    """queries.DEFER's parameters for (partition_id, deferral) pairs."""
+    slots = [d.key[1] for _, d in deferrals]
+    return {**per_partition.window(min(slots), max(slots)), "now": now, "rows": _encode_deferrals(deferrals)}
 
 
 def _encode_deferrals(deferrals: Sequence[tuple[int, Deferral]]) -> str:

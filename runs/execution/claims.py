@@ -250,7 +250,7 @@ async def _claim_by_node(
                 continue
             if outage and node:
                 outage.reached([node])
-            asked_total = sum(_per_tenant(q for shard in asked for q in shard.values()).values())
+            asked_total = sum(n for shard in asked for quotas in shard.values() for n in quotas.values())
             planner.took(node, Counter((r.partition_id, r.tenant_id) for r in got), asked_total)
             claimed += got
     finally:
@@ -301,8 +301,16 @@ async def _claim_in(
 ) -> list[ClaimedRun]:
     """One worker's claims: a transaction of one claim statement per shard of `asked`
     (per shard {partition: {tenant: runs granted there}}), in one pipeline sync (one
-    round trip), committed on that worker alone."""
-    epoch = datetime.now(UTC).timestamp()
+    round trip), committed on that worker alone.
+
+    Each statement's day window (runs/per_partition.py, WINDOW) runs from the oldest
+    runnable slot the work map saw among its (partition, tenant) groups to a day ahead
+    (NOT_AHEAD's bound): its probes skip older runs that became runnable since the map
+    was read (a retry come due, a replay) until the map is read again, at most
+    MAP_SECONDS later or after this claim if it comes back short. Running runs, which
+    caps and overlap count, are read outside the window (CLAIM's `busy`)."""
+    now = datetime.now(UTC)
+    epoch = now.timestamp()
     aged = planner.aged()
     tenants_asked = sorted({t for in_shard in asked for quotas in in_shard.values() for t in quotas})
     try:
@@ -319,6 +327,7 @@ async def _claim_in(
             for in_shard in asked:
                 grants = _per_tenant(in_shard.values())
                 tenants = sorted(grants)
+                oldest = planner.oldest(in_shard) or per_partition.EARLIEST
                 cursors.append(
                     await conn.execute(
                         queries.CLAIM_IN_SHARD,
@@ -332,6 +341,7 @@ async def _claim_in(
                             "max_rank": UNBOUNDED_RANK,
                             "aged": sorted(aged & set(tenants)),
                             "open_from": fair_share.bound(None),
+                            **per_partition.window(oldest, now + fair_share.NOT_AHEAD),
                             "epoch": epoch,
                         },
                     )

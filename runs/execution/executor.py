@@ -78,7 +78,7 @@ from runs.execution import (
 from runs.execution.call_slots import Slots
 from runs.execution.connections import RECONNECT_DELAY_SECONDS, close_quietly
 from runs.execution.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
-from runs.keys import run_key
+from runs.keys import parse_rfc3339, run_key
 from scheduler_project import liveness
 from scheduler_project.loop import STOP_SIGNALS, on_stop_signal
 from scheduler_project.outage import OutageLog
@@ -90,6 +90,11 @@ __all__ = ["Executor"]
 T = TypeVar("T")
 
 REAP_EVERY_SECONDS = 1.0
+# The share of its time the reaper may spend reading: it waits at least REAP_EVERY_SECONDS
+# between reads, longer when a read is slow. The read looks for expired leases in every
+# partition and day (a running run may be of any day); on Citus with a month's day
+# partitions it cost ~250 ms of the cluster's time, every second, per executor.
+REAP_SHARE = 0.1
 HEARTBEAT_TICK_SECONDS = 0.25
 WRITE_BATCH = 500
 # Outcomes for a Citus worker out of reach wait this long between tries (newer outcomes
@@ -655,12 +660,14 @@ class Executor:
 
     async def _reaper(self) -> None:
         while True:
+            began = time.monotonic()
             if await self._guarded(self.reap_once, "_reap_conn"):
                 self._wake.set()  # the reaped runs are claimable now
+            took = time.monotonic() - began
             await self._statistics_step(
                 table_statistics.keep_statistics, "_reap_conn", "their statistics were out of date"
             )
-            await asyncio.sleep(REAP_EVERY_SECONDS)
+            await asyncio.sleep(max(REAP_EVERY_SECONDS, took * (1 - REAP_SHARE) / REAP_SHARE))
 
     async def _statistics_step(
         self, analyze: Callable[[psycopg.AsyncConnection], Awaitable[tuple[str, ...]]], conn: str, why: str
@@ -696,9 +703,10 @@ class Executor:
                 conn = await connections.listen_connection(self.conninfo)
                 self._outage.ok()
                 self._wake.set()  # anything queued while we were not listening
-                async for _ in conn.notifies():
+                async for notify in conn.notifies():
                     self.open_from.forget()  # new runs, maybe in an older day (a replay)
-                    self.planner.forget()  # ... and maybe of a tenant the last plan left out
+                    # ... and maybe of a tenant the last plan left out, or before its floor
+                    self.planner.forget(oldest=_slot(notify.payload))
                     self._statistics_suspect = self._statistics_suspect or self._came_back_empty
                     self._wake.set()
             except psycopg.Error as exc:
@@ -755,3 +763,11 @@ class Executor:
         self._written(batch, written, finished_at=now)
         dead = sum(1 for e, c in batch if e.key in written and c.status == "dead")
         log.info("handed back %d unfinished run(s), %d of them dead (no attempts left)", len(written), dead)
+
+
+def _slot(payload: str) -> datetime | None:
+    """The oldest slot a NOTIFY names (runs/enqueue.notify_executors), if any."""
+    try:
+        return parse_rfc3339(payload) if payload else None
+    except ValueError:
+        return None  # not ours to read: the claim reads again anyway

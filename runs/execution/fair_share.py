@@ -23,7 +23,7 @@ import itertools
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from runs import per_partition
 from runs.execution import queries
@@ -154,14 +154,30 @@ class Planner:
         if not full:
             self.forget()
 
-    def forget(self) -> None:
+    def forget(self, *, oldest: datetime | None = None) -> None:
+        """Read again at the next claim: runs were queued (a NOTIFY), none before `oldest`
+        if it is given (the NOTIFY's payload, runs/enqueue.notify_executors)."""
         self._read_at = None
         self._map_read_at.clear()
+        if oldest is None:
+            return
+        for node, floor in list(self._floor.items()):
+            if oldest < floor:
+                self._floor[node] = oldest
+        # A full read in flight may not see those runs: its floor must not be higher.
+        for node, lowest in list(self._notified_since.items()):
+            self._notified_since[node] = min(lowest, oldest)
 
     # Citus: the work map, per worker ({node: its groups}), and when each part was read.
     _map: dict[str, list[Group]] = field(default_factory=dict)
     _map_read_at: dict[str, float] = field(default_factory=dict)
     _limits: dict[int, Limits] = field(default_factory=dict)
+    # Citus: per worker, the oldest slot an open run of its partitions can have (the day
+    # window's start), and when a full read last set it.
+    _floor: dict[str, datetime] = field(default_factory=dict)
+    _full_read_at: dict[str, float] = field(default_factory=dict)
+    # Per full read in flight, the oldest slot NOTIFYs named since it started.
+    _notified_since: dict[str, datetime] = field(default_factory=dict)
 
     # Citus: which worker holds each partition, and how many partitions there are.
     placements: Placements = field(default_factory=lambda: per_partition.PLACEMENTS)
@@ -178,22 +194,46 @@ class Planner:
     async def refresh(self, conn, node: str, partitions: list[int], *, aging_seconds: float) -> bool:
         """Read `node`'s part of the work map again if it is older than MAP_SECONDS or
         forgotten: one read of that worker's shards (a worker out of reach raises, and its
-        part is dropped). Whether it read."""
+        part is dropped). Whether it read.
+
+        The read covers the days from the node's floor on (queries.WORK_MAP's window): the
+        oldest open slot the last full read saw, at most the start of yesterday (UTC), so
+        that what dispatch queues is always inside. A run can be opened before the floor
+        only by a replay, a backfill or a resume's catch-up, whose NOTIFY names its oldest
+        slot and lowers the floor (`forget`), or by a scheduler catching up on slots older
+        than yesterday; a full read every FULL_READ_SECONDS finds those."""
         now = time.monotonic()
         if now - self._map_read_at.get(node, -MAP_SECONDS) < MAP_SECONDS:
             return False
         self._map_read_at[node] = now  # before the read: a forget() meanwhile wins
+        full = node not in self._floor or now - self._full_read_at.get(node, 0.0) >= FULL_READ_SECONDS
+        wall = datetime.now(UTC)
+        yesterday = wall.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+        if full:
+            self._notified_since[node] = yesterday
         try:
             cursor = await conn.execute(
-                queries.WORK_MAP, {"partitions": partitions, "aging": aging_seconds, "first": MAP_FIRST_RUNS}
+                queries.WORK_MAP,
+                {
+                    "partitions": partitions,
+                    "aging": aging_seconds,
+                    "first": MAP_FIRST_RUNS,
+                    **per_partition.window(
+                        per_partition.EARLIEST if full else self._floor[node], wall + NOT_AHEAD
+                    ),
+                },
             )
-            self._map[node] = [
-                Group(*row[:6], list(row[6] or []), list(row[7] or [])) for row in await cursor.fetchall()
-            ]
+            rows = await cursor.fetchall()
         except BaseException:
             self._map_read_at.pop(node, None)
             self._map.pop(node, None)
+            self._notified_since.pop(node, None)
             raise
+        self._map[node] = [Group(*row[:6], list(row[6] or []), list(row[7] or [])) for row in rows]
+        if full:
+            self._floor[node] = min([row[8] for row in rows], default=yesterday)
+            self._floor[node] = min(self._floor[node], self._notified_since.pop(node))
+            self._full_read_at[node] = now
         return True
 
     def groups(self, nodes) -> list[Group]:
@@ -208,6 +248,17 @@ class Planner:
             cursor = await conn.execute(queries.TENANT_LIMITS, [tenants])
             self._limits = {t: Limits(w, c) for t, w, c in await cursor.fetchall()}
         return self._limits
+
+    def oldest(self, quotas: dict[int, dict[int, int]]) -> datetime | None:
+        """The oldest runnable slot the map saw in the (partition, tenant) groups of
+        `quotas` ({partition: {tenant: runs}}), or None if it saw none."""
+        slots = [
+            g.scheduled_at
+            for gs in self._map.values()
+            for g in gs
+            if g.scheduled_at is not None and g.tenant_id in quotas.get(g.partition_id, {})
+        ]
+        return min(slots, default=None)
 
     def aged(self) -> set[int]:
         """Tenants with a run the map saw aged to priority 9 (their claims probe for them)."""
@@ -232,6 +283,12 @@ class Planner:
 # How long a worker's part of the work map serves while claims still find runs with it;
 # a NOTIFY (runs queued), a claim that comes back short, or a failure reads it again.
 MAP_SECONDS = 1.0
+# How often a read of the map covers every day, not only those from its floor on
+# (Planner.refresh): what a run opened before the floor without a NOTIFY saying so (a
+# scheduler catching up on slots older than yesterday) may wait.
+FULL_READ_SECONDS = 30.0
+# How far ahead of now a run may be scheduled and still be claimed (queries.NOT_AHEAD).
+NOT_AHEAD = timedelta(days=1)
 # Runs per group the map lists one by one, so that a tenant's places follow its runs'
 # order across partitions (past them, a group's remaining runs rank after its last one).
 MAP_FIRST_RUNS = 16

@@ -165,6 +165,10 @@ _RUNNABLE = f"r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {
 # worker's shards only: a worker out of reach fails its own read, not the others'
 # (docs/decisions/0073-one-worker-down.md). It is not on every claim: a claimer keeps the
 # map and claims from it until it is used up, stale, or a NOTIFY says runs were queued.
+# Within a day window (runs/per_partition.py, WINDOW): from the oldest open slot the last
+# full read saw (fair_share.Planner's floor; a full read starts at the earliest slot) to a
+# day ahead, so that Citus plans only those days' partitions on each shard; `oldest_open`
+# is what the next floor is made of.
 _EFFECTIVE_PRIORITY = (
     "CASE WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9 ELSE r.priority END"
 )
@@ -179,9 +183,11 @@ SELECT r.partition_id, r.tenant_id,
        (array_agg({_EFFECTIVE_PRIORITY} ORDER BY {_EFFECTIVE_PRIORITY} DESC, r.scheduled_at)
             FILTER (WHERE {_RUNNABLE}))[1:%(first)s] AS priorities,
        (array_agg(r.scheduled_at ORDER BY {_EFFECTIVE_PRIORITY} DESC, r.scheduled_at)
-            FILTER (WHERE {_RUNNABLE}))[1:%(first)s] AS times
+            FILTER (WHERE {_RUNNABLE}))[1:%(first)s] AS times,
+       min(r.scheduled_at) AS oldest_open
 FROM job_runs r
 WHERE r.partition_id = ANY(%(partitions)s::int[]) AND r.status IN ('queued', 'retrying', 'running')
+  AND {per_partition.WINDOW_BOUND.format(alias="r")}
 GROUP BY r.partition_id, r.tenant_id
 """
 
@@ -324,9 +330,11 @@ def _claim(running: str) -> str:
     _GRANTED); `{partition_filter}` is left for per_partition.Forms."""
     return f"""
 WITH busy AS MATERIALIZED (
-    -- Every running run, older than the claim's bound too: the caps and the skip and
-    -- buffer_one checks count them, and the bound may be a second old.
-    SELECT tenant_id, job_id FROM job_runs r
+    -- Every running run, of any day (outside the claim's bound and its window too): the
+    -- caps, the skip and buffer_one checks and cancel_previous count them, and the bound
+    -- may be a second old. The one read of job_runs here that no window bounds.
+    SELECT r.partition_id, r.tenant_id, r.job_id, r.scheduled_at, r.attempt, r.owner, r.started_at
+    FROM job_runs r
     WHERE r.partition_id {{partition_filter}} AND r.status = 'running'
 ),
 slots AS (
@@ -352,7 +360,7 @@ by_priority AS (
         FROM job_runs r
         WHERE r.partition_id {{partition_filter}} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD} AND {OPEN_FROM}
-          AND {NOT_BLOCKED}
+          AND {{in_window:r}} AND {NOT_BLOCKED}
         ORDER BY r.priority DESC, r.scheduled_at
         LIMIT s.probe
         FOR UPDATE OF r SKIP LOCKED
@@ -367,7 +375,7 @@ by_age AS (
         WHERE r.partition_id {{partition_filter}} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying')
           AND r.not_before <= now() - %(aging)s * interval '1 second' AND {NOT_AHEAD} AND {OPEN_FROM}
-          AND {NOT_BLOCKED}
+          AND {{in_window:r}} AND {NOT_BLOCKED}
         ORDER BY r.not_before
         LIMIT s.probe
         FOR UPDATE OF r SKIP LOCKED
@@ -393,7 +401,7 @@ superseded AS (
     WHERE p.overlap_policy = 'cancel_previous'
       AND EXISTS (SELECT 1 FROM job_runs n
                   WHERE n.partition_id {{partition_filter}} AND n.partition_id = p.partition_id
-                    AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at
+                    AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at AND {{in_window:n}}
                     AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
 ),
 ranked AS (
@@ -407,7 +415,7 @@ dropped AS (
         last_error = 'cancelled: a newer occurrence of this job supersedes it (cancel_previous)'
     FROM superseded x
     WHERE d.partition_id {{partition_filter}} AND d.partition_id = x.partition_id
-      AND d.job_id = x.job_id AND d.scheduled_at = x.scheduled_at
+      AND d.job_id = x.job_id AND d.scheduled_at = x.scheduled_at AND {{in_window:d}}
     RETURNING d.job_id
 ),
 eligible AS (
@@ -437,7 +445,7 @@ claimed AS (
         owner = %(owner)s, started_at = statement_timestamp(), finished_at = NULL
     FROM chosen c
     WHERE r.partition_id {{partition_filter}} AND r.partition_id = c.partition_id
-      AND r.job_id = c.job_id AND r.scheduled_at = c.scheduled_at
+      AND r.job_id = c.job_id AND r.scheduled_at = c.scheduled_at AND {{in_window:r}}
     RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r.attempt, r.job_name,
               r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
               r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, c.signing_secrets,
@@ -450,12 +458,12 @@ older AS (
     -- cancel_previous: the older running run loses the run; its worker finds out at
     -- its next heartbeat (the row is no longer 'running') and stops its call. Its
     -- history entry is built here, so the UPDATE below only copies it; the UPDATE
-    -- re-checks the attempt it was built for.
+    -- re-checks the attempt it was built for. From `busy`: the running runs as this
+    -- statement sees them, of any day.
     SELECT o.partition_id, o.job_id, o.scheduled_at, o.attempt,
            jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY}) AS entry
-    FROM job_runs o JOIN chosen c ON o.partition_id = c.partition_id AND o.job_id = c.job_id
-    WHERE o.partition_id {{partition_filter}} AND c.overlap_policy = 'cancel_previous'
-      AND o.status = 'running' AND o.scheduled_at < c.scheduled_at
+    FROM busy o JOIN chosen c ON o.partition_id = c.partition_id AND o.job_id = c.job_id
+    WHERE c.overlap_policy = 'cancel_previous' AND o.scheduled_at < c.scheduled_at
 ),
 cancelled AS (
     UPDATE job_runs o SET
@@ -516,7 +524,7 @@ WITH done AS (
         partition_id smallint, job_id uuid, scheduled_at timestamptz, attempt integer, status text,
         not_before timestamptz, result_code integer, error text, entry jsonb)
     WHERE r.partition_id {{partition_filter}} AND r.partition_id = x.partition_id
-      AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+      AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at AND {{in_window:r}}
       AND r.attempt = x.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])
     RETURNING r.partition_id, r.job_id, r.scheduled_at, r.attempt, r.status,
               x.entry -> 0 ->> 'outcome' AS outcome
@@ -563,7 +571,7 @@ locked AS MATERIALIZED (
            OR EXISTS (SELECT 1 FROM job_runs n
                       WHERE n.partition_id {{partition_filter}} AND n.partition_id = p.partition_id
                         AND n.job_id = p.job_id AND n.scheduled_at > p.ok_slot AND n.scheduled_at <= %(now)s
-                        AND n.status = 'succeeded'))
+                        AND {{in_window:n}} AND n.status = 'succeeded'))
     ORDER BY jb.id FOR NO KEY UPDATE OF jb
 ),
 health AS (
@@ -600,7 +608,7 @@ FROM unnest(%(run_partitions)s::smallint[], %(job_ids)s::uuid[], %(scheduled)s::
             %(attempts)s::integer[])
     AS h(partition_id, job_id, scheduled_at, attempt)
 WHERE r.partition_id {partition_filter} AND r.partition_id = h.partition_id
-  AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at
+  AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at AND {in_window:r}
   AND r.attempt = h.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])
 RETURNING r.job_id, r.scheduled_at, r.attempt
 """
@@ -721,7 +729,7 @@ UPDATE job_runs r SET
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(partition_id smallint, job_id uuid, scheduled_at timestamptz,
                                                attempt integer, until timestamptz, reason text)
 WHERE r.partition_id {{partition_filter}} AND r.partition_id = x.partition_id
-  AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at
+  AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at AND {{in_window:r}}
   AND r.attempt = x.attempt AND r.status = 'running'
 RETURNING r.job_id
 """
