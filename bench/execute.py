@@ -115,9 +115,9 @@ def make_jobs(
     return jobs
 
 
-def enqueue(tenants: list[int], n: int, target: dict) -> None:
+def enqueue(tenants: list[int], n: int, target: dict) -> datetime:
     """N jobs (never due by themselves), round-robin over the tenants, and one queued run
-    each, committed with a NOTIFY."""
+    each, committed with a NOTIFY. Returns the runs' slot, one for all of them."""
     from django.db import transaction
 
     from jobs.models import Job, JobTarget
@@ -141,26 +141,34 @@ def enqueue(tenants: list[int], n: int, target: dict) -> None:
         for job in jobs
     ]
     with transaction.atomic():
+        JobTarget.objects.create_for_new_jobs(jobs, batch_size=5000)
         Job.objects.bulk_create(jobs, batch_size=5000)
-        JobTarget.objects.bulk_create([JobTarget.current(job) for job in jobs], batch_size=5000)
         enqueue_runs(runs)
         notify_executors()
+    return scheduled
 
 
-def finished(tenants: list[int]) -> tuple[int, int]:
+# The reads below name the runs' one slot when they know it (enqueue's): the harness's
+# polls compete with the executors for the same cores, and on Citus a read that cannot
+# rule out any day partition is planned over every one of them on every shard (300 ms a
+# poll with a month's partitions), which charged the harness's cost to the engine.
+_IN_SLOT = " AND (%(slot)s::timestamptz IS NULL OR scheduled_at = %(slot)s::timestamptz)"
+
+
+def finished(tenants: list[int], *, slot: datetime | None = None) -> tuple[int, int]:
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FILTER (WHERE status IN ('succeeded', 'dead', 'cancelled', 'skipped')),"
             " count(*) FILTER (WHERE status <> 'succeeded' AND status IN ('dead', 'cancelled', 'skipped'))"
-            " FROM job_runs WHERE tenant_id = ANY(%s)",
-            [tenants],
+            " FROM job_runs WHERE tenant_id = ANY(%(tenants)s)" + _IN_SLOT,
+            {"tenants": tenants, "slot": slot},
         )
         return cursor.fetchone()
 
 
-def unfinished(tenants: list[int]) -> int:
+def unfinished(tenants: list[int], *, slot: datetime | None = None) -> int:
     """Runs still waiting or running: the progress poll (it filters on the statuses
     still to be left, so it costs less than counting finished rows)."""
     from django.db import connection
@@ -168,18 +176,21 @@ def unfinished(tenants: list[int]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM job_runs"
-            " WHERE tenant_id = ANY(%s) AND status IN ('queued', 'retrying', 'running')",
-            [tenants],
+            " WHERE tenant_id = ANY(%(tenants)s) AND status IN ('queued', 'retrying', 'running')" + _IN_SLOT,
+            {"tenants": tenants, "slot": slot},
         )
         return cursor.fetchone()[0]
 
 
-def last_finished(tenants: list[int]) -> datetime | None:
+def last_finished(tenants: list[int], *, slot: datetime | None = None) -> datetime | None:
     """When the last outcome was written (the executors' clock, this machine's)."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT max(finished_at) FROM job_runs WHERE tenant_id = ANY(%s)", [tenants])
+        cursor.execute(
+            "SELECT max(finished_at) FROM job_runs WHERE tenant_id = ANY(%(tenants)s)" + _IN_SLOT,
+            {"tenants": tenants, "slot": slot},
+        )
         return cursor.fetchone()[0]
 
 
@@ -265,7 +276,7 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
     try:
         children = start_executors(procs, executors, concurrency)
         xacts = commits()
-        enqueue(tenants, n, target)
+        slot = enqueue(tenants, n, target)
         # Executors cannot see the runs before the commit, which enqueue() has just
         # done: the clock measures draining, not inserting.
         started, began = time.monotonic(), datetime.now(UTC)
@@ -275,7 +286,7 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
         desc = f"{kind} x{executors}" + (f", {tenant_count} tenants" if tenant_count > 1 else "")
         with tqdm(total=n, desc=desc, unit="run", file=sys.stderr, leave=False) as bar:
             while True:
-                done = n - unfinished(tenants)
+                done = n - unfinished(tenants, slot=slot)
                 bar.update(done - bar.n)
                 peak_rss = max(peak_rss, *(rss_mb(p.pid) for p in children))
                 if done >= n:
@@ -289,14 +300,14 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
                 # the clock, which stops at the last outcome's finished_at; near the end
                 # it polls faster, so the CPU readings after it stop close to the drain.
                 time.sleep(1.0 if n - done > n // 10 else 0.1)
-        last = last_finished(tenants)
+        last = last_finished(tenants, slot=slot)
         elapsed = (last - began).total_seconds() if last else time.monotonic() - started
         executor_cpu = cpu.total([p.pid for p in children]) - executor_cpu
         # (PostgreSQL's figure includes this loop's polling.)
         pg_cpu = postgres_cpu_since(pg_before)
         time.sleep(1.0)  # backends report their commit counts within a second of going idle
         xacts = commits() - xacts
-        _, failed = finished(tenants)
+        _, failed = finished(tenants, slot=slot)
     finally:
         procs.stop_all()
         remove_tenants()
