@@ -166,7 +166,7 @@ def test_the_work_map_reads_from_its_floor_and_a_notify_naming_an_older_slot_low
     # The map reads the days from its floor on (the oldest open slot its last full read
     # saw, at most the start of yesterday), so that Citus plans only those partitions.
     # A run queued in an older day waits until a NOTIFY names its slot (what replays,
-    # backfills and catch-ups send) or the next full read.
+    # backfills and catch-ups send), the listener reconnects, or the next full read.
     monkeypatch.setattr(fair_share, "MAP_SECONDS", 60.0)
     tenant = backlog(3)
     planner = fair_share.Planner()
@@ -182,9 +182,15 @@ def test_the_work_map_reads_from_its_floor_and_a_notify_naming_an_older_slot_low
     queue_runs(tenant, task_target("noop"), count=1, start=week_ago - timedelta(days=1))
     planner.forget()
     assert claim(planner, limit=10) == []
+    planner.read_all()  # the executor's listener reconnected: NOTIFYs may be lost
+    assert len(claim(planner, limit=10)) == 1
+
+    queue_runs(tenant, task_target("noop"), count=1, start=week_ago - timedelta(days=2))
+    planner.forget()
+    assert claim(planner, limit=10) == []
     monkeypatch.setattr(fair_share, "FULL_READ_SECONDS", 0.0)
     planner.forget()
-    assert len(claim(planner, limit=10)) == 1  # a full read finds it
+    assert len(claim(planner, limit=10)) == 1  # the periodic full read finds it
 
 
 def test_a_replay_announces_the_slot_of_the_run_it_queues_again():

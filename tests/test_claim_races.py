@@ -1,7 +1,8 @@
-"""Claimers racing for the runs of the same jobs, in-process, on separate connections:
-however their claims interleave, a skip job never has two runs running. On both claim
-paths: the batch claim of plain PostgreSQL and the per-shard claims of Citus (forced on
-plain PostgreSQL by `per_partition_forms`; on a Citus cluster both cases take it)."""
+"""Claimers racing for the runs of the same tenant, in-process, on separate connections:
+however their claims interleave, a skip job never has two runs running and a tenant
+never more than its cap. On both claim paths: the batch claim of plain PostgreSQL and
+the per-shard claims of Citus (forced on plain PostgreSQL by `per_partition_forms`; on
+a Citus cluster both cases take it)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,17 @@ def test_racing_claimers_never_run_two_runs_of_a_skip_job(path, request):
         )
         JobRun.objects.filter(tenant_id=tenant.id).update(status="succeeded", lease_until=None)
     assert overlaps == [], f"{len(overlaps)} skip jobs had two runs running at once"
+
+
+@pytest.mark.parametrize("path", ["batch", "per_shard"])
+def test_racing_claimers_never_run_more_than_the_tenant_cap(path, request):
+    # The cap is counted under the tenants' locks on plain PostgreSQL and granted from
+    # tenant_holds on Citus (docs/decisions/0075-citus-claims.md); either way, claimers
+    # racing for one tenant's backlog together start exactly its max_concurrency.
+    if path == "per_shard":
+        request.getfixturevalue("per_partition_forms")
+    tenant, _ = create_tenant(slug="capped", max_concurrency=7)
+    queue_runs(tenant, task_target("noop"), count=60)
+    claimed = asyncio.run(_race(limit=10))
+    running = JobRun.objects.filter(tenant_id=tenant.id, status="running").count()
+    assert len(claimed) == running == 7

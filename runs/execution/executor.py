@@ -702,6 +702,7 @@ class Executor:
             try:
                 conn = await connections.listen_connection(self.conninfo)
                 self._outage.ok()
+                self.planner.read_all()  # NOTIFYs sent while we were not listening are lost
                 self._wake.set()  # anything queued while we were not listening
                 async for notify in conn.notifies():
                     self.open_from.forget()  # new runs, maybe in an older day (a replay)

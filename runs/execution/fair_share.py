@@ -168,6 +168,11 @@ class Planner:
         for node, lowest in list(self._notified_since.items()):
             self._notified_since[node] = min(lowest, oldest)
 
+    def read_all(self) -> None:
+        """Read every day at the next claim: NOTIFYs may have been missed."""
+        self.forget()
+        self._floor.clear()
+
     # Citus: the work map, per worker ({node: its groups}), and when each part was read.
     _map: dict[str, list[Group]] = field(default_factory=dict)
     _map_read_at: dict[str, float] = field(default_factory=dict)
@@ -199,9 +204,11 @@ class Planner:
         The read covers the days from the node's floor on (queries.WORK_MAP's window): the
         oldest open slot the last full read saw, at most the start of yesterday (UTC), so
         that what dispatch queues is always inside. A run can be opened before the floor
-        only by a replay, a backfill or a resume's catch-up, whose NOTIFY names its oldest
-        slot and lowers the floor (`forget`), or by a scheduler catching up on slots older
-        than yesterday; a full read every FULL_READ_SECONDS finds those."""
+        only by a replay, a backfill, a resume's catch-up or a scheduler catching up after
+        an outage, whose NOTIFY names its oldest slot and lowers the floor (`forget`); a
+        NOTIFY missed while the listening connection was down is covered by the full read
+        after it reconnects (`read_all`), and anything else by a full read every
+        FULL_READ_SECONDS."""
         now = time.monotonic()
         if now - self._map_read_at.get(node, -MAP_SECONDS) < MAP_SECONDS:
             return False
@@ -284,8 +291,7 @@ class Planner:
 # a NOTIFY (runs queued), a claim that comes back short, or a failure reads it again.
 MAP_SECONDS = 1.0
 # How often a read of the map covers every day, not only those from its floor on
-# (Planner.refresh): what a run opened before the floor without a NOTIFY saying so (a
-# scheduler catching up on slots older than yesterday) may wait.
+# (Planner.refresh): a safety net for a run opened before the floor that no NOTIFY named.
 FULL_READ_SECONDS = 30.0
 # How far ahead of now a run may be scheduled and still be claimed (queries.NOT_AHEAD).
 NOT_AHEAD = timedelta(days=1)
