@@ -2,9 +2,9 @@
 coordinator + 2 workers (scripts/citus_cluster.py, under var/citus/), each round right
 beside the same round on the plain PostgreSQL of the rest of the run.
 
-Modest sizes (CITUS_JOBS realistic jobs, CITUS_RUNS no-op runs): three PostgreSQL
-nodes share the machine with the benchmark, so the rows measure Citus's overhead per
-run, not scale-out. Without Citus installed the report says so in one line.
+Modest sizes (CITUS_JOBS realistic jobs; CITUS_RUNS runs, no-op task and HTTP, with 1
+and 2 executors): three PostgreSQL nodes share the machine with the benchmark, so the
+rows measure Citus's overhead per run, not scale-out. Without Citus installed the report says so in one line.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
     --with-limit), then plain PostgreSQL; execution on Citus, then plain PostgreSQL.
     `bench` is bench.__main__.Bench; `db` names the dispatch scratch database on both."""
     dispatch = ["--jobs", str(jobs), "--schedulers", "1", "--workload", "realistic", "--db", db]
-    execute = ["--kinds", "task", "--executors", "1", "--runs", str(runs)]
+    execute = ["--kinds", "task", "http", "--executors", "1", "2", "--runs", str(runs)]
     with cluster(db="cronyard_bench_citus", scratch=db) as citus_env:
         out = bench.data / "citus_dispatch.json"
         bench.run("dispatch.py", *dispatch, "--with-limit", "--json", str(out), env=citus_env)
@@ -70,17 +70,20 @@ def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
         ]
         out = bench.data / "citus_execute.json"
         bench.run("execute.py", *execute, "--json", str(out), env=citus_env)
-        on_citus = bench.json(out.name)[0]
+        on_citus = bench.json(out.name)
         bench.run("execute.py", *execute, "--json", str(out))
-        on_plain = bench.json(out.name)[0]
-        rows.append(
-            {
-                "what": f"execution, {runs:,} no-op task runs, 1 executor",
-                "citus": on_citus["runs_per_s"],
-                "plain": on_plain["runs_per_s"],
-                "citus_limit": None,
-            }
-        )
+        on_plain = {(r["kind"], r["executors"]): r for r in bench.json(out.name)}
+        what = {"task": "no-op task runs", "http": "HTTP runs (a no-op server on 127.0.0.1)"}
+        for r in on_citus:
+            executors = f"{r['executors']} executor" + ("s" if r["executors"] > 1 else "")
+            rows.append(
+                {
+                    "what": f"execution, {runs:,} {what[r['kind']]}, {executors}",
+                    "citus": r["runs_per_s"],
+                    "plain": on_plain[(r["kind"], r["executors"])]["runs_per_s"],
+                    "citus_limit": None,
+                }
+            )
     return rows
 
 
