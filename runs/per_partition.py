@@ -115,9 +115,10 @@ WINDOW_BOUND = (
 EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 
 
-def window(earliest: datetime, latest: datetime) -> dict[str, datetime]:
-    """The parameters of `{in_window:...}` for slots from `earliest` to `latest`, both in."""
-    return {"window_from": earliest, "window_to": latest + timedelta(microseconds=1)}
+def window(*slots: datetime) -> dict[str, datetime]:
+    """The parameters of `{in_window:...}` for the days from the earliest of `slots` to
+    the latest, both in."""
+    return {"window_from": min(slots), "window_to": max(slots) + timedelta(microseconds=1)}
 
 
 def _fill(template: str, form: str) -> str:

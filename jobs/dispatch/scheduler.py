@@ -316,7 +316,7 @@ class Scheduler(Loop):
             if ranges:
                 SlotRange.objects.bulk_create(ranges)
             if inserted:
-                # Slots older than yesterday (catching up after an outage) name theirs.
+                # The oldest slot: a catch-up after an outage queues slots days old.
                 notify_executors(oldest=oldest_slot(inserted))
         skipped = sum(1 for r in inserted if r.status == "skipped")
         self.tally.add(counters.DISPATCHED, len(inserted) - skipped, label="queued")

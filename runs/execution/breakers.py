@@ -133,8 +133,11 @@ async def put_back(conn, runs: Sequence[tuple[int, tuple]], *, reason: str) -> i
 
 def _defer_params(deferrals: Sequence[tuple[int, Deferral]], *, now: datetime) -> dict:
     """queries.DEFER's parameters for (partition_id, deferral) pairs."""
-    slots = [d.key[1] for _, d in deferrals]
-    return {**per_partition.window(min(slots), max(slots)), "now": now, "rows": _encode_deferrals(deferrals)}
+    return {
+        **per_partition.window(*(d.key[1] for _, d in deferrals)),
+        "now": now,
+        "rows": _encode_deferrals(deferrals),
+    }
 
 
 def _encode_deferrals(deferrals: Sequence[tuple[int, Deferral]]) -> str:

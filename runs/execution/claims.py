@@ -341,7 +341,7 @@ async def _claim_in(
                             "max_rank": UNBOUNDED_RANK,
                             "aged": sorted(aged & set(tenants)),
                             "open_from": fair_share.bound(None),
-                            **per_partition.window(oldest, now + fair_share.NOT_AHEAD),
+                            **per_partition.window(oldest, now + queries.AHEAD),
                             "epoch": epoch,
                         },
                     )

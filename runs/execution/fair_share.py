@@ -161,12 +161,9 @@ class Planner:
         self._map_read_at.clear()
         if oldest is None:
             return
-        for node, floor in list(self._floor.items()):
-            if oldest < floor:
-                self._floor[node] = oldest
+        self._floor = {node: min(floor, oldest) for node, floor in self._floor.items()}
         # A full read in flight may not see those runs: its floor must not be higher.
-        for node, lowest in list(self._notified_since.items()):
-            self._notified_since[node] = min(lowest, oldest)
+        self._notified_since = {node: min(lowest, oldest) for node, lowest in self._notified_since.items()}
 
     def read_all(self) -> None:
         """Read every day at the next claim: NOTIFYs may have been missed."""
@@ -218,6 +215,7 @@ class Planner:
         yesterday = wall.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
         if full:
             self._notified_since[node] = yesterday
+        start = per_partition.EARLIEST if full else self._floor[node]
         try:
             cursor = await conn.execute(
                 queries.WORK_MAP,
@@ -225,9 +223,7 @@ class Planner:
                     "partitions": partitions,
                     "aging": aging_seconds,
                     "first": MAP_FIRST_RUNS,
-                    **per_partition.window(
-                        per_partition.EARLIEST if full else self._floor[node], wall + NOT_AHEAD
-                    ),
+                    **per_partition.window(start, wall + queries.AHEAD),
                 },
             )
             rows = await cursor.fetchall()
@@ -238,8 +234,8 @@ class Planner:
             raise
         self._map[node] = [Group(*row[:6], list(row[6] or []), list(row[7] or [])) for row in rows]
         if full:
-            self._floor[node] = min([row[8] for row in rows], default=yesterday)
-            self._floor[node] = min(self._floor[node], self._notified_since.pop(node))
+            # What the read saw, and what NOTIFYs named meanwhile (yesterday at the latest).
+            self._floor[node] = min([row[8] for row in rows] + [self._notified_since.pop(node)])
             self._full_read_at[node] = now
         return True
 
@@ -293,8 +289,6 @@ MAP_SECONDS = 1.0
 # How often a read of the map covers every day, not only those from its floor on
 # (Planner.refresh): a safety net for a run opened before the floor that no NOTIFY named.
 FULL_READ_SECONDS = 30.0
-# How far ahead of now a run may be scheduled and still be claimed (queries.NOT_AHEAD).
-NOT_AHEAD = timedelta(days=1)
 # Runs per group the map lists one by one, so that a tenant's places follow its runs'
 # order across partitions (past them, a group's remaining runs rank after its last one).
 MAP_FIRST_RUNS = 16

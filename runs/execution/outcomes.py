@@ -39,9 +39,7 @@ async def complete_runs(
             per_partition.group((c.partition_id, c) for c in completions),
             lambda batch: {
                 # The batch's slots and the newer successes the health check looks for.
-                **per_partition.window(
-                    min(c.scheduled_at for c in batch), max(now, max(c.scheduled_at for c in batch))
-                ),
+                **per_partition.window(now, *(c.scheduled_at for c in batch)),
                 "now": now,
                 "stale_before": now - LAST_SUCCESS_REFRESH,
                 "rows": _encode_completions(batch, now=now),

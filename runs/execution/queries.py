@@ -30,6 +30,8 @@ docs/decisions/0040-per-partition-statements.md.
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from runs import attempts, day_partitions, per_partition
 from runs.attempts import HANDED_BACK
 
@@ -88,7 +90,8 @@ NODE_LEAVE = "DELETE FROM executor_nodes WHERE node_id = %s"
 # and then the tenant's (tenant_id, scheduled_at) index looked cheaper than the probe's
 # ordered index: the generic plan read a tenant's whole day and sorted it (20,000 rows
 # for 32 picks, 3 ms of database time per run; docs/decisions/0035-claim-day-bounds.md).
-NOT_AHEAD = "(r.scheduled_at < now() + interval '1 day' OR r.scheduled_at IS NULL)"
+AHEAD = timedelta(days=1)  # the bound; the Citus forms' day windows end there too
+NOT_AHEAD = f"(r.scheduled_at < now() + interval '{AHEAD.days} day' OR r.scheduled_at IS NULL)"
 
 # ... and queued or retrying runs scheduled before the oldest day that holds an open run
 # (fair_share.OpenFrom; running runs are all counted, see CLAIM's `busy`): the

@@ -40,7 +40,7 @@ async def heartbeat_runs(conn, runs: Iterable[tuple[int, RunKey]]) -> set[RunKey
 
     def params(keyed: list[tuple[int, RunKey]]) -> dict:
         return {
-            **per_partition.window(min(k[1] for _, k in keyed), max(k[1] for _, k in keyed)),
+            **per_partition.window(*(key[1] for _, key in keyed)),
             "epoch": epoch,
             "run_partitions": [p for p, _ in keyed],
             "job_ids": [k[0] for _, k in keyed],
