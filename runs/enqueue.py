@@ -12,6 +12,7 @@ from datetime import datetime
 
 from django.db import connection
 
+from runs import open_floors
 from runs.execution.queries import NOTIFY_CHANNEL
 from runs.keys import format_utc
 from runs.rows import InsertedRun, NewRun
@@ -91,7 +92,8 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
 
     The unique key is the last line of defence against a double fire: whatever
     races above it, the second insert of an occurrence is a no-op. Returns the rows
-    actually inserted (queued or skipped by the overlap policy).
+    actually inserted (queued or skipped by the overlap policy). Old slots lower their
+    tenants' open floors in the same transaction (runs/open_floors.py).
     """
     if not runs:
         return []
@@ -100,8 +102,12 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
         columns = _columns(runs)
         if citus:
             columns.append(sorted({run.partition_id for run in runs}))
+        # Before the insert: on Citus a write of the reference table tenants is refused
+        # after a statement that used several connections to one worker in the
+        # transaction, as the insert of a batch over many shards does.
+        open_floors.lower(cursor, ((run.tenant_id, run.scheduled_at) for run in runs))
         cursor.execute(_INSERT[citus], columns)
-        return [InsertedRun(job_id=row[0], scheduled_at=row[1], status=row[2]) for row in cursor.fetchall()]
+        return [InsertedRun(job_id=j, scheduled_at=at, status=st) for j, at, st in cursor.fetchall()]
 
 
 def notify_executors(*, oldest: datetime | None = None) -> None:

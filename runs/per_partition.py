@@ -89,16 +89,17 @@ def every(template: str) -> str:
     return _fill(template, EVERY)
 
 
-# A run's day window, `{in_window:<alias>}` in a template: on Citus the bound
-# `%(window_from)s <= <alias>.scheduled_at < %(window_to)s` (`window` gives the two
-# parameters), nothing on plain PostgreSQL.
+# Bounds a template names as `{<bound>:<alias>}` (BOUNDS): on Citus the conditions
+# below, on plain PostgreSQL `TRUE`.
+#
+# `{in_window:<alias>}`, a run's day window: `%(window_from)s <= <alias>.scheduled_at <
+# %(window_to)s` (`window` gives the two parameters).
 #
 # Why on Citus: each statement is planned afresh on its worker (custom plans; Citus
 # keeps no plan of a statement on a partitioned table), and a reference to job_runs
 # the planner cannot prune with a constant is planned over every day partition, its
-# partial indexes proved one by one: 38 partitions (a month's retention) made a claim
-# statement cost ~40 ms of worker planning and execution ran at 373 runs/s instead of
-# 1,750 with 9. A bound whose values are known at planning prunes the days outside it
+# partial indexes proved one by one (a month's retention is 38 of them). A bound whose
+# values are known at planning prunes the days outside it
 # (docs/decisions/0077-day-windows.md). Every window holds all the rows its reference
 # may find (the keys of a batch, or a probe's own bound), so it changes no result.
 #
@@ -106,11 +107,30 @@ def every(template: str) -> str:
 # (runs/execution/connections.py), which plans every partition once whatever the bound,
 # and a range on a parameter is estimated at 0.5% of the rows, which once made the
 # probes read a tenant's whole day (docs/decisions/0035-claim-day-bounds.md).
-WINDOW = re.compile(r"\{in_window:(\w+)\}")
-WINDOW_BOUND = (
-    "({alias}.scheduled_at >= %(window_from)s::timestamptz"
-    " AND {alias}.scheduled_at < %(window_to)s::timestamptz)"
-)
+#
+# The open floor's bounds (runs/open_floors.py, docs/decisions/0078-open-floors.md), for
+# reads of a tenant's open runs of any day (the claim's running runs):
+# - `{since_floor:<alias>}`: from `%(open_floor)s`, the lowest of the batch's tenants'
+#   floors as the claimer last read them, to the window's end;
+# - `{floor_holds:<tenants alias>}`: that tenant's floor is still no lower (else the
+#   statement does nothing for it: a writer lowered it since);
+# - `{above_floor:<alias>}`: the run is not older than its tenant's floor as this
+#   statement sees it (the claim's `slots` row `s`), so that no run is set running before
+#   the floor below it is visible to every later claim.
+BOUNDS = {
+    "in_window": (
+        "({alias}.scheduled_at >= %(window_from)s::timestamptz"
+        " AND {alias}.scheduled_at < %(window_to)s::timestamptz)"
+    ),
+    "since_floor": (
+        "({alias}.scheduled_at >= %(open_floor)s::timestamptz"
+        " AND {alias}.scheduled_at < %(window_to)s::timestamptz)"
+    ),
+    "floor_holds": "{alias}.open_floor >= %(open_floor)s::timestamptz",
+    "above_floor": "{alias}.scheduled_at >= s.open_floor",
+}
+BOUND = re.compile(r"\{(" + "|".join(BOUNDS) + r"):(\w+)\}")
+WINDOW_BOUND = BOUNDS["in_window"]
 # A window's start that leaves out no day.
 EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
 
@@ -124,8 +144,10 @@ def window(*slots: datetime) -> dict[str, datetime]:
 def _fill(template: str, form: str) -> str:
     if PLACEHOLDER not in template:
         raise ValueError("the template names no {partition_filter}")
-    bound = WINDOW_BOUND if form != EVERY else "TRUE"
-    return WINDOW.sub(lambda m: bound.format(alias=m.group(1)), template.replace(PLACEHOLDER, form))
+    return BOUND.sub(
+        lambda m: "TRUE" if form == EVERY else BOUNDS[m.group(1)].format(alias=m.group(2)),
+        template.replace(PLACEHOLDER, form),
+    )
 
 
 def group(items: Iterable[tuple[int, T]]) -> dict[int, list[T]]:

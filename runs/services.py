@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from jobs import audit
 from jobs.models import AuditAction
-from runs import selectors
+from runs import open_floors, selectors
 from runs.attempts import AttemptRecord
 from runs.enqueue import notify_executors, oldest_slot
 from runs.keys import run_key
@@ -63,6 +63,15 @@ def _replay_changes(now: datetime) -> dict:
         "lease_until": None,
         "owner": "",
     }
+
+
+def _opened(runs: Iterable[JobRun]) -> None:
+    """Replayed runs are open again: their tenants' open floors must be no later than
+    their slots (runs/open_floors.py), in the replay's transaction. On Citus before any
+    statement of the transaction that spans shards: the write of the reference table
+    tenants is refused after one (runs/enqueue.enqueue_runs)."""
+    with connection.cursor() as cursor:
+        open_floors.lower(cursor, ((run.tenant_id, run.scheduled_at) for run in runs))
 
 
 def _cancel_changes(now: datetime, actor: str) -> dict:
@@ -139,8 +148,9 @@ def replay_run(
         if current is None:
             raise RunNotFound(run_key(job_id, scheduled_at))
         raise RunConflict(operation="replay", status=current, allowed=REPLAYABLE)
-    notify_executors(oldest=scheduled_at)
     run = qs.get()
+    _opened([run])
+    notify_executors(oldest=scheduled_at)
     _audit(run, actor=actor, action=AuditAction.REPLAY, attempts_before=run.attempt)
     log.info(
         "run replay: key=%s tenant_id=%s actor=%r attempt=%s", run.run_key, run.tenant_id, actor, run.attempt
@@ -218,6 +228,7 @@ def replay_runs(*, ids: Iterable[int], actor: str, now: datetime | None = None) 
     )
     locked = [run.id for run in rows]
     if locked:
+        _opened(rows)  # before the update, which spans shards (see _opened)
         JobRun.objects.filter(id__in=locked, status__in=REPLAYABLE).update(
             **_replay_changes(now or timezone.now())
         )

@@ -163,6 +163,7 @@ CITUS_TESTS = (
     "tests/test_dashboard_charts.py",
     "tests/test_executor_claims.py",
     "tests/test_claim_races.py",
+    "tests/test_open_floors.py",
     "tests/test_executor_cancel_previous.py",
     "tests/test_job_targets.py",
     "tests/test_executor_fairness.py",

@@ -49,6 +49,7 @@ SQL_MODULES = {
     "jobs.dispatch.rate_limits",
     "jobs.health",
     "runs.enqueue",
+    "runs.open_floors",
     "runs.alerts",
     "runs.counters",
     "runs.execution.claims",
@@ -68,7 +69,8 @@ SQL_MODULES = {
 }
 # Each process's statements, every one named, in one module of its package; the package's
 # other modules run them. The statements of the shared modules a process also runs (the run
-# insert, counters, alerts, day partitions, the alert sweep) stay with those modules.
+# insert and open floors, counters, alerts, day partitions, the alert sweep) stay with
+# those modules.
 EXECUTOR_PACKAGE = "runs.execution"
 EXECUTOR_QUERIES = "runs.execution.queries"
 SCHEDULER_PACKAGE = "jobs.dispatch"

@@ -303,7 +303,7 @@ async def _claim_in(
     (per shard {partition: {tenant: runs granted there}}), in one pipeline sync (one
     round trip), committed on that worker alone.
 
-    Each statement's day window (runs/per_partition.py, WINDOW) runs from the oldest
+    Each statement's day window (runs/per_partition.py, BOUNDS) runs from the oldest
     runnable slot the work map saw among its (partition, tenant) groups to a day ahead
     (NOT_AHEAD's bound): its probes skip older runs that became runnable since the map
     was read (a retry come due, a replay) until the map is read again, at most
@@ -342,6 +342,7 @@ async def _claim_in(
                             "aged": sorted(aged & set(tenants)),
                             "open_from": fair_share.bound(None),
                             **per_partition.window(oldest, now + queries.AHEAD),
+                            "open_floor": planner.open_floor(tenants),
                             "epoch": epoch,
                         },
                     )

@@ -60,7 +60,7 @@ from typing import TypeVar
 
 import psycopg
 
-from runs import alerts, counters, rows, tasks
+from runs import alerts, counters, open_floors, per_partition, rows, tasks
 from runs.attempts import HANDED_BACK
 from runs.execution import (
     breakers,
@@ -92,10 +92,15 @@ T = TypeVar("T")
 REAP_EVERY_SECONDS = 1.0
 # The share of its time the reaper may spend reading: it waits at least REAP_EVERY_SECONDS
 # between reads, longer when a read is slow. The read looks for expired leases in every
-# partition and day (a running run may be of any day); on Citus with a month's day
-# partitions it cost ~250 ms of the cluster's time, every second, per executor.
+# partition, and in every day a running run may be of (on Citus from the lowest open
+# floor on, runs/open_floors.py; before that bound, with a month's day partitions, it
+# cost ~250 ms of the cluster's time every second per executor).
 REAP_SHARE = 0.1
 HEARTBEAT_TICK_SECONDS = 0.25
+# How often an executor on Citus raises the tenants' open floors (runs/open_floors.py):
+# a read of every open run on every shard. Between two, a floor stays where a writer
+# lowered it, or where the last upkeep set it: the claims read more days, never fewer.
+FLOOR_UPKEEP_SECONDS = 300.0
 WRITE_BATCH = 500
 # Outcomes for a Citus worker out of reach wait this long between tries (newer outcomes
 # are written meanwhile).
@@ -143,6 +148,7 @@ class Executor:
         # Outcomes for a Citus worker out of reach are written again from this time.
         self._retry_writes_at = 0.0
         self._next_beat = float("inf")  # monotonic time the in-flight leases need extending
+        self._floors_due = 0.0  # monotonic time of the next open floor upkeep
         self._signals = False
         # Whether the last claim found nothing, and whether runs were announced since:
         # the plan about to be made for them must not come from statistics that call
@@ -210,6 +216,17 @@ class Executor:
                 self.counters.dead += 1
                 self.alert_sender.send(alerts.Alert.run_dead(run, result_code=None, error=run.last_error))
         return reaped
+
+    async def keep_floors_once(self) -> bool:
+        """On Citus, once every FLOOR_UPKEEP_SECONDS: set the tenants' open floors to
+        their oldest open runs (runs/open_floors.py), which the claims read running runs
+        from. Whether it ran."""
+        if time.monotonic() < self._floors_due or not await per_partition.split(self._reap_conn):
+            return False
+        self._floors_due = time.monotonic() + FLOOR_UPKEEP_SECONDS
+        changed = await open_floors.keep(self._reap_conn)
+        log.debug("open floors: %d changed", changed)
+        return True
 
     async def claim_once(self) -> Claimed:
         """Claim what the free slots allow, admit it past the breakers, start its calls."""
@@ -667,6 +684,7 @@ class Executor:
             await self._statistics_step(
                 table_statistics.keep_statistics, "_reap_conn", "their statistics were out of date"
             )
+            await self._guarded(self.keep_floors_once, "_reap_conn")
             await asyncio.sleep(max(REAP_EVERY_SECONDS, took * (1 - REAP_SHARE) / REAP_SHARE))
 
     async def _statistics_step(

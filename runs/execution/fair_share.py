@@ -21,11 +21,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from runs import per_partition
+from runs import open_floors, per_partition
 from runs.execution import queries
 from scheduler_project.citus import Placements
 
@@ -215,7 +215,9 @@ class Planner:
         yesterday = wall.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
         if full:
             self._notified_since[node] = yesterday
-        start = per_partition.EARLIEST if full else self._floor[node]
+        # A full read starts at the lowest of the tenants' open floors (runs/open_floors.py),
+        # read before the map: no open run of any tenant is older.
+        start = ((await open_floors.lowest(conn)) or per_partition.EARLIEST) if full else self._floor[node]
         try:
             cursor = await conn.execute(
                 queries.WORK_MAP,
@@ -249,8 +251,17 @@ class Planner:
         tenants = sorted({g.tenant_id for g in groups})
         if refresh or any(t not in self._limits for t in tenants):
             cursor = await conn.execute(queries.TENANT_LIMITS, [tenants])
-            self._limits = {t: Limits(w, c) for t, w, c in await cursor.fetchall()}
+            self._limits = {t: Limits(w, c, floor) for t, w, c, floor in await cursor.fetchall()}
         return self._limits
+
+    def open_floor(self, tenants: Iterable[int]) -> datetime | str:
+        """The `open_floor` parameter of a claim for `tenants` (runs/per_partition.py,
+        BOUNDS): the lowest of their open floors as last read, or '-infinity' if one has
+        none (or was not read)."""
+        floors = [self._limits[t].floor if t in self._limits else None for t in tenants]
+        if not floors or None in floors:
+            return "-infinity"
+        return min(floors)
 
     def oldest(self, quotas: dict[int, dict[int, int]]) -> datetime | None:
         """The oldest runnable slot the map saw in the (partition, tenant) groups of
@@ -313,6 +324,7 @@ class Group:
 class Limits:
     weight: int
     cap: int  # max_concurrency
+    floor: datetime | None = None  # the open floor (runs/open_floors.py); None: none
 
 
 def allocate(

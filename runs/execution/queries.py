@@ -168,10 +168,10 @@ _RUNNABLE = f"r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {
 # worker's shards only: a worker out of reach fails its own read, not the others'
 # (docs/decisions/0073-one-worker-down.md). It is not on every claim: a claimer keeps the
 # map and claims from it until it is used up, stale, or a NOTIFY says runs were queued.
-# Within a day window (runs/per_partition.py, WINDOW): from the oldest open slot the last
-# full read saw (fair_share.Planner's floor; a full read starts at the earliest slot) to a
-# day ahead, so that Citus plans only those days' partitions on each shard; `oldest_open`
-# is what the next floor is made of.
+# Within a day window (runs/per_partition.py, BOUNDS): from the oldest open slot the last
+# full read saw (fair_share.Planner's floor; a full read starts at the lowest of the
+# tenants' open floors, runs/open_floors.py) to a day ahead, so that Citus plans only
+# those days' partitions on each shard; `oldest_open` is what the next floor is made of.
 _EFFECTIVE_PRIORITY = (
     "CASE WHEN r.not_before <= now() - %(aging)s * interval '1 second' THEN 9 ELSE r.priority END"
 )
@@ -194,8 +194,11 @@ WHERE r.partition_id = ANY(%(partitions)s::int[]) AND r.status IN ('queued', 're
 GROUP BY r.partition_id, r.tenant_id
 """
 
-# The weights and caps of the map's tenants; read with the map (fair_share.Planner.work).
-TENANT_LIMITS = "SELECT id, weight, max_concurrency FROM tenants WHERE id = ANY(%s::bigint[])"
+# The weights, caps and open floors (runs/open_floors.py; NULL for none) of the map's
+# tenants; read with the map (fair_share.Planner.limits).
+TENANT_LIMITS = """
+SELECT id, weight, max_concurrency, nullif(open_floor, '-infinity') FROM tenants WHERE id = ANY(%s::bigint[])
+"""
 
 # OPEN_FROM's bound, plain PostgreSQL; fair_share.OpenFrom.get runs it.
 # The oldest day partition holding an open (queued, retrying or running) run, one day
@@ -219,6 +222,43 @@ SELECT CASE
          ORDER BY d.day_start LIMIT 1),
         date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '24 hours')
     END
+"""
+
+# --- open floors (runs/open_floors.py, the upkeep) ---------------------------------------------
+
+# The lowest floor of all, NULL for none: the day windows of reads of every tenant's
+# open runs start there (open_floors.lowest: the work map's full reads, the reaper's).
+LOWEST_FLOOR = "SELECT nullif(min(open_floor), '-infinity') FROM tenants"
+
+# Step 1: every tenant's floor version, before anything else is read.
+FLOOR_VERSIONS = "SELECT id, open_floor_version FROM tenants"
+
+# Step 2: the highest floor the upkeep may set. The start of yesterday (UTC), and a day
+# before the oldest transaction open on this database (a writer of a recent
+# run that has not committed yet, whose run step 3 cannot see, opened it at or after its
+# transaction began). On Citus every writer's transaction is on the coordinator, where
+# this runs. A session of another role shows no transaction start: such writers are
+# covered by the day cap alone (docs/decisions/0078-open-floors.md).
+FLOOR_CAP = """
+SELECT least(
+    date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '24 hours',
+    coalesce((SELECT min(a.xact_start) FROM pg_stat_activity a
+              WHERE a.datname = current_database() AND a.backend_type = 'client backend'), now())
+        - interval '24 hours')
+"""
+
+# Step 3: the oldest slot of each tenant's open runs, over every shard and day.
+OLDEST_OPEN_PER_TENANT = """
+SELECT r.tenant_id, min(r.scheduled_at) FROM job_runs r
+WHERE r.status IN ('queued', 'retrying', 'running')
+GROUP BY r.tenant_id
+"""
+
+# Step 4: the new floors, each only where no writer lowered it since step 1.
+SET_FLOORS = """
+UPDATE tenants t SET open_floor = x.floor
+FROM unnest(%(tenants)s::bigint[], %(floors)s::timestamptz[], %(versions)s::bigint[]) AS x(id, floor, version)
+WHERE t.id = x.id AND t.open_floor_version = x.version AND t.open_floor <> x.floor
 """
 
 # --- the claim (runs/execution/claims.py) ------------------------------------------------------
@@ -333,12 +373,13 @@ def _claim(running: str) -> str:
     _GRANTED); `{partition_filter}` is left for per_partition.Forms."""
     return f"""
 WITH busy AS MATERIALIZED (
-    -- Every running run, of any day (outside the claim's bound and its window too): the
-    -- caps, the skip and buffer_one checks and cancel_previous count them, and the bound
-    -- may be a second old. The one read of job_runs here that no window bounds.
+    -- Every running run of any day (outside the probes' window): the caps, the skip and
+    -- buffer_one checks and cancel_previous count them, and a retry or a replay may be
+    -- weeks old. On Citus from the tenants' open floor on (runs/open_floors.py): no open
+    -- run is older, as long as `slots` finds every floor where the claimer read it.
     SELECT r.partition_id, r.tenant_id, r.job_id, r.scheduled_at, r.attempt, r.owner, r.started_at
     FROM job_runs r
-    WHERE r.partition_id {{partition_filter}} AND r.status = 'running'
+    WHERE r.partition_id {{partition_filter}} AND r.status = 'running' AND {{since_floor:r}}
 ),
 slots AS (
     -- probe: how many runs of the tenant `chosen` could take, its free slots and its
@@ -353,8 +394,12 @@ slots AS (
            -- overlap of a rotation lasts, on the database clock like the rotation.
            CASE WHEN t.previous_signing_secret_until > now()
                 THEN ARRAY[t.signing_secret, t.previous_signing_secret]
-                ELSE ARRAY[t.signing_secret] END AS signing_secrets
+                ELSE ARRAY[t.signing_secret] END AS signing_secrets,
+           t.open_floor
     FROM tenants t JOIN {running} ON run.tenant_id = t.id
+    -- On Citus: a tenant whose floor a writer lowered below the one `busy` read from
+    -- gets nothing from this claim (the claimer reads the floors again).
+    WHERE {{floor_holds:t}}
 ),
 by_priority AS (
     SELECT c.* FROM slots s CROSS JOIN LATERAL (
@@ -363,7 +408,7 @@ by_priority AS (
         FROM job_runs r
         WHERE r.partition_id {{partition_filter}} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD} AND {OPEN_FROM}
-          AND {{in_window:r}} AND {NOT_BLOCKED}
+          AND {{in_window:r}} AND {{above_floor:r}} AND {NOT_BLOCKED}
         ORDER BY r.priority DESC, r.scheduled_at
         LIMIT s.probe
         FOR UPDATE OF r SKIP LOCKED
@@ -378,7 +423,7 @@ by_age AS (
         WHERE r.partition_id {{partition_filter}} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying')
           AND r.not_before <= now() - %(aging)s * interval '1 second' AND {NOT_AHEAD} AND {OPEN_FROM}
-          AND {{in_window:r}} AND {NOT_BLOCKED}
+          AND {{in_window:r}} AND {{above_floor:r}} AND {NOT_BLOCKED}
         ORDER BY r.not_before
         LIMIT s.probe
         FOR UPDATE OF r SKIP LOCKED
@@ -476,7 +521,7 @@ cancelled AS (
     FROM older x
     WHERE o.partition_id {{partition_filter}} AND o.partition_id = x.partition_id
       AND o.job_id = x.job_id AND o.scheduled_at = x.scheduled_at
-      AND o.attempt = x.attempt AND o.status = 'running'
+      AND o.attempt = x.attempt AND o.status = 'running' AND {{since_floor:o}}
     RETURNING o.job_id
 )
 -- The target: the version the run names (immutable, co-located with the run), or the
@@ -619,9 +664,15 @@ RETURNING r.job_id, r.scheduled_at, r.attempt
 
 # Partitions holding an expired lease, with the database's time; run_leases.
 # reap_expired_leases runs it. A read across partitions, no lock. The running rows are
-# few (at most the executors' slots), all in job_runs_running_idx.
+# few (at most the executors' slots), all in job_runs_running_idx. On Citus from the
+# lowest open floor on (runs/open_floors.py) to AHEAD, constants its workers plan with:
+# no running run is older or later, and each shard's plan covers those days, not every
+# day of the retention and ahead; no bounds on plain PostgreSQL, whose generic plan
+# prunes nothing anyway.
 EXPIRED_PARTITIONS = """
-SELECT DISTINCT partition_id, now() FROM job_runs WHERE status = 'running' AND lease_until < now()
+SELECT DISTINCT partition_id, now() FROM job_runs
+WHERE status = 'running' AND lease_until < now()
+  AND scheduled_at >= %(open_floor)s::timestamptz AND scheduled_at < %(ahead)s::timestamptz
 """
 
 # The history entry of an attempt whose lease ran out: when it finished is unknown.

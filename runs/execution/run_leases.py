@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterable
 from datetime import UTC, datetime
 
-from runs import per_partition
+from runs import open_floors, per_partition
 from runs.execution import queries
 from runs.rows import ReapedRun, RunKey
 
@@ -72,12 +72,18 @@ async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     healthy cluster pays), then one statement for them all, or one per partition
     (runs/per_partition.py).
     """
-    cursor = await conn.execute(queries.EXPIRED_PARTITIONS)
+    citus = await per_partition.split(conn)
+    floor = await open_floors.lowest(conn) if citus else None
+    bounds = {
+        "open_floor": floor or "-infinity",
+        "ahead": datetime.now(UTC) + queries.AHEAD if citus else "infinity",
+    }
+    cursor = await conn.execute(queries.EXPIRED_PARTITIONS, bounds)
     expired = sorted(await cursor.fetchall())
     if not expired:
         return []
     now = expired[0][1]
-    if not await per_partition.split(conn):
+    if not citus:
         cursor = await conn.execute(queries.REAP.many, {"now": now, "limit": limit})
         return [ReapedRun(*row) for row in await cursor.fetchall()]
     reaped: list[ReapedRun] = []
