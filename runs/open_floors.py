@@ -8,27 +8,34 @@ floor.**
 
 - **Opening a run lowers the floor in the same transaction** (`lower`): the run insert
   (runs/enqueue.py: dispatch, backfills, catch-ups, manual triggers) and replays
-  (runs/services.py). Only for a slot older than RECENT: no floor is ever set later
-  than queries.FLOOR_CAP's bound, well below that. Each such write also counts in
-  `open_floor_version`, even where the floor is lower already: see the upkeep.
+  (runs/services.py). Only for a slot older than RECENT: no floor is ever later than a
+  day before now (the upkeep's cap, queries.FLOOR_CAP, and a new tenant's default).
+  Each such write also counts in `open_floor_version`, even where the floor is lower
+  already: see the upkeep.
 - **A run stays open with its slot unchanged** through claims, retries, deferrals and
   hand-backs: none of these touches a floor.
 - **The upkeep raises floors** (`keep`, run by the executors on Citus, where the claim
   reads them): per tenant, the oldest slot of its open runs, capped by
-  queries.FLOOR_CAP. It reads without a lock, in this order: the floors' versions, the cap,
-  the open runs; then it writes each floor only where the version is still the one it
-  read (compare-and-set). A writer that opened an old run after the versions were read
-  counted in the version, so that floor is left alone; a writer that opened a recent run
-  without writing is above the cap. It also lowers a floor found above an open run:
-  whatever slipped past a writer is set right at the next upkeep.
+  queries.FLOOR_CAP. It reads without a lock, in this order: the floors and their
+  versions, the cap, then (on Citus) it waits for the transactions prepared on the
+  workers to end, then the open runs. It raises a floor only where the version is still
+  the one it read (compare-and-set): a writer that opened an old run after the versions
+  were read counted in the version, so that floor is left alone; one that had committed
+  on the coordinator but not yet on its worker has ended by the time the open runs are
+  read, so its run is seen; a writer that opened a recent run without writing is above
+  the cap. It lowers a floor found above an open run whatever the version: whatever
+  slipped past a writer is set right at the next upkeep.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from runs.execution import queries
+from scheduler_project.citus import citus_installed_async
 
 # A writer lowers floors only for slots older than this. The upkeep's cap is at least
 # 24 hours before any transaction it could miss began (queries.FLOOR_CAP), so a run of a
@@ -36,15 +43,22 @@ from runs.execution import queries
 # database's.
 RECENT = timedelta(hours=12)
 
-# Lower the floors of the tenants of runs being opened, and count the write; parameters:
-# tenant ids, and each one's oldest slot. On Citus tenants is a reference table: the
-# write reaches every copy, in the writer's transaction.
+# Lower the floors of the tenants of runs being opened, and count the writes; parameters:
+# tenant ids, and each one's oldest slot. The rows are locked first, in id order
+# (LOCK_TO_LOWER), so that two writers lock them in the same order whatever plan the
+# update gets (no deadlock). On Citus tenants is a reference table: the write reaches
+# every copy, in the writer's transaction.
+LOCK_TO_LOWER = "SELECT 1 FROM tenants WHERE id = ANY(%s::bigint[]) ORDER BY id FOR UPDATE"
 LOWER = """
 UPDATE tenants t
 SET open_floor = least(t.open_floor, x.slot), open_floor_version = t.open_floor_version + 1
 FROM unnest(%s::bigint[], %s::timestamptz[]) AS x(tenant_id, slot)
 WHERE t.id = x.tenant_id
 """
+
+# How long the upkeep waits for the transactions it found prepared on the workers to
+# end (`keep`); past that it only lowers floors, and raises them at its next round.
+PREPARED_WAIT_SECONDS = 10.0
 
 
 def lower(cursor, slots: Iterable[tuple[int, datetime]]) -> int:
@@ -59,6 +73,7 @@ def lower(cursor, slots: Iterable[tuple[int, datetime]]) -> int:
     if not oldest:
         return 0
     tenants = sorted(oldest)
+    cursor.execute(LOCK_TO_LOWER, [tenants])
     cursor.execute(LOWER, [tenants, [oldest[t] for t in tenants]])
     return cursor.rowcount
 
@@ -72,23 +87,68 @@ async def lowest(conn) -> datetime | None:
 
 async def keep(conn) -> int:
     """The upkeep: set every tenant's floor to the oldest slot of its open runs, at most
-    the cap, where no writer lowered it meanwhile. `conn` in autocommit: each read is its
-    own snapshot, taken in the order the module docstring gives. Returns the floors
-    changed. One read of the open runs of every shard and day: the executors run it
-    every few minutes (runs/execution/executor.py, FLOOR_UPKEEP_SECONDS)."""
+    the cap. `conn` in autocommit: each read is its own snapshot, taken in the order the
+    module docstring gives. A floor is raised only where no writer lowered it since its
+    version was read, and only once the transactions then prepared on the Citus workers
+    have ended (`_prepared_ended`); it is lowered whenever it is above an open run.
+    Returns the floors changed. One read of the open runs of every shard and day: the
+    executors run it every few minutes (runs/execution/executor.py,
+    FLOOR_UPKEEP_SECONDS)."""
     cursor = await conn.execute(queries.FLOOR_VERSIONS)
-    versions = dict(await cursor.fetchall())
+    read = {tenant: (version, floor) for tenant, version, floor in await cursor.fetchall()}
     cursor = await conn.execute(queries.FLOOR_CAP)
     (cap,) = await cursor.fetchone()
+    may_raise = await _prepared_ended(conn)
     cursor = await conn.execute(queries.OLDEST_OPEN_PER_TENANT)
     oldest = dict(await cursor.fetchall())
-    tenants = sorted(versions)
+    changes = []
+    for tenant, (version, floor) in sorted(read.items()):
+        new = min(oldest.get(tenant, cap), cap)
+        lowered = floor is not None and new < floor
+        raised = floor is None or new > floor
+        if lowered or (raised and may_raise):
+            changes.append((tenant, new, version))
+    if not changes:
+        return 0
     cursor = await conn.execute(
         queries.SET_FLOORS,
         {
-            "tenants": tenants,
-            "floors": [min(oldest.get(t, cap), cap) for t in tenants],
-            "versions": [versions[t] for t in tenants],
+            "tenants": [t for t, _, _ in changes],
+            "floors": [f for _, f, _ in changes],
+            "versions": [v for _, _, v in changes],
         },
     )
     return cursor.rowcount
+
+
+async def _prepared_ended(conn) -> bool:
+    """On Citus, whether every transaction prepared on the workers when this is called
+    has ended (within PREPARED_WAIT_SECONDS, every worker reached); True on plain
+    PostgreSQL.
+
+    Why: a writer commits on the coordinator (where the upkeep read its version) before
+    its runs commit on their worker (two-phase commit: the workers prepare first, then
+    commit after the coordinator). Until then the upkeep's read of open runs does not
+    see the run, and its compare-and-set would pass. Every such writer is prepared on
+    its worker now; once those transactions have ended, what they opened is visible."""
+    if not await citus_installed_async(conn):
+        return True
+    deadline = time.monotonic() + PREPARED_WAIT_SECONDS
+    pending = await _prepared(conn)
+    while pending:
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+        now = await _prepared(conn)
+        pending = None if now is None else pending & now
+    return pending is not None
+
+
+async def _prepared(conn) -> set[tuple[str, str]] | None:
+    """(worker, gid) of every transaction prepared on the workers; None if one is out of
+    reach."""
+    cursor = await conn.execute(queries.PREPARED_ON_WORKERS)
+    rows = await cursor.fetchall()
+    if not all(ok for _, ok, _ in rows):
+        return None
+    return {(node, gid) for node, _, gids in rows for gid in gids.split(",") if gid}

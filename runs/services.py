@@ -143,13 +143,14 @@ def replay_run(
 ) -> JobRun:
     """Re-queue a dead or cancelled run under the same key. Raises RunNotFound, RunConflict."""
     qs = _keyed(job_id, scheduled_at, tenant_id)
-    if qs.filter(status__in=REPLAYABLE).update(**_replay_changes(now or timezone.now())) == 0:
+    replayable = qs.filter(status__in=REPLAYABLE)
+    _opened(replayable.only("tenant_id", "scheduled_at")[:1])  # before the update: see _opened
+    if replayable.update(**_replay_changes(now or timezone.now())) == 0:
         current = qs.values_list("status", flat=True).first()
         if current is None:
             raise RunNotFound(run_key(job_id, scheduled_at))
         raise RunConflict(operation="replay", status=current, allowed=REPLAYABLE)
     run = qs.get()
-    _opened([run])
     notify_executors(oldest=scheduled_at)
     _audit(run, actor=actor, action=AuditAction.REPLAY, attempts_before=run.attempt)
     log.info(

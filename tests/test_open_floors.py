@@ -7,12 +7,14 @@ floor lowered since the claimer read it. The claim tests take the per-shard path
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from django.db import connection
+from psycopg.conninfo import make_conninfo
 
 from jobs.tenant_services import create_tenant
 from runs import open_floors, services
@@ -103,7 +105,7 @@ def test_the_upkeep_sets_each_floor_to_its_oldest_open_run_at_most_the_cap():
 
 
 class _WriterBetween:
-    """An upkeep connection on which, just before the upkeep writes the floors, another
+    """An upkeep connection on which, just after the upkeep read the open runs, another
     session reopens an old run and lowers its tenant's floor, and commits."""
 
     def __init__(self, conn, reopen):
@@ -111,17 +113,21 @@ class _WriterBetween:
         self.reopen = reopen
 
     async def execute(self, sql, params=None):
-        if sql == queries.SET_FLOORS:
+        cursor = await self.conn.execute(sql, params)
+        if sql == queries.OLDEST_OPEN_PER_TENANT:
             self.reopen()
-        return await self.conn.execute(sql, params)
+        return cursor
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
 
 
 def test_the_upkeep_leaves_a_floor_a_writer_lowered_after_its_reads():
     tenant, _ = create_tenant(slug="floors-race")
     [(job_id, slot)] = queue_runs(tenant, task_target("noop"), start=_days_ago(10))
     JobRun.objects.filter(tenant_id=tenant.id).update(status="dead")
-    _keep()
-    assert _floor(tenant)[0] == _cap()
+    below = _days_ago(20)
+    _set_floor(tenant, below)  # the upkeep would raise it to the cap: nothing is open
 
     def reopen() -> None:
         with psycopg.connect(connections.database_conninfo()) as other:
@@ -132,9 +138,9 @@ def test_the_upkeep_leaves_a_floor_a_writer_lowered_after_its_reads():
             open_floors.lower(other.cursor(), [(tenant.id, slot)])
 
     # The upkeep read no open run for the tenant: without the version's check it would
-    # set the floor to the cap, above the run reopened meanwhile.
+    # raise the floor to the cap, above the run reopened meanwhile.
     asyncio.run(_on_new_conn(lambda conn: open_floors.keep(_WriterBetween(conn, reopen))))
-    assert _floor(tenant)[0] == slot
+    assert _floor(tenant)[0] == below
     _keep()
     assert _floor(tenant)[0] == slot
 
@@ -209,3 +215,33 @@ def test_a_run_below_its_tenants_floor_waits_for_the_upkeep_to_set_the_floor_rig
     assert asyncio.run(claim()) == []
     _keep()
     assert [run.scheduled_at for run in asyncio.run(claim())] == [slot]
+
+
+@pytest.mark.skipif(not os.environ.get("CRONYARD_CITUS_WORKERS"), reason="a make test-citus test")
+def test_the_upkeep_raises_no_floor_while_a_transaction_is_prepared_on_a_worker(monkeypatch):
+    # A writer commits on the coordinator (its version and floor visible there) before its
+    # run commits on the worker (two-phase commit): while it is prepared there, the
+    # upkeep's read of open runs cannot see the run. Here the floor was lowered and the
+    # run is not visible; a transaction stays prepared on a worker meanwhile.
+    monkeypatch.setattr(open_floors, "PREPARED_WAIT_SECONDS", 0.5)
+    tenant, _ = create_tenant(slug="floors-prepared")
+    _keep()
+    slot = _days_ago(6)
+    with connection.cursor() as cursor:
+        open_floors.lower(cursor, [(tenant.id, slot)])
+    host, port = os.environ["CRONYARD_CITUS_WORKERS"].split(",")[0].split(":")
+    conninfo = make_conninfo(connections.database_conninfo(), host=host, port=port)
+    worker = psycopg.connect(conninfo, autocommit=True)
+    try:
+        worker.execute("BEGIN")
+        worker.execute("SELECT txid_current()")
+        worker.execute("PREPARE TRANSACTION 'cronyard-test-open-floors'")
+        try:
+            _keep()
+            assert _floor(tenant)[0] == slot
+        finally:
+            worker.execute("ROLLBACK PREPARED 'cronyard-test-open-floors'")
+    finally:
+        worker.close()
+    _keep()  # nothing prepared any more: raised to the cap
+    assert _floor(tenant)[0] == _cap()

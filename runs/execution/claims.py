@@ -308,7 +308,9 @@ async def _claim_in(
     (NOT_AHEAD's bound): its probes skip older runs that became runnable since the map
     was read (a retry come due, a replay) until the map is read again, at most
     MAP_SECONDS later or after this claim if it comes back short. Running runs, which
-    caps and overlap count, are read outside the window (CLAIM's `busy`)."""
+    caps and overlap count, are read from the tenants' open floors as the planner last
+    read them (CLAIM's `busy`; runs/open_floors.py): a tenant whose floor fell below
+    since gets nothing from the statement."""
     now = datetime.now(UTC)
     epoch = now.timestamp()
     aged = planner.aged()

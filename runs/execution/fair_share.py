@@ -205,7 +205,8 @@ class Planner:
         an outage, whose NOTIFY names its oldest slot and lowers the floor (`forget`); a
         NOTIFY missed while the listening connection was down is covered by the full read
         after it reconnects (`read_all`), and anything else by a full read every
-        FULL_READ_SECONDS."""
+        FULL_READ_SECONDS, which starts at the lowest of the tenants' open floors
+        (runs/open_floors.py)."""
         now = time.monotonic()
         if now - self._map_read_at.get(node, -MAP_SECONDS) < MAP_SECONDS:
             return False
@@ -215,10 +216,12 @@ class Planner:
         yesterday = wall.replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
         if full:
             self._notified_since[node] = yesterday
-        # A full read starts at the lowest of the tenants' open floors (runs/open_floors.py),
-        # read before the map: no open run of any tenant is older.
-        start = ((await open_floors.lowest(conn)) or per_partition.EARLIEST) if full else self._floor[node]
         try:
+            # A full read starts at the lowest of the tenants' open floors
+            # (runs/open_floors.py), read before the map: no open run of any tenant is older.
+            start = (
+                ((await open_floors.lowest(conn)) or per_partition.EARLIEST) if full else self._floor[node]
+            )
             cursor = await conn.execute(
                 queries.WORK_MAP,
                 {
@@ -246,8 +249,8 @@ class Planner:
         return [g for node in nodes for g in self._map.get(node, [])]
 
     async def limits(self, conn, groups: list[Group], *, refresh: bool) -> dict[int, Limits]:
-        """The weights and caps of the groups' tenants, read with the map (a coordinator
-        read of the reference table tenants)."""
+        """The weights, caps and open floors of the groups' tenants, read with the map (a
+        coordinator read of the reference table tenants)."""
         tenants = sorted({g.tenant_id for g in groups})
         if refresh or any(t not in self._limits for t in tenants):
             cursor = await conn.execute(queries.TENANT_LIMITS, [tenants])
@@ -297,8 +300,9 @@ class Planner:
 # How long a worker's part of the work map serves while claims still find runs with it;
 # a NOTIFY (runs queued), a claim that comes back short, or a failure reads it again.
 MAP_SECONDS = 1.0
-# How often a read of the map covers every day, not only those from its floor on
-# (Planner.refresh): a safety net for a run opened before the floor that no NOTIFY named.
+# How often a read of the map covers every day an open run can be of (from the lowest of
+# the tenants' open floors), not only those from the worker's floor on (Planner.refresh):
+# a safety net for a run opened before that floor that no NOTIFY named.
 FULL_READ_SECONDS = 30.0
 # Runs per group the map lists one by one, so that a tenant's places follow its runs'
 # order across partitions (past them, a group's remaining runs rank after its last one).

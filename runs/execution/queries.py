@@ -230,8 +230,9 @@ SELECT CASE
 # open runs start there (open_floors.lowest: the work map's full reads, the reaper's).
 LOWEST_FLOOR = "SELECT nullif(min(open_floor), '-infinity') FROM tenants"
 
-# Step 1: every tenant's floor version, before anything else is read.
-FLOOR_VERSIONS = "SELECT id, open_floor_version FROM tenants"
+# Step 1: every tenant's floor version and floor (NULL for none), before anything else is
+# read.
+FLOOR_VERSIONS = "SELECT id, open_floor_version, nullif(open_floor, '-infinity') FROM tenants"
 
 # Step 2: the highest floor the upkeep may set. The start of yesterday (UTC), and a day
 # before the oldest transaction open on this database (a writer of a recent
@@ -247,6 +248,16 @@ SELECT least(
         - interval '24 hours')
 """
 
+# Between steps 2 and 3, on Citus: the transactions prepared on each worker (two-phase
+# commit), as (worker, reached, their gids joined by commas); open_floors._prepared_ended
+# waits for them to end.
+PREPARED_ON_WORKERS = """
+SELECT nodename || ':' || nodeport, success, CASE WHEN success THEN result ELSE '' END
+FROM run_command_on_workers($$
+    SELECT coalesce(string_agg(gid, ','), '') FROM pg_prepared_xacts WHERE database = current_database()
+$$)
+"""
+
 # Step 3: the oldest slot of each tenant's open runs, over every shard and day.
 OLDEST_OPEN_PER_TENANT = """
 SELECT r.tenant_id, min(r.scheduled_at) FROM job_runs r
@@ -254,11 +265,13 @@ WHERE r.status IN ('queued', 'retrying', 'running')
 GROUP BY r.tenant_id
 """
 
-# Step 4: the new floors, each only where no writer lowered it since step 1.
+# Step 4: the floors that change: each lowered where it is above the new one, raised only
+# where no writer lowered it since step 1 (its version is the one read then).
 SET_FLOORS = """
 UPDATE tenants t SET open_floor = x.floor
 FROM unnest(%(tenants)s::bigint[], %(floors)s::timestamptz[], %(versions)s::bigint[]) AS x(id, floor, version)
-WHERE t.id = x.id AND t.open_floor_version = x.version AND t.open_floor <> x.floor
+WHERE t.id = x.id
+  AND (x.floor < t.open_floor OR (x.floor > t.open_floor AND t.open_floor_version = x.version))
 """
 
 # --- the claim (runs/execution/claims.py) ------------------------------------------------------
@@ -664,16 +677,19 @@ RETURNING r.job_id, r.scheduled_at, r.attempt
 
 # Partitions holding an expired lease, with the database's time; run_leases.
 # reap_expired_leases runs it. A read across partitions, no lock. The running rows are
-# few (at most the executors' slots), all in job_runs_running_idx. On Citus from the
-# lowest open floor on (runs/open_floors.py) to AHEAD, constants its workers plan with:
-# no running run is older or later, and each shard's plan covers those days, not every
-# day of the retention and ahead; no bounds on plain PostgreSQL, whose generic plan
-# prunes nothing anyway.
-EXPIRED_PARTITIONS = """
+# few (at most the executors' slots), all in job_runs_running_idx. On Citus
+# (EXPIRED_PARTITIONS_IN_DAYS) from the lowest open floor on (runs/open_floors.py) to
+# AHEAD, constants its workers plan with: no running run is older or later, and each
+# shard's plan covers those days, not every day of the retention and ahead. None on
+# plain PostgreSQL, whose generic plan would prune nothing and misjudge the range.
+_EXPIRED = """
 SELECT DISTINCT partition_id, now() FROM job_runs
-WHERE status = 'running' AND lease_until < now()
-  AND scheduled_at >= %(open_floor)s::timestamptz AND scheduled_at < %(ahead)s::timestamptz
+WHERE status = 'running' AND lease_until < now(){days}
 """
+EXPIRED_PARTITIONS = _EXPIRED.format(days="")
+EXPIRED_PARTITIONS_IN_DAYS = _EXPIRED.format(
+    days="\n  AND scheduled_at >= %(open_floor)s::timestamptz AND scheduled_at < %(ahead)s::timestamptz"
+)
 
 # The history entry of an attempt whose lease ran out: when it finished is unknown.
 _REAPED_ENTRY = attempts.sql_entry(

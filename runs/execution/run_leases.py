@@ -73,12 +73,14 @@ async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     (runs/per_partition.py).
     """
     citus = await per_partition.split(conn)
-    floor = await open_floors.lowest(conn) if citus else None
-    bounds = {
-        "open_floor": floor or "-infinity",
-        "ahead": datetime.now(UTC) + queries.AHEAD if citus else "infinity",
-    }
-    cursor = await conn.execute(queries.EXPIRED_PARTITIONS, bounds)
+    if citus:
+        days = {
+            "open_floor": await open_floors.lowest(conn) or "-infinity",
+            "ahead": datetime.now(UTC) + queries.AHEAD,
+        }
+        cursor = await conn.execute(queries.EXPIRED_PARTITIONS_IN_DAYS, days)
+    else:
+        cursor = await conn.execute(queries.EXPIRED_PARTITIONS)
     expired = sorted(await cursor.fetchall())
     if not expired:
         return []
