@@ -76,12 +76,20 @@ def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
         what = {"task": "no-op task runs", "http": "HTTP runs (a no-op server on 127.0.0.1)"}
         for r in on_citus:
             executors = f"{r['executors']} executor" + ("s" if r["executors"] > 1 else "")
+            plain = on_plain[(r["kind"], r["executors"])]
             rows.append(
                 {
                     "what": f"execution, {runs:,} {what[r['kind']]}, {executors}",
                     "citus": r["runs_per_s"],
-                    "plain": on_plain[(r["kind"], r["executors"])]["runs_per_s"],
+                    "plain": plain["runs_per_s"],
                     "citus_limit": None,
+                    "cpu": {
+                        "executor": r["executor_cpu_ms_per_run"],
+                        "coordinator": r["postgres_cpu_ms_per_run"],
+                        "workers": r["worker_cpu_ms_per_run"],
+                        "plain_executor": plain["executor_cpu_ms_per_run"],
+                        "plain_postgres": plain["postgres_cpu_ms_per_run"],
+                    },
                 }
             )
     return rows
@@ -117,4 +125,32 @@ def section(rows: list[dict] | None, *, skipped: str = NOT_INSTALLED) -> str:
             f"{r['citus'] / limit:.2f}" if limit else "n/a",
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + cpu_section(rows))
+
+
+def cpu_section(rows: list[dict]) -> list[str]:
+    """Where an execution round's CPU went, per run: on Citus the executor, the coordinator
+    and the workers together; on plain PostgreSQL the executor and the server. The
+    workers' part is what more workers (on machines of their own) would share; the
+    coordinator's is not: one coordinator core allows 1,000 / its milliseconds runs/s."""
+    rounds = [r for r in rows if r.get("cpu")]
+    if not rounds:
+        return []
+    lines = [
+        "",
+        "Where an execution round's CPU went, ms per run (from /proc: every process of each"
+        " node, and the executors). The workers' part is what more workers, on machines of"
+        " their own, would share; the coordinator's is not, and bounds one coordinator core"
+        " at 1,000 / its ms runs/s:",
+        "",
+        "| what | Citus: executor | coordinator | workers | coordinator core's bound runs/s "
+        "| plain: executor | PostgreSQL |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rounds:
+        c = r["cpu"]
+        bound = f"{1000 / c['coordinator']:,.0f}" if c["coordinator"] else "n/a"
+        cells = [r["what"], c["executor"], c["coordinator"], c["workers"], bound]
+        cells += [c["plain_executor"], c["plain_postgres"]]
+        lines.append("| " + " | ".join(str(x) for x in cells) + " |")
+    return lines

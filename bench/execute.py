@@ -254,6 +254,32 @@ def postgres_cpu_since(before: dict[int, float]) -> float:
     return sum(after - before.get(pid, 0.0) for pid, after in postgres_cpu().items())
 
 
+def worker_cpu() -> dict[int, float]:
+    """Citus: CPU seconds of the processes of every worker on this machine ({} on plain
+    PostgreSQL); `postgres_cpu` is the coordinator's. Together: where a run's database
+    work goes, and which part more workers would share."""
+    import psycopg
+    from django.db import connection
+    from psycopg.conninfo import make_conninfo
+
+    from bench import cpu
+    from runs.execution.connections import database_conninfo
+    from scheduler_project.citus import citus_installed
+
+    with connection.cursor() as cursor:
+        if not citus_installed(cursor):
+            return {}
+        cursor.execute(
+            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid > 0 AND noderole = 'primary'"
+        )
+        nodes = cursor.fetchall()
+    out: dict[int, float] = {}
+    for host, port in nodes:
+        with psycopg.connect(make_conninfo(database_conninfo(), host=host, port=port)) as conn:
+            out.update({pid: cpu.cpu_seconds(pid) for pid in cpu.postgres_pids(conn.cursor())})
+    return out
+
+
 def postgres_cpu() -> dict[int, float]:
     from django.db import connection
 
@@ -282,6 +308,7 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
         started, began = time.monotonic(), datetime.now(UTC)
         executor_cpu = cpu.total([p.pid for p in children])
         pg_before = postgres_cpu()
+        workers_before = worker_cpu()
         peak_rss = 0.0
         desc = f"{kind} x{executors}" + (f", {tenant_count} tenants" if tenant_count > 1 else "")
         with tqdm(total=n, desc=desc, unit="run", file=sys.stderr, leave=False) as bar:
@@ -305,6 +332,7 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
         executor_cpu = cpu.total([p.pid for p in children]) - executor_cpu
         # (PostgreSQL's figure includes this loop's polling.)
         pg_cpu = postgres_cpu_since(pg_before)
+        workers_cpu = sum(after - workers_before.get(pid, 0.0) for pid, after in worker_cpu().items())
         time.sleep(1.0)  # backends report their commit counts within a second of going idle
         xacts = commits() - xacts
         _, failed = finished(tenants, slot=slot)
@@ -323,7 +351,9 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
         "peak_rss_mb": round(peak_rss, 1),
         "executor_cpu_ms_per_run": round(executor_cpu * 1000 / n, 3),
         "postgres_cpu_ms_per_run": round(pg_cpu * 1000 / n, 3),
-        "cpu_busy": round((executor_cpu + pg_cpu) / elapsed, 2),
+        # Citus: the workers' processes (postgres_cpu_ms_per_run is then the coordinator's).
+        "worker_cpu_ms_per_run": round(workers_cpu * 1000 / n, 3),
+        "cpu_busy": round((executor_cpu + pg_cpu + workers_cpu) / elapsed, 2),
         "commits_per_run": round(xacts / n, 3),
     }
 
@@ -373,7 +403,9 @@ def main() -> None:
                     f"{result['seconds']}s = {result['runs_per_s']} runs/s "
                     f"(failed {result['failed']}, peak RSS {result['peak_rss_mb']} MB/executor, CPU ms/run: "
                     f"executors {result['executor_cpu_ms_per_run']}, "
-                    f"PostgreSQL {result['postgres_cpu_ms_per_run']}; "
+                    f"PostgreSQL {result['postgres_cpu_ms_per_run']}"
+                    + (f" (Citus workers {w})" if (w := result["worker_cpu_ms_per_run"]) else "")
+                    + "; "
                     f"commits/run {result['commits_per_run']})",
                     file=sys.stderr,
                     flush=True,
