@@ -28,6 +28,7 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -247,11 +248,18 @@ def start_executors(procs, count: int, concurrency: int) -> list:
     return started
 
 
-def postgres_cpu_since(before: dict[int, float]) -> float:
-    """CPU seconds the cluster's processes used since `postgres_cpu()` gave `before`;
-    a backend started since counts from zero. Read it while the clients are still
-    connected: a backend that exited took its CPU with it."""
-    return sum(after - before.get(pid, 0.0) for pid, after in postgres_cpu().items())
+def cpu_since(before: dict[int, float], read: Callable[[], dict[int, float]]) -> float:
+    """CPU seconds the processes `read()` lists used since it gave `before`; a backend
+    started since counts from zero. Read it while the clients are still connected: a
+    backend that exited took its CPU with it."""
+    return sum(after - before.get(pid, 0.0) for pid, after in read().items())
+
+
+def cpu_of(cursor) -> dict[int, float]:
+    """CPU seconds of every process of the server `cursor` is connected to."""
+    from bench import cpu
+
+    return {pid: cpu.cpu_seconds(pid) for pid in cpu.postgres_pids(cursor)}
 
 
 def worker_cpu() -> dict[int, float]:
@@ -262,7 +270,6 @@ def worker_cpu() -> dict[int, float]:
     from django.db import connection
     from psycopg.conninfo import make_conninfo
 
-    from bench import cpu
     from runs.execution.connections import database_conninfo
     from scheduler_project.citus import citus_installed
 
@@ -276,17 +283,16 @@ def worker_cpu() -> dict[int, float]:
     out: dict[int, float] = {}
     for host, port in nodes:
         with psycopg.connect(make_conninfo(database_conninfo(), host=host, port=port)) as conn:
-            out.update({pid: cpu.cpu_seconds(pid) for pid in cpu.postgres_pids(conn.cursor())})
+            out.update(cpu_of(conn.cursor()))
     return out
 
 
 def postgres_cpu() -> dict[int, float]:
+    """CPU seconds of the processes of the database server (the coordinator on Citus)."""
     from django.db import connection
 
-    from bench import cpu
-
     with connection.cursor() as cursor:
-        return {pid: cpu.cpu_seconds(pid) for pid in cpu.postgres_pids(cursor)}
+        return cpu_of(cursor)
 
 
 def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, tenant_count: int) -> dict:
@@ -331,8 +337,8 @@ def scenario(kind: str, executors: int, n: int, concurrency: int, target: dict, 
         elapsed = (last - began).total_seconds() if last else time.monotonic() - started
         executor_cpu = cpu.total([p.pid for p in children]) - executor_cpu
         # (PostgreSQL's figure includes this loop's polling.)
-        pg_cpu = postgres_cpu_since(pg_before)
-        workers_cpu = sum(after - workers_before.get(pid, 0.0) for pid, after in worker_cpu().items())
+        pg_cpu = cpu_since(pg_before, postgres_cpu)
+        workers_cpu = cpu_since(workers_before, worker_cpu)
         time.sleep(1.0)  # backends report their commit counts within a second of going idle
         xacts = commits() - xacts
         _, failed = finished(tenants, slot=slot)

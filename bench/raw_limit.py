@@ -120,7 +120,7 @@ def finished_minimal(conninfo: str) -> int:
 
 
 def measure(tenant: int, runs: int, batch: int, workers: int, *, minimal: bool = False) -> dict:
-    from bench.execute import clear, enqueue, finished, postgres_cpu, postgres_cpu_since
+    from bench.execute import clear, cpu_since, enqueue, finished, postgres_cpu
     from runs.execution.connections import database_conninfo
 
     if minimal:
@@ -142,7 +142,7 @@ def measure(tenant: int, runs: int, batch: int, workers: int, *, minimal: bool =
     start.set()
     reports = [done.get(timeout=600) for _ in procs]
     elapsed = time.monotonic() - began
-    pg_cpu = postgres_cpu_since(pg_before)
+    pg_cpu = cpu_since(pg_before, postgres_cpu)
     finish.set()
     total = sum(claimed for claimed, _ in reports)
     client_cpu = sum(cpu for _, cpu in reports)

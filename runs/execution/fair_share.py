@@ -262,9 +262,7 @@ class Planner:
         BOUNDS): the lowest of their open floors as last read, or '-infinity' if one has
         none (or was not read)."""
         floors = [self._limits[t].floor if t in self._limits else None for t in tenants]
-        if not floors or None in floors:
-            return "-infinity"
-        return min(floors)
+        return bound(None if not floors or None in floors else min(floors))
 
     def oldest(self, quotas: dict[int, dict[int, int]]) -> datetime | None:
         """The oldest runnable slot the map saw in the (partition, tenant) groups of
@@ -385,7 +383,8 @@ def _runs(g: Group, fullness: int, shard_of: Callable[[int], int]) -> Iterator[t
 
 
 def bound(open_from: datetime | None) -> datetime | str:
-    """The parameter of queries.OPEN_FROM: the bound, or none."""
+    """A lower bound on slots as a statement's parameter (queries.OPEN_FROM, an open
+    floor): the bound, or '-infinity' for none."""
     return "-infinity" if open_from is None else open_from
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 
 from runs import open_floors, per_partition
-from runs.execution import queries
+from runs.execution import fair_share, queries
 from runs.rows import ReapedRun, RunKey
 
 # --- heartbeats ---------------------------------------------------------------------------
@@ -75,7 +75,7 @@ async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
     citus = await per_partition.split(conn)
     if citus:
         days = {
-            "open_floor": await open_floors.lowest(conn) or "-infinity",
+            "open_floor": fair_share.bound(await open_floors.lowest(conn)),
             "ahead": datetime.now(UTC) + queries.AHEAD,
         }
         cursor = await conn.execute(queries.EXPIRED_PARTITIONS_IN_DAYS, days)
