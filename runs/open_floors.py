@@ -14,9 +14,9 @@ floor.**
   already: see the upkeep.
 - **A run stays open with its slot unchanged** through claims, retries, deferrals and
   hand-backs: none of these touches a floor.
-- **The upkeep raises floors** (`keep`, run by the executors on Citus, where the claim
-  reads them): per tenant, the oldest slot of its open runs, capped by
-  queries.FLOOR_CAP. It reads without a lock, in this order: the floors and their
+- **The upkeep raises floors** (`keep`, run on Citus, where the claim reads them, by
+  one executor once per UPKEEP_SECONDS: `take_turn`): per tenant, to the oldest slot of
+  its open runs, capped by queries.FLOOR_CAP. It reads without a lock, in this order: the floors and their
   versions, the cap, then (on Citus) it waits for the transactions prepared on the
   workers to end, then the open runs. It raises a floor only where the version is still
   the one it read (compare-and-set): a writer that opened an old run after the versions
@@ -85,15 +85,32 @@ async def lowest(conn) -> datetime | None:
     return floor
 
 
+# The upkeep runs once per UPKEEP_SECONDS across every executor (`take_turn`): it reads
+# every open run of every shard, and N executors each running it would multiply that by
+# N. Between two, a floor stays where a writer lowered it or where the last upkeep set
+# it: the claims read more days, never fewer.
+UPKEEP_SECONDS = 300.0
+UPKEEP_TASK = "open_floors"
+
+
+async def take_turn(conn, *, seconds: float = UPKEEP_SECONDS) -> bool:
+    """Whether this caller runs the upkeep now: the first to ask once the last turn's
+    `seconds` have passed takes the next one (upkeep_turns, one row on the coordinator).
+    A caller that takes the turn and then fails leaves it taken: the next upkeep comes
+    `seconds` later."""
+    cursor = await conn.execute(queries.TAKE_UPKEEP_TURN, {"task": UPKEEP_TASK, "seconds": seconds})
+    return await cursor.fetchone() is not None
+
+
 async def keep(conn) -> int:
-    """The upkeep: set every tenant's floor to the oldest slot of its open runs, at most
-    the cap. `conn` in autocommit: each read is its own snapshot, taken in the order the
-    module docstring gives. A floor is raised only where no writer lowered it since its
-    version was read, and only once the transactions then prepared on the Citus workers
-    have ended (`_prepared_ended`); it is lowered whenever it is above an open run.
-    Returns the floors changed. One read of the open runs of every shard and day: the
-    executors run it every few minutes (runs/execution/executor.py,
-    FLOOR_UPKEEP_SECONDS)."""
+    """The upkeep: raise every tenant's floor to the oldest slot of its open runs, at
+    most the cap, and lower a floor found above an open run. `conn` in autocommit: each
+    read is its own snapshot, taken in the order the module docstring gives. A floor is
+    raised only where no writer lowered it since its version was read, and only once
+    the transactions then prepared on the Citus workers have ended (`_prepared_ended`);
+    it is lowered whenever it is above an open run, and only then.
+    Returns the floors changed. One read of the open runs of every shard and day: one
+    executor runs it every UPKEEP_SECONDS, whichever takes the turn (`take_turn`)."""
     cursor = await conn.execute(queries.FLOOR_VERSIONS)
     read = {tenant: (version, floor) for tenant, version, floor in await cursor.fetchall()}
     cursor = await conn.execute(queries.FLOOR_CAP)
@@ -104,7 +121,11 @@ async def keep(conn) -> int:
     changes = []
     for tenant, (version, floor) in sorted(read.items()):
         new = min(oldest.get(tenant, cap), cap)
-        lowered = floor is not None and new < floor
+        # Lowered only where an open run is below the floor, the one case where the rule
+        # is broken: a floor above the cap but below every open run (a new tenant's, a day
+        # before its creation) is right as it is, and lowering it would make every claimer
+        # that read it get nothing from its next claim (CLAIM's `floor_holds`).
+        lowered = floor is not None and tenant in oldest and oldest[tenant] < floor
         raised = floor is None or new > floor
         if lowered or (raised and may_raise):
             changes.append((tenant, new, version))

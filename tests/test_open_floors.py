@@ -19,6 +19,7 @@ from psycopg.conninfo import make_conninfo
 from jobs.tenant_services import create_tenant
 from runs import open_floors, services
 from runs.execution import claims, connections, fair_share, queries
+from runs.execution.executor import Executor
 from runs.models import JobRun
 from scheduler_project.citus import by_node
 from tests.support.executor import queue_runs, task_target
@@ -65,10 +66,9 @@ def _days_ago(days: float) -> datetime:
 
 def test_queuing_an_old_run_lowers_its_tenants_floor_and_a_recent_one_writes_nothing():
     tenant, _ = create_tenant(slug="floors-queue")
-    _keep()
-    assert _floor(tenant) == (_cap(), 0)
+    created = _floor(tenant)
     queue_runs(tenant, task_target("noop"))  # five minutes ago
-    assert _floor(tenant) == (_cap(), 0)
+    assert _floor(tenant) == created
     old = _days_ago(9)
     queue_runs(tenant, task_target("noop"), start=old)
     assert _floor(tenant) == (old, 1)
@@ -79,7 +79,7 @@ def test_replays_lower_the_floor_even_below_it():
     [(job_a, slot_a)] = queue_runs(tenant, task_target("noop"), start=_days_ago(6))
     [(job_b, slot_b)] = queue_runs(tenant, task_target("noop"), start=_days_ago(7))
     JobRun.objects.filter(tenant_id=tenant.id).update(status="dead")
-    _keep()  # nothing open: the cap
+    _keep()  # nothing open: raised to the cap
     assert _floor(tenant)[0] == _cap()
     services.replay_run(job_id=job_a, scheduled_at=slot_a, actor="test")
     assert _floor(tenant)[0] == slot_a
@@ -91,16 +91,26 @@ def test_replays_lower_the_floor_even_below_it():
 
 
 def test_the_upkeep_sets_each_floor_to_its_oldest_open_run_at_most_the_cap():
-    old_runs, recent_runs, idle = (create_tenant(slug=f"floors-{n}")[0] for n in ("old", "recent", "idle"))
+    old_runs, recent_runs, idle, new = (
+        create_tenant(slug=f"floors-{n}")[0] for n in ("old", "recent", "idle", "new")
+    )
     slot = _days_ago(5)
     queue_runs(old_runs, task_target("noop"), start=slot)
     queue_runs(old_runs, task_target("noop"), start=_days_ago(8))
     JobRun.objects.filter(tenant_id=old_runs.id, scheduled_at__lt=slot).update(status="succeeded")
     queue_runs(recent_runs, task_target("noop"), count=3)
+    queue_runs(new, task_target("noop"), count=3)
     _set_floor(old_runs, datetime.now(UTC))  # above its open run: set right, not left
+    _set_floor(recent_runs, _days_ago(20))  # below its open runs and the cap: raised
+    _set_floor(idle, _days_ago(20))
+    # A new tenant's floor, a day before its creation, is above the cap and below every
+    # open run: right as it is. Lowering it would cost every claimer that read it a claim.
+    created = _floor(new)
+    assert created[0] > _cap()
     assert _keep() == 3
     assert _floor(old_runs)[0] == slot
     assert _floor(recent_runs)[0] == _floor(idle)[0] == _cap()
+    assert _floor(new) == created
     assert _keep() == 0
 
 
@@ -169,7 +179,7 @@ async def _claim(conn, planner: fair_share.Planner, owner: str, limit: int) -> l
 
 
 def test_a_stale_claimer_never_runs_a_second_run_of_a_skip_job(per_partition_forms, monkeypatch):
-    # A stale claimer read the tenant's floor (the cap) before a replay reopened an old
+    # A stale claimer read the tenant's floor (a day before its creation) before a replay reopened an old
     # run of a skip job below it, and another claimer set that run running. The stale
     # claimer's read of running runs starts at its floor and cannot see that run: its
     # claim must take nothing of the tenant rather than the job's newer run.
@@ -245,3 +255,33 @@ def test_the_upkeep_raises_no_floor_while_a_transaction_is_prepared_on_a_worker(
         worker.close()
     _keep()  # nothing prepared any more: raised to the cap
     assert _floor(tenant)[0] == _cap()
+
+
+def test_one_executor_runs_the_upkeep_per_interval_whatever_their_number(per_partition_forms, monkeypatch):
+    # The upkeep reads every open run of every shard: each executor asks for the turn,
+    # and only the first to ask once the interval has passed runs it.
+    ran = []
+
+    async def keep(conn) -> int:
+        ran.append(conn)
+        return 0
+
+    monkeypatch.setattr(open_floors, "keep", keep)
+
+    async def ask_three() -> list[bool]:
+        executors = [Executor(conninfo=connections.database_conninfo(), concurrency=1) for _ in range(3)]
+        for executor in executors:
+            await executor.open()
+        try:
+            return [await executor.keep_floors_once() for executor in executors]
+        finally:
+            for executor in executors:
+                await executor.close()
+
+    assert asyncio.run(ask_three()) == [True, False, False]
+    assert len(ran) == 1
+    assert asyncio.run(ask_three()) == [False, False, False]  # the turn is not over
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE upkeep_turns SET next_at = now() WHERE task = %s", [open_floors.UPKEEP_TASK])
+    assert asyncio.run(ask_three()) == [True, False, False]
+    assert len(ran) == 2

@@ -97,10 +97,10 @@ REAP_EVERY_SECONDS = 1.0
 # cost ~250 ms of the cluster's time every second per executor).
 REAP_SHARE = 0.1
 HEARTBEAT_TICK_SECONDS = 0.25
-# How often an executor on Citus raises the tenants' open floors (runs/open_floors.py):
-# a read of every open run on every shard. Between two, a floor stays where a writer
-# lowered it, or where the last upkeep set it: the claims read more days, never fewer.
-FLOOR_UPKEEP_SECONDS = 300.0
+# How often an executor on Citus asks whether it is its turn to run the open floor upkeep
+# (runs/open_floors.py, take_turn: one coordinator statement; the upkeep itself runs once
+# per open_floors.UPKEEP_SECONDS across every executor).
+FLOOR_TURN_SECONDS = 30.0
 WRITE_BATCH = 500
 # Outcomes for a Citus worker out of reach wait this long between tries (newer outcomes
 # are written meanwhile).
@@ -148,7 +148,7 @@ class Executor:
         # Outcomes for a Citus worker out of reach are written again from this time.
         self._retry_writes_at = 0.0
         self._next_beat = float("inf")  # monotonic time the in-flight leases need extending
-        self._floors_due = 0.0  # monotonic time of the next open floor upkeep
+        self._floors_due = 0.0  # monotonic time to ask for the open floor upkeep's turn
         self._signals = False
         # Whether the last claim found nothing, and whether runs were announced since:
         # the plan about to be made for them must not come from statistics that call
@@ -218,12 +218,15 @@ class Executor:
         return reaped
 
     async def keep_floors_once(self) -> bool:
-        """On Citus, once every FLOOR_UPKEEP_SECONDS: set the tenants' open floors to
-        their oldest open runs (runs/open_floors.py), which the claims read running runs
-        from. Whether it ran."""
+        """On Citus, when this executor takes the turn (asked every FLOOR_TURN_SECONDS;
+        one executor's turn per open_floors.UPKEEP_SECONDS): set the tenants' open floors
+        to their oldest open runs (runs/open_floors.py), which the claims read running
+        runs from. Whether it ran."""
         if time.monotonic() < self._floors_due or not await per_partition.split(self._reap_conn):
             return False
-        self._floors_due = time.monotonic() + FLOOR_UPKEEP_SECONDS
+        self._floors_due = time.monotonic() + FLOOR_TURN_SECONDS
+        if not await open_floors.take_turn(self._reap_conn):
+            return False
         changed = await open_floors.keep(self._reap_conn)
         log.debug("open floors: %d changed", changed)
         return True

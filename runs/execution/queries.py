@@ -230,6 +230,14 @@ SELECT CASE
 # open runs start there (open_floors.lowest: the work map's full reads, the reaper's).
 LOWEST_FLOOR = "SELECT nullif(min(open_floor), '-infinity') FROM tenants"
 
+# Before step 1: this executor's turn to run the upkeep, if no executor took one in the last
+# `seconds` (open_floors.take_turn): a row back if it is. On the coordinator only.
+TAKE_UPKEEP_TURN = """
+INSERT INTO upkeep_turns AS u (task, next_at) VALUES (%(task)s, now() + make_interval(secs => %(seconds)s))
+ON CONFLICT (task) DO UPDATE SET next_at = EXCLUDED.next_at WHERE u.next_at <= now()
+RETURNING u.task
+"""
+
 # Step 1: every tenant's floor version and floor (NULL for none), before anything else is
 # read.
 FLOOR_VERSIONS = "SELECT id, open_floor_version, nullif(open_floor, '-infinity') FROM tenants"
