@@ -128,15 +128,16 @@ async def keep(conn) -> int:
         lowered = floor is not None and tenant in oldest and oldest[tenant] < floor
         raised = floor is None or new > floor
         if lowered or (raised and may_raise):
-            changes.append((tenant, new, version))
+            changes.append((tenant, new, version, lowered))
     if not changes:
         return 0
     cursor = await conn.execute(
         queries.SET_FLOORS,
         {
-            "tenants": [t for t, _, _ in changes],
-            "floors": [f for _, f, _ in changes],
-            "versions": [v for _, _, v in changes],
+            "tenants": [t for t, _, _, _ in changes],
+            "floors": [f for _, f, _, _ in changes],
+            "versions": [v for _, _, v, _ in changes],
+            "lower": [low for _, _, _, low in changes],
         },
     )
     return cursor.rowcount

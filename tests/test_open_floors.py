@@ -91,8 +91,8 @@ def test_replays_lower_the_floor_even_below_it():
 
 
 def test_the_upkeep_sets_each_floor_to_its_oldest_open_run_at_most_the_cap():
-    old_runs, recent_runs, idle, new = (
-        create_tenant(slug=f"floors-{n}")[0] for n in ("old", "recent", "idle", "new")
+    old_runs, recent_runs, idle, new, new_idle = (
+        create_tenant(slug=f"floors-{n}")[0] for n in ("old", "recent", "idle", "new", "new-idle")
     )
     slot = _days_ago(5)
     queue_runs(old_runs, task_target("noop"), start=slot)
@@ -104,13 +104,14 @@ def test_the_upkeep_sets_each_floor_to_its_oldest_open_run_at_most_the_cap():
     _set_floor(recent_runs, _days_ago(20))  # below its open runs and the cap: raised
     _set_floor(idle, _days_ago(20))
     # A new tenant's floor, a day before its creation, is above the cap and below every
-    # open run: right as it is. Lowering it would cost every claimer that read it a claim.
-    created = _floor(new)
-    assert created[0] > _cap()
+    # open run, if it has any: right as it is. Lowering it would cost every claimer that
+    # read it a claim.
+    created = _floor(new), _floor(new_idle)
+    assert created[0][0] > _cap() and created[1][0] > _cap()
     assert _keep() == 3
     assert _floor(old_runs)[0] == slot
     assert _floor(recent_runs)[0] == _floor(idle)[0] == _cap()
-    assert _floor(new) == created
+    assert (_floor(new), _floor(new_idle)) == created
     assert _keep() == 0
 
 
@@ -155,6 +156,19 @@ def test_the_upkeep_leaves_a_floor_a_writer_lowered_after_its_reads():
     assert _floor(tenant)[0] == slot
 
 
+def test_the_upkeep_never_lowers_a_floor_it_meant_to_raise():
+    tenant, _ = create_tenant(slug="floors-raised")
+    _set_floor(tenant, _days_ago(20))  # nothing open: the upkeep raises it to the cap
+    higher = _cap() + timedelta(hours=6)
+
+    def raise_it() -> None:  # another upkeep, which read after this one
+        with psycopg.connect(connections.database_conninfo()) as other:
+            other.execute("UPDATE tenants SET open_floor = %s WHERE id = %s", [higher, tenant.id])
+
+    asyncio.run(_on_new_conn(lambda conn: open_floors.keep(_WriterBetween(conn, raise_it))))
+    assert _floor(tenant)[0] == higher
+
+
 def _replay(**key) -> None:
     """A replay on a thread's own Django connection, closed after it."""
     try:
@@ -190,7 +204,6 @@ def test_a_stale_claimer_never_runs_a_second_run_of_a_skip_job(per_partition_for
     [(_, old)] = queue_runs(tenant, task_target("noop"), start=_days_ago(5), **skip)
     JobRun.objects.filter(job_id=job_id).update(status="dead")
     queue_runs(tenant, task_target("noop"), **skip)
-    _keep()
 
     async def race() -> tuple[list, list]:
         stale_conn = await connections.connect_async(connections.database_conninfo())
@@ -235,7 +248,6 @@ def test_the_upkeep_raises_no_floor_while_a_transaction_is_prepared_on_a_worker(
     # run is not visible; a transaction stays prepared on a worker meanwhile.
     monkeypatch.setattr(open_floors, "PREPARED_WAIT_SECONDS", 0.5)
     tenant, _ = create_tenant(slug="floors-prepared")
-    _keep()
     slot = _days_ago(6)
     with connection.cursor() as cursor:
         open_floors.lower(cursor, [(tenant.id, slot)])
@@ -257,7 +269,28 @@ def test_the_upkeep_raises_no_floor_while_a_transaction_is_prepared_on_a_worker(
     assert _floor(tenant)[0] == _cap()
 
 
-def test_one_executor_runs_the_upkeep_per_interval_whatever_their_number(per_partition_forms, monkeypatch):
+def _set_turn(next_at: str | None) -> None:
+    """Set the upkeep's next turn (an SQL expression), or remove it (None)."""
+    with connection.cursor() as cursor:
+        if next_at is None:
+            cursor.execute("DELETE FROM upkeep_turns WHERE task = %s", [open_floors.UPKEEP_TASK])
+        else:
+            cursor.execute(
+                f"UPDATE upkeep_turns SET next_at = {next_at} WHERE task = %s", [open_floors.UPKEEP_TASK]
+            )
+
+
+@pytest.fixture
+def no_turn_taken():
+    """upkeep_turns has no model: the database flush between tests leaves its rows."""
+    _set_turn(None)
+    yield
+    _set_turn(None)
+
+
+def test_one_executor_runs_the_upkeep_per_interval_whatever_their_number(
+    per_partition_forms, monkeypatch, no_turn_taken
+):
     # The upkeep reads every open run of every shard: each executor asks for the turn,
     # and only the first to ask once the interval has passed runs it.
     ran = []
@@ -268,20 +301,22 @@ def test_one_executor_runs_the_upkeep_per_interval_whatever_their_number(per_par
 
     monkeypatch.setattr(open_floors, "keep", keep)
 
-    async def ask_three() -> list[bool]:
-        executors = [Executor(conninfo=connections.database_conninfo(), concurrency=1) for _ in range(3)]
+    async def ask_at_once() -> list[bool]:
+        executors = [Executor(conninfo=connections.database_conninfo(), concurrency=1) for _ in range(4)]
         for executor in executors:
             await executor.open()
         try:
-            return [await executor.keep_floors_once() for executor in executors]
+            return sorted(await asyncio.gather(*(executor.keep_floors_once() for executor in executors)))
         finally:
             for executor in executors:
                 await executor.close()
 
-    assert asyncio.run(ask_three()) == [True, False, False]
+    assert asyncio.run(ask_at_once()) == [False, False, False, True]
     assert len(ran) == 1
-    assert asyncio.run(ask_three()) == [False, False, False]  # the turn is not over
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE upkeep_turns SET next_at = now() WHERE task = %s", [open_floors.UPKEEP_TASK])
-    assert asyncio.run(ask_three()) == [True, False, False]
-    assert len(ran) == 2
+    assert asyncio.run(ask_at_once()) == [False] * 4  # the turn is not over
+    _set_turn("now()")
+    assert asyncio.run(ask_at_once()) == [False, False, False, True]
+    # A turn further ahead than the interval (the coordinator's clock went back) is over.
+    _set_turn("now() + interval '1 day'")
+    assert asyncio.run(ask_at_once()) == [False, False, False, True]
+    assert len(ran) == 3

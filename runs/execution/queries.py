@@ -231,10 +231,14 @@ SELECT CASE
 LOWEST_FLOOR = "SELECT nullif(min(open_floor), '-infinity') FROM tenants"
 
 # Before step 1: this executor's turn to run the upkeep, if no executor took one in the last
-# `seconds` (open_floors.take_turn): a row back if it is. On the coordinator only.
+# `seconds` (open_floors.take_turn): a row back if it is. On the coordinator only. A turn
+# set more than two intervals ahead (the coordinator's clock went back) is over too; not
+# one: an ask that began a moment before the turn's taker but waited for its insert sees
+# a turn a moment later than its own would be.
 TAKE_UPKEEP_TURN = """
 INSERT INTO upkeep_turns AS u (task, next_at) VALUES (%(task)s, now() + make_interval(secs => %(seconds)s))
-ON CONFLICT (task) DO UPDATE SET next_at = EXCLUDED.next_at WHERE u.next_at <= now()
+ON CONFLICT (task) DO UPDATE SET next_at = EXCLUDED.next_at
+WHERE u.next_at <= now() OR u.next_at > EXCLUDED.next_at + make_interval(secs => %(seconds)s)
 RETURNING u.task
 """
 
@@ -273,13 +277,18 @@ WHERE r.status IN ('queued', 'retrying', 'running')
 GROUP BY r.tenant_id
 """
 
-# Step 4: the floors that change: each lowered where it is above the new one, raised only
-# where no writer lowered it since step 1 (its version is the one read then).
+# Step 4: the floors that change. One found above an open run (`lower`) is lowered
+# whatever its version, if it is still above the new one; the others are raised only
+# where no writer lowered them since step 1 (the version is the one read then), and
+# never lowered: an upkeep that read before another one raised the floor must not
+# lower it again.
 SET_FLOORS = """
 UPDATE tenants t SET open_floor = x.floor
-FROM unnest(%(tenants)s::bigint[], %(floors)s::timestamptz[], %(versions)s::bigint[]) AS x(id, floor, version)
+FROM unnest(%(tenants)s::bigint[], %(floors)s::timestamptz[], %(versions)s::bigint[], %(lower)s::boolean[])
+     AS x(id, floor, version, lower)
 WHERE t.id = x.id
-  AND (x.floor < t.open_floor OR (x.floor > t.open_floor AND t.open_floor_version = x.version))
+  AND CASE WHEN x.lower THEN x.floor < t.open_floor
+           ELSE x.floor > t.open_floor AND t.open_floor_version = x.version END
 """
 
 # --- the claim (runs/execution/claims.py) ------------------------------------------------------

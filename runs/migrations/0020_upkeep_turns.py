@@ -1,4 +1,4 @@
-"""upkeep_turns: whose turn it is to run a periodic upkeep that one process must run for
+"""upkeep_turns: whose turn it is to run a periodic upkeep that one process can run for
 all of them, per upkeep (`task`): the first process to ask once `next_at` has passed
 takes the turn and sets the next one (runs/open_floors.py, take_turn: the open floor
 upkeep, which reads every open run of every shard).
