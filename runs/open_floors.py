@@ -16,8 +16,8 @@ floor.**
   hand-backs: none of these touches a floor.
 - **The upkeep raises floors** (`keep`, run on Citus, where the claim reads them, by
   one executor once per UPKEEP_SECONDS: `take_turn`): per tenant, to the oldest slot of
-  its open runs, capped by queries.FLOOR_CAP. It reads without a lock, in this order: the floors and their
-  versions, the cap, then (on Citus) it waits for the transactions prepared on the
+  its open runs, capped by queries.FLOOR_CAP. It reads without a lock, in this order:
+  the floors and their versions, the cap, then (on Citus) it waits for the transactions prepared on the
   workers to end, then the open runs. It raises a floor only where the version is still
   the one it read (compare-and-set): a writer that opened an old run after the versions
   were read counted in the version, so that floor is left alone; one that had committed
@@ -108,9 +108,8 @@ async def keep(conn) -> int:
     read is its own snapshot, taken in the order the module docstring gives. A floor is
     raised only where no writer lowered it since its version was read, and only once
     the transactions then prepared on the Citus workers have ended (`_prepared_ended`);
-    it is lowered whenever it is above an open run, and only then.
-    Returns the floors changed. One read of the open runs of every shard and day: one
-    executor runs it every UPKEEP_SECONDS, whichever takes the turn (`take_turn`)."""
+    it is lowered whenever it is above an open run, and only then. Returns the floors
+    changed."""
     cursor = await conn.execute(queries.FLOOR_VERSIONS)
     read = {tenant: (version, floor) for tenant, version, floor in await cursor.fetchall()}
     cursor = await conn.execute(queries.FLOOR_CAP)
@@ -131,14 +130,9 @@ async def keep(conn) -> int:
             changes.append((tenant, new, version, lowered))
     if not changes:
         return 0
+    tenants, floors, versions, lower = (list(column) for column in zip(*changes, strict=True))
     cursor = await conn.execute(
-        queries.SET_FLOORS,
-        {
-            "tenants": [t for t, _, _, _ in changes],
-            "floors": [f for _, f, _, _ in changes],
-            "versions": [v for _, _, v, _ in changes],
-            "lower": [low for _, _, _, low in changes],
-        },
+        queries.SET_FLOORS, {"tenants": tenants, "floors": floors, "versions": versions, "lower": lower}
     )
     return cursor.rowcount
 
