@@ -76,3 +76,30 @@ def test_shutdown_puts_back_queued_runs_without_using_their_attempt(steps, http_
     while s.executor._results:
         s.run(s.executor.write_outcomes_once())
     assert len(http_target.received("/slow")) == 2
+
+
+def test_the_claim_batch_follows_the_engine(steps, http_target):
+    """On Citus each claim and outcome statement is planned on the coordinator and on its
+    worker, so one claim takes up to CITUS_CLAIM_BATCH runs there; plain PostgreSQL keeps
+    CLAIM_BATCH."""
+    from django.db import connection
+
+    from runs.execution.executor import CITUS_CLAIM_BATCH, CLAIM_BATCH
+    from scheduler_project.citus import citus_installed
+
+    with connection.cursor() as cursor:
+        batch = CITUS_CLAIM_BATCH if citus_installed(cursor) else CLAIM_BATCH
+    tenant, _ = create_tenant(slug="batch", max_concurrency=1000)
+    queue_runs(tenant, http_spec(http_target.url("/never-called")), count=CITUS_CLAIM_BATCH + 20)
+    s = steps(concurrency=2)
+    assert s.executor.claim_batch == batch
+    # Calls known to be far shorter than CLAIM_AHEAD_SECONDS: only the batch bounds the queue.
+    s.executor._slots.call_seconds = 1e-5
+    # The queued runs must not start: the claim alone is under test.
+    s.executor._slots.calls = s.executor.concurrency
+
+    claimed = s.run(s.executor.claim_once()).claimed
+
+    assert len(claimed) == batch
+    assert JobRun.objects.filter(status="running", owner=s.executor.owner).count() == batch
+    s.run(s.executor.put_back_unsent())

@@ -102,6 +102,15 @@ HEARTBEAT_TICK_SECONDS = 0.25
 # per open_floors.UPKEEP_SECONDS across every executor).
 FLOOR_TURN_SECONDS = 30.0
 WRITE_BATCH = 500
+# Runs one claim may take at most (the claimed-ahead queue is bounded in time as well:
+# runs/execution/call_slots.py). On plain PostgreSQL the claim and outcome statements
+# run from cached generic plans, and a bigger batch only lengthens the claim's rank.
+# On Citus each statement is planned twice, on the coordinator and on its shard's
+# worker (runs/execution/connections.py, plan_cache_mode): about 15 ms of CPU whatever
+# its size, so there the batch is what spreads that cost over more runs (a batch of
+# 300 claims and writes with half the statements of one of 100; docs/SCALING.md).
+CLAIM_BATCH = 100
+CITUS_CLAIM_BATCH = 300
 # Outcomes for a Citus worker out of reach wait this long between tries (newer outcomes
 # are written meanwhile).
 UNREACHABLE_RETRY_SECONDS = 1.0
@@ -115,7 +124,7 @@ class Executor:
     allow_private: bool = False
     alert_destination: alerts.Destination = field(default_factory=alerts.Destination)
     task_modules: Iterable[str] = ()
-    claim_batch: int = 100
+    claim_batch: int | None = None  # None: CLAIM_BATCH or CITUS_CLAIM_BATCH, from the database
     # The node heartbeat follows the schedulers' lease so one liveness rule fits both.
     node_lease_seconds: float = 30.0
     aging_seconds: float = claims.DEFAULT_AGING_SECONDS
@@ -129,7 +138,7 @@ class Executor:
     def __post_init__(self) -> None:
         self._inflight: dict[RunKey, InFlight] = {}
         # Calls running, and runs of _inflight claimed ahead of them (runs/execution/call_slots.py).
-        self._slots = Slots(concurrency=self.concurrency, claim_batch=self.claim_batch)
+        self._slots = Slots(concurrency=self.concurrency, claim_batch=self.claim_batch or CLAIM_BATCH)
         self.open_from = fair_share.OpenFrom()  # the claim's lower bound on scheduled_at
         self.planner = fair_share.Planner()  # the claims' fair-share plan, reused while they come back full
         # On Citus, this executor's runs per tenant as the others' claims count them.
@@ -172,6 +181,10 @@ class Executor:
         self._beat_conn = await self._connect(wait_first=False)
         self._reap_conn = await self._connect(wait_first=False)
         self._node_conn = await nodes.connect(self._conninfo(), node_id=self.owner)
+        if self.claim_batch is None:
+            citus = await per_partition.split(self._claim_conn)
+            self.claim_batch = CITUS_CLAIM_BATCH if citus else CLAIM_BATCH
+        self._slots.claim_batch = self.claim_batch
         await self.node_beat_once()  # registered before the first claim
         self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
 
@@ -233,7 +246,7 @@ class Executor:
 
     async def claim_once(self) -> Claimed:
         """Claim what the free slots allow, admit it past the breakers, start its calls."""
-        limit = min(self._slots.claimable(in_flight=len(self._inflight)), self.claim_batch)
+        limit = min(self._slots.claimable(in_flight=len(self._inflight)), self._slots.claim_batch)
         if limit <= 0:
             # Citus: give back what finished, keep holding what is in flight.
             await self.holds.release(self._claim_conn, self.holds.excess(self._held()))
