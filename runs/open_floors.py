@@ -15,7 +15,7 @@ floor.**
 - **A run stays open with its slot unchanged** through claims, retries, deferrals and
   hand-backs: none of these touches a floor.
 - **The upkeep raises floors** (`keep`, run on Citus, where the claim reads them, by
-  one executor once per UPKEEP_SECONDS: `take_turn`): per tenant, to the oldest slot of
+  one executor once per UPKEEP_SECONDS: runs/execution/turns.py): per tenant, to the oldest slot of
   its open runs, capped by queries.FLOOR_CAP. It reads without a lock, in this order:
   the floors and their versions, the cap, then (on Citus) it waits for the transactions prepared on the
   workers to end, then the open runs. It raises a floor only where the version is still
@@ -85,21 +85,13 @@ async def lowest(conn) -> datetime | None:
     return floor
 
 
-# The upkeep runs once per UPKEEP_SECONDS across every executor (`take_turn`): it reads
-# every open run of every shard, and N executors each running it would multiply that by
-# N. Between two, a floor stays where a writer lowered it or where the last upkeep set
-# it: the claims read more days, never fewer.
+# The upkeep runs once per UPKEEP_SECONDS across every executor (the executor takes
+# its turn: runs/execution/turns.py): it reads every open run of every shard, and N
+# executors each running it would multiply that by N. Between two, a floor stays where a
+# writer lowered it or where the last upkeep set it: the claims read more days, never
+# fewer.
 UPKEEP_SECONDS = 300.0
 UPKEEP_TASK = "open_floors"
-
-
-async def take_turn(conn, *, seconds: float = UPKEEP_SECONDS) -> bool:
-    """Whether this caller runs the upkeep now: the first to ask once the last turn's
-    `seconds` have passed takes the next one (upkeep_turns, one row on the coordinator).
-    A caller that takes the turn and then fails leaves it taken: the next upkeep comes
-    `seconds` later."""
-    cursor = await conn.execute(queries.TAKE_UPKEEP_TURN, {"task": UPKEEP_TASK, "seconds": seconds})
-    return await cursor.fetchone() is not None
 
 
 async def keep(conn) -> int:

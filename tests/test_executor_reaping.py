@@ -127,3 +127,61 @@ def test_a_claim_transaction_left_idle_is_ended_by_the_server(transactional_db, 
             await stalled.close()
 
     assert asyncio.run(scenario()) == 2
+
+
+def _set_reaper_turn(next_at: str | None) -> None:
+    """Set the reaper's next turn (an SQL expression), or remove it (None): upkeep_turns
+    has no model, so the database flush between tests leaves its rows."""
+    from django.db import connection
+
+    from runs.execution.executor import REAP_TASK
+
+    with connection.cursor() as cursor:
+        if next_at is None:
+            cursor.execute("DELETE FROM upkeep_turns WHERE task = %s", [REAP_TASK])
+        else:
+            cursor.execute(f"UPDATE upkeep_turns SET next_at = {next_at} WHERE task = %s", [REAP_TASK])
+
+
+def test_one_executor_reads_expired_leases_per_interval_whatever_their_number(
+    transactional_db, tenant, monkeypatch
+):
+    # On Citus the read visits every shard: each executor asks for the turn, and only the
+    # first to ask once the interval has passed reads.
+    from runs.execution import executor as executor_module
+    from runs.execution import run_leases
+    from runs.execution.executor import Executor
+
+    (orphan,) = queue_runs(tenant, task_target("noop"), not_before=LATER, max_attempts=3)
+    set_running(orphan, attempt=1, lease=EXPIRED)
+    reads = []
+    read = run_leases.reap_expired_leases
+
+    async def counted(conn):
+        reads.append(conn)
+        return await read(conn)
+
+    monkeypatch.setattr(run_leases, "reap_expired_leases", counted)
+    # Long enough that the turn cannot end while four executors open.
+    monkeypatch.setattr(executor_module, "REAP_EVERY_SECONDS", 60.0)
+
+    async def ask_at_once() -> list[int]:
+        executors = [Executor(conninfo=connections.database_conninfo(), concurrency=1) for _ in range(4)]
+        for executor in executors:
+            await executor.open()
+        try:
+            return sorted(len(r) for r in await asyncio.gather(*(e.reap_in_turn() for e in executors)))
+        finally:
+            for executor in executors:
+                await executor.close()
+
+    _set_reaper_turn(None)
+    try:
+        assert asyncio.run(ask_at_once()) == [0, 0, 0, 1]
+        assert len(reads) == 1 and row(orphan).status == "retrying"
+        assert asyncio.run(ask_at_once()) == [0, 0, 0, 0] and len(reads) == 1  # the turn is not over
+        _set_reaper_turn("now()")
+        asyncio.run(ask_at_once())
+        assert len(reads) == 2
+    finally:
+        _set_reaper_turn(None)

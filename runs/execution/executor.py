@@ -11,7 +11,8 @@ and shut down:
   a NOTIFY, a freed slot or `poll_seconds`;
 - the writer writes outcomes as calls finish;
 - the heartbeat extends leases every lease/3;
-- the reaper hands back other executors' expired leases every REAP_EVERY_SECONDS, and
+- the reaper hands back expired leases, one executor's read per REAP_EVERY_SECONDS
+  across all of them (runs/execution/turns.py), and
   analyzes tables whose planner statistics are out of date
   (runs/execution/table_statistics.py);
 - the node heartbeat refreshes this process's executor_nodes row every node_lease/3.
@@ -74,6 +75,7 @@ from runs.execution import (
     run_leases,
     table_statistics,
     targets,
+    turns,
 )
 from runs.execution.call_slots import Slots
 from runs.execution.connections import RECONNECT_DELAY_SECONDS, close_quietly
@@ -89,16 +91,21 @@ __all__ = ["Executor"]
 
 T = TypeVar("T")
 
+# The reaper's turn (runs/execution/turns.py): one executor's read of expired leases per
+# REAP_EVERY_SECONDS across all of them. Each executor asks every REAP_EVERY_SECONDS,
+# one single-row coordinator statement; the read itself visits every shard on Citus, so
+# N executors each reading would cost N times the cluster's time for the same runs.
 REAP_EVERY_SECONDS = 1.0
-# The share of its time the reaper may spend reading: it waits at least REAP_EVERY_SECONDS
-# between reads, longer when a read is slow. The read looks for expired leases in every
+REAP_TASK = "reaper"
+# The share of its time one executor's reaper may spend reading: it waits at least
+# REAP_EVERY_SECONDS between asks, longer after a slow read. The read looks for expired leases in every
 # partition, and in every day a running run may be of (on Citus from the lowest open
 # floor on, runs/open_floors.py; before that bound, with a month's day partitions, it
 # cost ~250 ms of the cluster's time every second per executor).
 REAP_SHARE = 0.1
 HEARTBEAT_TICK_SECONDS = 0.25
 # How often an executor on Citus asks whether it is its turn to run the open floor upkeep
-# (runs/open_floors.py, take_turn: one coordinator statement; the upkeep itself runs once
+# (runs/execution/turns.py: one coordinator statement; the upkeep itself runs once
 # per open_floors.UPKEEP_SECONDS across every executor).
 FLOOR_TURN_SECONDS = 30.0
 WRITE_BATCH = 500
@@ -230,6 +237,13 @@ class Executor:
                 self.alert_sender.send(alerts.Alert.run_dead(run, result_code=None, error=run.last_error))
         return reaped
 
+    async def reap_in_turn(self) -> list[rows.ReapedRun]:
+        """`reap_once` if this executor takes the reaper's turn (REAP_EVERY_SECONDS), else
+        nothing."""
+        if not await turns.take(self._reap_conn, task=REAP_TASK, seconds=REAP_EVERY_SECONDS):
+            return []
+        return await self.reap_once()
+
     async def keep_floors_once(self) -> bool:
         """On Citus, when this executor takes the turn (asked every FLOOR_TURN_SECONDS;
         one executor's turn per open_floors.UPKEEP_SECONDS): set the tenants' open floors
@@ -238,7 +252,8 @@ class Executor:
         if time.monotonic() < self._floors_due or not await per_partition.split(self._reap_conn):
             return False
         self._floors_due = time.monotonic() + FLOOR_TURN_SECONDS
-        if not await open_floors.take_turn(self._reap_conn):
+        turn = {"task": open_floors.UPKEEP_TASK, "seconds": open_floors.UPKEEP_SECONDS}
+        if not await turns.take(self._reap_conn, **turn):
             return False
         changed = await open_floors.keep(self._reap_conn)
         log.debug("open floors: %d changed", changed)
@@ -694,7 +709,7 @@ class Executor:
     async def _reaper(self) -> None:
         while True:
             began = time.monotonic()
-            if await self._guarded(self.reap_once, "_reap_conn"):
+            if await self._guarded(self.reap_in_turn, "_reap_conn"):
                 self._wake.set()  # the reaped runs are claimable now
             took = time.monotonic() - began
             await self._statistics_step(

@@ -230,12 +230,12 @@ SELECT CASE
 # open runs start there (open_floors.lowest: the work map's full reads, the reaper's).
 LOWEST_FLOOR = "SELECT nullif(min(open_floor), '-infinity') FROM tenants"
 
-# Before step 1: this executor's turn to run the upkeep, if no executor took one in the last
-# `seconds` (open_floors.take_turn): a row back if it is. On the coordinator only. A turn
-# set more than two intervals ahead (the coordinator's clock went back) is over too; not
-# one: an ask that began a moment before the turn's taker but waited for its insert sees
-# a turn a moment later than its own would be.
-TAKE_UPKEEP_TURN = """
+# This executor's turn at a periodic task, if no executor took one in the last `seconds`
+# (runs/execution/turns.py): a row back if it is. On the coordinator only. A turn set
+# more than two intervals ahead (the coordinator's clock went back) is over too; not one:
+# an ask that began a moment before the turn's taker but waited for its insert sees a
+# turn a moment later than its own would be.
+TAKE_TURN = """
 INSERT INTO upkeep_turns AS u (task, next_at) VALUES (%(task)s, now() + make_interval(secs => %(seconds)s))
 ON CONFLICT (task) DO UPDATE SET next_at = EXCLUDED.next_at
 WHERE u.next_at <= now() OR u.next_at > EXCLUDED.next_at + make_interval(secs => %(seconds)s)

@@ -1,7 +1,7 @@
 """upkeep_turns: whose turn it is to run a periodic upkeep that one process can run for
 all of them, per upkeep (`task`): the first process to ask once `next_at` has passed
-takes the turn and sets the next one (runs/open_floors.py, take_turn: the open floor
-upkeep, which reads every open run of every shard).
+takes the turn and sets the next one (runs/execution/turns.py: the open floor upkeep
+and the reaper's read of expired leases, which read every shard).
 
 No model; on Citus an ordinary coordinator table like tenant_holds, so asking never
 waits on a worker. The DDL is this migration's own.
