@@ -61,6 +61,18 @@ WHERE t.id = x.tenant_id
 PREPARED_WAIT_SECONDS = 10.0
 
 
+# How far inside RECENT a slot counts as old for `may_lower`: planning and writing a run
+# are moments apart, and a writer's clock may differ from this one by as much.
+MAY_LOWER_MARGIN = timedelta(hours=1)
+
+
+def may_lower(slot: datetime, *, now: datetime) -> bool:
+    """Whether opening a run of `slot` around `now` may lower its tenant's floor (`lower`).
+    On Citus that is a write of the reference table `tenants`, which needs every worker:
+    the scheduler commits such runs apart from the others (jobs/dispatch/scheduler.py)."""
+    return slot < now - RECENT + MAY_LOWER_MARGIN
+
+
 def lower(cursor, slots: Iterable[tuple[int, datetime]]) -> int:
     """Lower the floors of the tenants of `slots`, (tenant_id, scheduled_at) of runs the
     cursor's transaction opens, where a slot is older than RECENT. Returns the floors

@@ -6,7 +6,9 @@ must never lose a worker), interval jobs spread over partitions on both workers,
 an in-process scheduler stepping while worker1 is crashed (`pg_ctl stop -m immediate`)
 and started again. The jobs on worker2 must keep firing on time meanwhile, the jobs on
 worker1 get nothing until it is back and then every slot they missed, no slot twice;
-the scheduler logs one "unreachable" and one "reachable again" line for worker1. Its
+the scheduler logs one "unreachable" and one "reachable again" line for worker1. Jobs
+of worker2 two days behind (their runs lower the tenant's open floor, a write every
+worker must take) wait for worker1 without holding back worker2's other jobs. Its
 lease heartbeat runs in its own thread meanwhile, as in production: the healthy jobs
 are dispatched only while it stays fresh, so it must touch no worker either.
 
@@ -77,6 +79,7 @@ def test_the_healthy_workers_jobs_keep_firing_while_one_worker_is_down(cluster, 
     from django.db import connection
 
     from jobs.dispatch.scheduler import Scheduler
+    from jobs.models import Job
     from jobs.tenant_services import create_tenant
     from runs.models import JobRun
     from scheduler_project.citus import Placements
@@ -101,11 +104,25 @@ def test_the_healthy_workers_jobs_keep_firing_while_one_worker_is_down(cluster, 
         misfire_policy="catch_up",
         max_catch_up=10_000,
     )
+    # Jobs two days behind, paused until worker1 is down: their first runs lower the
+    # tenant's open floor, a write of the reference table tenants that needs every worker
+    # (runs/open_floors.py). Those on the healthy worker must wait for worker1 without
+    # holding back the rest of their worker's batch.
+    behind = bulk_interval_jobs(
+        tenant,
+        anchors_and_intervals=[(start - timedelta(days=2), 86_400)] * 12,
+        end_at=end,
+        paused=True,
+        overlap_policy="allow",
+        misfire_policy="catch_up",
+        max_catch_up=10,
+    )
     with connection.cursor() as cursor:
-        nodes = Placements().read(cursor, sorted({j.partition_id for j in jobs}))
+        nodes = Placements().read(cursor, sorted({j.partition_id for j in jobs + behind}))
     on_down = [j for j in jobs if nodes[j.partition_id] == down_worker]
     healthy = [j for j in jobs if nodes[j.partition_id] != down_worker]
-    assert on_down and healthy, nodes
+    behind = [j for j in behind if nodes[j.partition_id] != down_worker]
+    assert on_down and healthy and behind, nodes
 
     # Far above the outage: a late slot fires late, it is no misfire.
     sched = Scheduler(
@@ -120,15 +137,19 @@ def test_the_healthy_workers_jobs_keep_firing_while_one_worker_is_down(cluster, 
         run_for(sched, BEFORE)
         pg.stop_node("worker1", immediate=True)
         down_from = datetime.now(UTC)
+        # Naming the partitions keeps the update on the healthy worker's shards.
+        Job.objects.filter(
+            partition_id__in={j.partition_id for j in behind}, id__in=[j.id for j in behind]
+        ).update(paused=False)
         run_for(sched, OUTAGE)
         down_until = datetime.now(UTC)
         pg.start_node("worker1")
         run_for(sched, (end - datetime.now(UTC)).total_seconds() + 1)
-        expected = expected_interval_slots(jobs, cutoff=end)
+        expected = expected_interval_slots(jobs + behind, cutoff=end)
 
         def all_dispatched() -> bool:
             run_for(sched, 1)
-            return JobRun.objects.filter(job_id__in=[j.id for j in jobs]).count() >= len(expected)
+            return JobRun.objects.filter(job_id__in=[j.id for j in jobs + behind]).count() >= len(expected)
 
         wait_until(
             all_dispatched, timeout=30, interval=0, what="every slot dispatched after the worker is back"
@@ -136,7 +157,9 @@ def test_the_healthy_workers_jobs_keep_firing_while_one_worker_is_down(cluster, 
     finally:
         sched.close()
 
-    runs = list(JobRun.objects.filter(job_id__in=[j.id for j in jobs]).values_list(*RUN_FIELDS, "created_at"))
+    runs = list(
+        JobRun.objects.filter(job_id__in=[j.id for j in jobs + behind]).values_list(*RUN_FIELDS, "created_at")
+    )
     result = audit([r[:-1] for r in runs], expected=expected, seen=set())
     # No executor runs here: only the dispatch checks of the audit apply.
     assert (result.duplicates, result.missing, result.extra) == ([], [], []), result.counts()
@@ -154,6 +177,9 @@ def test_the_healthy_workers_jobs_keep_firing_while_one_worker_is_down(cluster, 
     down_ids = {j.id for j in on_down}
     meanwhile = [s for s, at in created.items() if s[0] in down_ids and down_from < at < down_until]
     assert meanwhile == []
+    # The jobs two days behind, on the healthy worker, got theirs once worker1 was back.
+    behind_ids = {j.id for j in behind}
+    assert not [s for s, at in created.items() if s[0] in behind_ids and at < down_until]
 
     messages = [r.getMessage() for r in caplog.records]
     assert len([m for m in messages if AWAY in m and down_worker in m]) == 1, messages

@@ -320,3 +320,38 @@ def test_one_executor_runs_the_upkeep_per_interval_whatever_their_number(
     _set_turn("now() + interval '1 day'")
     assert asyncio.run(ask_at_once()) == [False, False, False, True]
     assert len(ran) == 3
+
+
+def test_a_dispatch_batch_commits_its_old_slots_apart_from_the_rest():
+    # An old slot lowers its tenant's floor, which on Citus writes every worker's copy of
+    # tenants: its job goes in a transaction of its own, so that a worker out of reach
+    # fails only it (tests/test_citus_worker_down.py has the outage).
+    from jobs.dispatch.scheduler import Scheduler
+    from tests.conftest import database_url
+    from tests.support.scheduler import make_job
+
+    tenant, _ = create_tenant(slug="split-batch")
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    fresh = make_job(tenant, next_run_at=now, name="fresh")
+    two_days_ago = now - timedelta(days=2)
+    old = make_job(
+        tenant, next_run_at=two_days_ago, run_at=two_days_ago, name="old", misfire_policy="catch_up"
+    )
+    sched = Scheduler(
+        node_id="split", conninfo=database_url(), heartbeat_thread=False, maintain_partitions=False
+    )
+    try:
+        sched.step()
+    finally:
+        sched.close()
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT job_id, scheduled_at, xmin::text FROM job_runs WHERE job_id = ANY(%s)",
+            [[fresh.id, old.id]],
+        )
+        runs = {job_id: (at, xmin) for job_id, at, xmin in cursor.fetchall()}
+    assert runs[fresh.id][0] == now
+    assert runs[old.id][0] == two_days_ago
+    assert runs[fresh.id][1] != runs[old.id][1]  # two transactions
+    assert _floor(tenant)[0] == runs[old.id][0]

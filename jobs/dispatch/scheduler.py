@@ -29,7 +29,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -39,7 +39,7 @@ from jobs import health
 from jobs.dispatch import fencing, partition_leases, rate_limits
 from jobs.dispatch.planning import DueJob, Plan, plan_job
 from jobs.models import Misfire, SlotRange
-from runs import alerts, counters, day_partitions
+from runs import alerts, counters, day_partitions, open_floors
 from runs.enqueue import enqueue_runs, notify_executors, oldest_slot
 from runs.execution import breakers
 from scheduler_project import db, liveness
@@ -82,6 +82,21 @@ class BatchResult:
     refused: int = 0  # CAS refused on a locked, unchanged row (must stay 0)
     still_due: bool = False
     full: bool = False
+
+
+def _sum(*results: BatchResult) -> BatchResult:
+    """Several batches' results as one."""
+    return BatchResult(
+        jobs=sum(r.jobs for r in results),
+        runs=sum(r.runs for r in results),
+        inserted=sum(r.inserted for r in results),
+        skipped=sum(r.skipped for r in results),
+        misfires=sum(r.misfires for r in results),
+        changed=sum(r.changed for r in results),
+        refused=sum(r.refused for r in results),
+        still_due=any(r.still_due for r in results),
+        full=any(r.full for r in results),
+    )
 
 
 class Scheduler(Loop):
@@ -219,7 +234,7 @@ class Scheduler(Loop):
         next_dues: list[datetime | None] = []
         for node, partitions in self._groups(sorted(snap.owned)).items():
             try:
-                result = self._dispatch_group(snap, partitions, now)
+                result, whole = self._dispatch_group(snap, partitions, now)
             except DatabaseError as exc:
                 if not self._worker_away(exc):
                     raise
@@ -227,24 +242,14 @@ class Scheduler(Loop):
             if node:
                 self.lease.outage.reached([node])
             results.append(result)
-            if not (result.full or result.still_due):
+            if whole and not (result.full or result.still_due):
                 next_dues.append(self._next_due(partitions, now))
         # The idle wait ends at the earliest next job of the groups that have nothing
         # due; a group set aside or failed has no say (the poll finds it again).
         known = [d for d in next_dues if d is not None]
         nxt = min(known) if known else None
         self._next_due_mono = None if nxt is None else time.monotonic() + (nxt - now).total_seconds()
-        return BatchResult(
-            jobs=sum(r.jobs for r in results),
-            runs=sum(r.runs for r in results),
-            inserted=sum(r.inserted for r in results),
-            skipped=sum(r.skipped for r in results),
-            misfires=sum(r.misfires for r in results),
-            changed=sum(r.changed for r in results),
-            refused=sum(r.refused for r in results),
-            still_due=any(r.still_due for r in results),
-            full=any(r.full for r in results),
-        )
+        return _sum(*results)
 
     def _groups(self, owned: list[int]) -> dict[str, list[int]]:
         """The owned partitions by the Citus worker holding them ('': plain PostgreSQL,
@@ -277,13 +282,48 @@ class Scheduler(Loop):
 
     def _dispatch_group(
         self, snap: partition_leases.LeaseSnapshot, partitions: list[int], now: datetime
-    ) -> BatchResult:
-        """The batch of `partitions` (one worker's on Citus): read, plan, one transaction."""
+    ) -> tuple[BatchResult, bool]:
+        """The batch of `partitions` (one worker's on Citus): read, plan, commit. Returns
+        the batch's result and whether all of it was committed.
+
+        Jobs with a run old enough to lower its tenant's open floor are committed in a
+        transaction after the others' (runs/open_floors.py, may_lower). On Citus that
+        write reaches every worker's copy of `tenants`: with another worker out of reach
+        it fails, and with it only these jobs (a catch-up, a backfilled slot), not every
+        job of this worker's batch. They are dispatched once that worker is back."""
         started = time.monotonic()
         jobs = self._read_due(partitions, now)
         if not jobs:
-            return BatchResult()
+            return BatchResult(), True
         plans = self._plan_batch(jobs, now)
+        fresh: list[Plan] = []
+        old: list[Plan] = []
+        for plan in plans:
+            lowers = any(open_floors.may_lower(run.scheduled_at, now=now) for run in plan.runs)
+            (old if lowers else fresh).append(plan)
+        result = self._commit(snap, fresh, partitions, now, started) if fresh else BatchResult()
+        if old:
+            try:
+                result = _sum(result, self._commit(snap, old, partitions, now, started))
+            except DatabaseError as exc:
+                if not fresh or not self._worker_away(exc):
+                    raise
+                # The fresh jobs are in; the old ones wait for the next poll (not for
+                # their next due time, which has passed: that would be a busy loop).
+                return result, False
+        # A batch cut short by the planning budget has more work waiting too.
+        return replace(result, full=len(jobs) >= self.batch_limit or len(plans) < len(jobs)), True
+
+    def _commit(
+        self,
+        snap: partition_leases.LeaseSnapshot,
+        plans: list[Plan],
+        partitions: list[int],
+        now: datetime,
+        started: float,
+    ) -> BatchResult:
+        """One transaction: fence the lease, lock the planned jobs unchanged, advance
+        them by compare-and-set, insert their runs, misfires and ledger ranges."""
         with transaction.atomic(), connection.wrap_database_errors:
             with connection.cursor() as cursor:
                 db_now, held = fencing.fence(
@@ -332,8 +372,6 @@ class Scheduler(Loop):
             changed=len(in_lease) - len(plans_locked),
             refused=len(plans_locked) - len(plans_ok),
             still_due=any(p.new_next is not None and p.new_next <= now for p in plans_ok),
-            # A batch cut short by the planning budget has more work waiting too.
-            full=len(jobs) >= self.batch_limit or len(plans) < len(jobs),
         )
         if result.refused:
             log.warning(
