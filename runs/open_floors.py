@@ -103,7 +103,6 @@ async def lowest(conn) -> datetime | None:
 # writer lowered it or where the last upkeep set it: the claims read more days, never
 # fewer.
 UPKEEP_SECONDS = 300.0
-UPKEEP_TASK = "open_floors"
 
 
 async def keep(conn) -> int:

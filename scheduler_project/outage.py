@@ -189,6 +189,14 @@ class OutageLog:
                     out.add(worker)
             return out
 
+    def worker_set_aside(self) -> bool:
+        """Whether some Citus worker is out of reach and its next try is not due yet. A
+        write that must reach every worker (of a reference table) waits for that try, as
+        the batches of the worker's own partitions do."""
+        with self._lock:
+            now = self._clock()
+            return any(now < episode.next_try() for episode in self._workers.values())
+
     def reached(self, workers: Iterable[str]) -> None:
         """A call that touched `workers` succeeded: their outages are over."""
         with self._lock:

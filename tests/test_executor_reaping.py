@@ -134,13 +134,13 @@ def _set_reaper_turn(next_at: str | None) -> None:
     has no model, so the database flush between tests leaves its rows."""
     from django.db import connection
 
-    from runs.execution.executor import REAP_TASK
+    from runs.execution import turns
 
     with connection.cursor() as cursor:
         if next_at is None:
-            cursor.execute("DELETE FROM upkeep_turns WHERE task = %s", [REAP_TASK])
+            cursor.execute("DELETE FROM upkeep_turns WHERE task = %s", [turns.REAPER])
         else:
-            cursor.execute(f"UPDATE upkeep_turns SET next_at = {next_at} WHERE task = %s", [REAP_TASK])
+            cursor.execute(f"UPDATE upkeep_turns SET next_at = {next_at} WHERE task = %s", [turns.REAPER])
 
 
 def test_one_executor_reads_expired_leases_per_interval_whatever_their_number(

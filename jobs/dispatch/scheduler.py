@@ -9,7 +9,8 @@ plain PostgreSQL has one group, all of them:
     read (autocommit, no locks): due jobs of owned partitions, on-time ones first
     plan each job in Python (normal slot or bounded misfire arithmetic), within a
         time budget: whatever is not planned in time waits for the next batch
-    --- one short transaction ---
+    --- one short transaction (two when some jobs' runs are old enough to lower
+        their tenant's open floor: those jobs go in a second one, _dispatch_group) ---
     fence (txn time + partitions our lease session holds right now)
     lock the planned rows FOR UPDATE SKIP LOCKED, only if unchanged since the read
     CAS-advance next_run_at for them in one UPDATE
@@ -183,8 +184,9 @@ class Scheduler(Loop):
         try:
             result = self.dispatch(snap)
         except DatabaseError as exc:
-            # E.g. the server killed a stalled transaction: nothing was committed. If
-            # the batch itself was the problem, a smaller one gets through; down to one
+            # E.g. the server killed a stalled transaction: the failed transaction
+            # committed nothing. If the batch itself was the problem, a smaller one gets
+            # through; down to one
             # job, so a single poisonous job never blocks the rest of its partition.
             self.batch_limit = max(1, self.batch_limit // 2)
             if not self._an_outage(exc):
@@ -272,7 +274,8 @@ class Scheduler(Loop):
         """Whether a group's batch failed because the coordinator could not reach a
         Citus worker: then the outage log has it (and sets it aside, with backoff), the
         placements are read again (a shard may have moved), and the other groups go on.
-        Nothing was committed: the group's jobs are dispatched when it is back."""
+        The failed transaction committed nothing: its jobs are dispatched when the
+        worker is back."""
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         if not unreachable_worker(cause):
             return False
@@ -290,7 +293,10 @@ class Scheduler(Loop):
         transaction after the others' (runs/open_floors.py, may_lower). On Citus that
         write reaches every worker's copy of `tenants`: with another worker out of reach
         it fails, and with it only these jobs (a catch-up, a backfilled slot), not every
-        job of this worker's batch. They are dispatched once that worker is back."""
+        job of this worker's batch. They are dispatched once that worker is back, and not
+        tried while the outage log sets a worker aside (its backoff holds for this write
+        too: against a worker that does not answer, each try would wait for Citus's
+        connection timeout)."""
         started = time.monotonic()
         jobs = self._read_due(partitions, now)
         if not jobs:
@@ -301,23 +307,32 @@ class Scheduler(Loop):
         for plan in plans:
             lowers = any(open_floors.may_lower(run.scheduled_at, now=now) for run in plan.runs)
             (old if lowers else fresh).append(plan)
-        result = self._commit(snap, fresh, partitions, now, started) if fresh else BatchResult()
+        result = BatchResult()
+        if fresh:
+            result = self._commit(snap, fresh, partitions=partitions, now=now, started=started)
         if old:
+            # While a worker is set aside (or this write fails on one) the old jobs wait
+            # for the next poll, not for their next due time: it has passed, and waiting
+            # for it would be a busy loop.
+            if self.lease.outage.worker_set_aside():
+                return result, False
             try:
-                result = _sum(result, self._commit(snap, old, partitions, now, started))
+                late = self._commit(snap, old, partitions=partitions, now=now, started=started)
+                result = _sum(result, late)
             except DatabaseError as exc:
                 if not fresh or not self._worker_away(exc):
                     raise
-                # The fresh jobs are in; the old ones wait for the next poll (not for
-                # their next due time, which has passed: that would be a busy loop).
                 return result, False
-        # A batch cut short by the planning budget has more work waiting too.
-        return replace(result, full=len(jobs) >= self.batch_limit or len(plans) < len(jobs)), True
+        # A batch cut short by the planning budget has more work waiting too; one that
+        # found its partitions gone from the lease (nothing committed) has none here.
+        more = len(jobs) >= self.batch_limit or len(plans) < len(jobs)
+        return replace(result, full=result.jobs > 0 and more), True
 
     def _commit(
         self,
         snap: partition_leases.LeaseSnapshot,
         plans: list[Plan],
+        *,
         partitions: list[int],
         now: datetime,
         started: float,

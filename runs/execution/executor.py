@@ -82,6 +82,7 @@ from runs.execution.connections import RECONNECT_DELAY_SECONDS, close_quietly
 from runs.execution.inflight import Beat, Claimed, Counters, InFlight, RunKey, Written
 from runs.keys import parse_rfc3339, run_key
 from scheduler_project import liveness
+from scheduler_project.citus import citus_installed_async
 from scheduler_project.loop import STOP_SIGNALS, on_stop_signal
 from scheduler_project.outage import OutageLog
 
@@ -96,12 +97,11 @@ T = TypeVar("T")
 # one single-row coordinator statement; the read itself visits every shard on Citus, so
 # N executors each reading would cost N times the cluster's time for the same runs.
 REAP_EVERY_SECONDS = 1.0
-REAP_TASK = "reaper"
 # The share of its time one executor's reaper may spend reading: it waits at least
-# REAP_EVERY_SECONDS between asks, longer after a slow read. The read looks for expired leases in every
-# partition, and in every day a running run may be of (on Citus from the lowest open
-# floor on, runs/open_floors.py; before that bound, with a month's day partitions, it
-# cost ~250 ms of the cluster's time every second per executor).
+# REAP_EVERY_SECONDS between asks, longer after a slow read. The read looks for expired
+# leases in every partition, and in every day a running run may be of (on Citus from the
+# lowest open floor on, runs/open_floors.py: with a month's day partitions and no such
+# bound, a read cost ~250 ms of the cluster's time).
 REAP_SHARE = 0.1
 HEARTBEAT_TICK_SECONDS = 0.25
 # How often an executor on Citus asks whether it is its turn to run the open floor upkeep
@@ -113,9 +113,9 @@ WRITE_BATCH = 500
 # runs/execution/call_slots.py). On plain PostgreSQL the claim and outcome statements
 # run from cached generic plans, and a bigger batch only lengthens the claim's rank.
 # On Citus each statement is planned twice, on the coordinator and on its shard's
-# worker (runs/execution/connections.py, plan_cache_mode): about 15 ms of CPU whatever
-# its size, so there the batch is what spreads that cost over more runs (a batch of
-# 300 claims and writes with half the statements of one of 100; docs/SCALING.md).
+# worker (runs/execution/connections.py, plan_cache_mode): milliseconds of CPU on each
+# whatever its size, so there the batch is what spreads that cost over more runs (with
+# 300, about two thirds of the commits per run of 100; docs/decisions/0080).
 CLAIM_BATCH = 100
 CITUS_CLAIM_BATCH = 300
 # Outcomes for a Citus worker out of reach wait this long between tries (newer outcomes
@@ -189,7 +189,7 @@ class Executor:
         self._reap_conn = await self._connect(wait_first=False)
         self._node_conn = await nodes.connect(self._conninfo(), node_id=self.owner)
         if self.claim_batch is None:
-            citus = await per_partition.split(self._claim_conn)
+            citus = await citus_installed_async(self._claim_conn)
             self.claim_batch = CITUS_CLAIM_BATCH if citus else CLAIM_BATCH
         self._slots.claim_batch = self.claim_batch
         await self.node_beat_once()  # registered before the first claim
@@ -239,10 +239,15 @@ class Executor:
 
     async def reap_in_turn(self) -> list[rows.ReapedRun]:
         """`reap_once` if this executor takes the reaper's turn (REAP_EVERY_SECONDS), else
-        nothing."""
-        if not await turns.take(self._reap_conn, task=REAP_TASK, seconds=REAP_EVERY_SECONDS):
+        nothing. A read that reaches run_leases.REAP_LIMIT is followed by another at once:
+        after a crash of many executors, one turn hands back all of their runs."""
+        if not await turns.take(self._reap_conn, task=turns.REAPER, seconds=REAP_EVERY_SECONDS):
             return []
-        return await self.reap_once()
+        reaped = batch = await self.reap_once()
+        while len(batch) >= run_leases.REAP_LIMIT:
+            batch = await self.reap_once()
+            reaped += batch
+        return reaped
 
     async def keep_floors_once(self) -> bool:
         """On Citus, when this executor takes the turn (asked every FLOOR_TURN_SECONDS;
@@ -252,8 +257,7 @@ class Executor:
         if time.monotonic() < self._floors_due or not await per_partition.split(self._reap_conn):
             return False
         self._floors_due = time.monotonic() + FLOOR_TURN_SECONDS
-        turn = {"task": open_floors.UPKEEP_TASK, "seconds": open_floors.UPKEEP_SECONDS}
-        if not await turns.take(self._reap_conn, **turn):
+        if not await turns.take(self._reap_conn, task=turns.OPEN_FLOORS, seconds=open_floors.UPKEEP_SECONDS):
             return False
         changed = await open_floors.keep(self._reap_conn)
         log.debug("open floors: %d changed", changed)

@@ -63,7 +63,12 @@ async def heartbeat_runs(conn, runs: Iterable[tuple[int, RunKey]]) -> set[RunKey
 # --- reaping ------------------------------------------------------------------------------
 
 
-async def reap_expired_leases(conn, *, limit: int = 1000) -> list[ReapedRun]:
+# Runs one read hands back at most; a read that reaches it is followed by another at once
+# (Executor.reap_in_turn).
+REAP_LIMIT = 1000
+
+
+async def reap_expired_leases(conn, *, limit: int = REAP_LIMIT) -> list[ReapedRun]:
     """Hand back runs whose owner stopped heartbeating (lease expiries).
 
     The expired attempt is fenced off by the status change: its late writes all

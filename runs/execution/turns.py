@@ -8,16 +8,23 @@ coordinator on Citus), holding when its next turn begins: the first caller to as
 after that moment takes the turn and sets the next one (TAKE_TURN).
 
 A caller that takes a turn and then fails leaves it taken: the task waits one interval.
-Two callers doing the task at once remain safe for every task here (each is a
-compare-and-set or only raises what it may); the turn saves their cost, nothing more.
+Two callers doing the task at once remain safe for every task here (reaping is a
+compare-and-set on the attempt, the upkeep's writes are guarded by the floors'
+versions); the turn saves their cost, nothing more.
 """
 
 from __future__ import annotations
 
+import psycopg
+
 from runs.execution import queries
 
+# The tasks (upkeep_turns.task).
+REAPER = "reaper"  # the executors' read of expired leases (runs/execution/run_leases.py)
+OPEN_FLOORS = "open_floors"  # the open floor upkeep (runs/open_floors.py, keep)
 
-async def take(conn, *, task: str, seconds: float) -> bool:
+
+async def take(conn: psycopg.AsyncConnection, *, task: str, seconds: float) -> bool:
     """Whether this caller does `task` now: the first to ask once its last turn's
     `seconds` have passed takes the next one. Every caller of one task must pass the same
     `seconds` (a turn set further ahead than two intervals counts as over: the clock went
