@@ -185,3 +185,22 @@ def test_one_executor_reads_expired_leases_per_interval_whatever_their_number(
         assert len(reads) == 2
     finally:
         _set_reaper_turn(None)
+
+
+def test_the_reapers_turn_reads_again_while_a_read_is_full(transactional_db, steps, tenant, monkeypatch):
+    # After a crash of many executors one read is not enough; the turn hands back every
+    # expired lease, not a read's worth per second.
+    from runs.execution import run_leases
+
+    orphans = queue_runs(tenant, task_target("noop"), count=3, not_before=LATER, max_attempts=3)
+    for key in orphans:
+        set_running(key, attempt=1, lease=EXPIRED)
+    monkeypatch.setattr(run_leases, "REAP_LIMIT", 2)
+    monkeypatch.setattr(run_leases.reap_expired_leases, "__kwdefaults__", {"limit": 2})
+    _set_reaper_turn(None)
+    try:
+        s = steps(concurrency=1)
+        assert len(s.run(s.executor.reap_in_turn())) == 3
+    finally:
+        _set_reaper_turn(None)
+    assert {row(key).status for key in orphans} == {"retrying"}
