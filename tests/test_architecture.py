@@ -54,6 +54,7 @@ SQL_MODULES = {
     "runs.counters",
     "runs.execution.claims",
     "runs.execution.run_leases",
+    "runs.execution.turns",
     "runs.execution.fair_share",
     "runs.execution.outcomes",
     "runs.per_partition",
