@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from runs.execution import claims, connections
+from runs.execution import claims, connections, turns
 from runs.keys import run_key
 from tests.conftest import database_url
 from tests.support.executor import (
@@ -16,6 +16,7 @@ from tests.support.executor import (
     reap_now,
     row,
     set_running,
+    set_turn,
     task_target,
     wait_for,
     wait_log,
@@ -129,20 +130,6 @@ def test_a_claim_transaction_left_idle_is_ended_by_the_server(transactional_db, 
     assert asyncio.run(scenario()) == 2
 
 
-def _set_reaper_turn(next_at: str | None) -> None:
-    """Set the reaper's next turn (an SQL expression), or remove it (None): upkeep_turns
-    has no model, so the database flush between tests leaves its rows."""
-    from django.db import connection
-
-    from runs.execution import turns
-
-    with connection.cursor() as cursor:
-        if next_at is None:
-            cursor.execute("DELETE FROM upkeep_turns WHERE task = %s", [turns.REAPER])
-        else:
-            cursor.execute(f"UPDATE upkeep_turns SET next_at = {next_at} WHERE task = %s", [turns.REAPER])
-
-
 def test_one_executor_reads_expired_leases_per_interval_whatever_their_number(
     transactional_db, tenant, monkeypatch
 ):
@@ -175,16 +162,16 @@ def test_one_executor_reads_expired_leases_per_interval_whatever_their_number(
             for executor in executors:
                 await executor.close()
 
-    _set_reaper_turn(None)
+    set_turn(turns.REAPER, None)
     try:
         assert asyncio.run(ask_at_once()) == [0, 0, 0, 1]
         assert len(reads) == 1 and row(orphan).status == "retrying"
         assert asyncio.run(ask_at_once()) == [0, 0, 0, 0] and len(reads) == 1  # the turn is not over
-        _set_reaper_turn("now()")
+        set_turn(turns.REAPER, "now()")
         asyncio.run(ask_at_once())
         assert len(reads) == 2
     finally:
-        _set_reaper_turn(None)
+        set_turn(turns.REAPER, None)
 
 
 def test_the_reapers_turn_reads_again_while_a_read_is_full(transactional_db, steps, tenant, monkeypatch):
@@ -197,10 +184,10 @@ def test_the_reapers_turn_reads_again_while_a_read_is_full(transactional_db, ste
         set_running(key, attempt=1, lease=EXPIRED)
     monkeypatch.setattr(run_leases, "REAP_LIMIT", 2)
     monkeypatch.setattr(run_leases.reap_expired_leases, "__kwdefaults__", {"limit": 2})
-    _set_reaper_turn(None)
+    set_turn(turns.REAPER, None)
     try:
         s = steps(concurrency=1)
         assert len(s.run(s.executor.reap_in_turn())) == 3
     finally:
-        _set_reaper_turn(None)
+        set_turn(turns.REAPER, None)
     assert {row(key).status for key in orphans} == {"retrying"}

@@ -22,7 +22,7 @@ from runs.execution import claims, connections, fair_share, queries, turns
 from runs.execution.executor import Executor
 from runs.models import JobRun
 from scheduler_project.citus import by_node
-from tests.support.executor import queue_runs, task_target
+from tests.support.executor import queue_runs, set_turn, task_target
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -269,23 +269,12 @@ def test_the_upkeep_raises_no_floor_while_a_transaction_is_prepared_on_a_worker(
     assert _floor(tenant)[0] == _cap()
 
 
-def _set_turn(next_at: str | None) -> None:
-    """Set the upkeep's next turn (an SQL expression), or remove it (None)."""
-    with connection.cursor() as cursor:
-        if next_at is None:
-            cursor.execute("DELETE FROM upkeep_turns WHERE task = %s", [turns.OPEN_FLOORS])
-        else:
-            cursor.execute(
-                f"UPDATE upkeep_turns SET next_at = {next_at} WHERE task = %s", [turns.OPEN_FLOORS]
-            )
-
-
 @pytest.fixture
 def no_turn_taken():
     """upkeep_turns has no model: the database flush between tests leaves its rows."""
-    _set_turn(None)
+    set_turn(turns.OPEN_FLOORS, None)
     yield
-    _set_turn(None)
+    set_turn(turns.OPEN_FLOORS, None)
 
 
 def test_one_executor_runs_the_upkeep_per_interval_whatever_their_number(
@@ -314,10 +303,10 @@ def test_one_executor_runs_the_upkeep_per_interval_whatever_their_number(
     assert asyncio.run(ask_at_once()) == [False, False, False, True]
     assert len(ran) == 1
     assert asyncio.run(ask_at_once()) == [False] * 4  # the turn is not over
-    _set_turn("now()")
+    set_turn(turns.OPEN_FLOORS, "now()")
     assert asyncio.run(ask_at_once()) == [False, False, False, True]
     # A turn further ahead than the interval (the coordinator's clock went back) is over.
-    _set_turn("now() + interval '1 day'")
+    set_turn(turns.OPEN_FLOORS, "now() + interval '1 day'")
     assert asyncio.run(ask_at_once()) == [False, False, False, True]
     assert len(ran) == 3
 

@@ -186,8 +186,8 @@ class Scheduler(Loop):
         except DatabaseError as exc:
             # E.g. the server killed a stalled transaction: the failed transaction
             # committed nothing. If the batch itself was the problem, a smaller one gets
-            # through; down to one
-            # job, so a single poisonous job never blocks the rest of its partition.
+            # through; down to one job, so a single poisonous job never blocks the rest
+            # of its partition.
             self.batch_limit = max(1, self.batch_limit // 2)
             if not self._an_outage(exc):
                 log.warning(

@@ -190,3 +190,16 @@ class Steps:
             self.run(self.executor.close())
         finally:
             self.runner.close()
+
+
+def set_turn(task: str, next_at: str | None) -> None:
+    """Set when `task`'s next turn begins (an SQL expression), or remove its row (None):
+    upkeep_turns has no model, so the database flush between tests leaves its rows
+    (runs/execution/turns.py)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if next_at is None:
+            cursor.execute("DELETE FROM upkeep_turns WHERE task = %s", [task])
+        else:
+            cursor.execute(f"UPDATE upkeep_turns SET next_at = {next_at} WHERE task = %s", [task])
