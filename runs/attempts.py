@@ -13,36 +13,47 @@ expired lease (the reaping SQL, runs/execution/run_leases.py) and a hand-back
 Three writers build an entry: the executor (an answered or handed-back call, in Python), an
 operator's cancel (runs/services.py, in Python) and two SQL statements (a reaped lease,
 REAP, and a cancel by a newer run, CLAIM, both in runs/execution/queries.py). Python
-writers use `AttemptRecord.to_json()`, SQL writers use `sql_entry()`; both give the same
-keys with the same formats:
+writers store `AttemptRecord.to_stored()`, SQL writers `sql_entry()`; both give the same
+values in the same formats.
 
-- timestamps: RFC 3339 UTC, always with microseconds ("2026-03-08T07:00:00.000000Z"),
-  which is what PostgreSQL's to_char gives; older rows hold seconds-only strings
-  when the microseconds were zero, and render unchanged (they are kept as stored);
+The stored entry is a JSON array of the values in `FIELDS` order, not an object: the
+keys were more than half of an entry's bytes, repeated in every entry of every retried
+run (docs/decisions/0004-attempt-history.md). In it:
+
+- timestamps: integer microseconds since the Unix epoch (UTC), which `extract(epoch ...)`
+  gives exactly in SQL and which are ten bytes shorter than the text;
 - `duration_ms`: a float rounded to 0.1 ms, null when unknown;
 - `retry_in_s`: seconds until the retry may start, rounded to ms; null when there is
   no retry.
 
+Rows stored before that hold objects with the same keys and RFC 3339 text timestamps
+(seconds-only in the oldest): they are read as stored, never rewritten. A later field
+is appended at the end of the array, so an entry shorter than `FIELDS` reads its
+missing values as null, as an old object does its missing keys.
+
 A run that succeeds on the first attempt that sent a call (its history is still empty
 when that success is written) stores no entry: its own columns (`attempt`, `owner`,
 `started_at`, `finished_at`, `result_code`, `last_error`) already say everything the
-entry would, and about a quarter of a finished run's row was that one entry
-(docs/decisions/0004-attempt-history.md). The outcome write keeps that rule in SQL
-(`sql_append`); every other entry is stored, so a history that has one is complete,
-including a success after earlier entries. The synthesized entry's times are the run's
-columns: `started_at` is the claim, `finished_at` the outcome write, and `duration_ms`
-their difference (a stored entry's duration is the executor's own measure of the call,
-a little shorter).
+entry would. The outcome write keeps that rule in SQL (`sql_append`); every other entry
+is stored, so a history that has one is complete, including a success after earlier
+entries. That success is kept because a run with earlier entries is the only kind an
+attempt that lost its run (a reaped lease, a cancel) could still try to finish: its
+stored success names the attempt that wrote it, which is how the exactly-once audit
+sees a write that got past the fence (tests/support/exactly_once.py). The synthesized
+entry's times are the run's columns: `started_at` is the claim, `finished_at` the
+outcome write, and `duration_ms` their difference (a stored entry's duration is the
+executor's own measure of the call, a little shorter).
 
-Readers take `history()`, the one way to read a run's history: the stored entries
-through `from_stored()` (an old entry missing a key renders with that key null), or the
-entry synthesized from a succeeded run's columns when none is stored.
+Readers take `history()`, the one way to read a run's history for display and counting:
+the stored entries through `from_stored()` (in either shape, every key present), or the
+entry synthesized from a succeeded run's columns when none is stored. SQL readers of an
+entry's outcome use `sql_outcome()`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from django.db.models import F
@@ -75,8 +86,21 @@ def sql_used_up(alias: str) -> str:
 
 
 def format_moment(moment: datetime) -> str:
-    """The history's timestamp format (the same as `_UTC_SQL` below produces)."""
+    """How readers show an entry's timestamp: RFC 3339 UTC, always with microseconds."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(moment: datetime) -> int:
+    """A stored timestamp: microseconds since the Unix epoch (exact, no float)."""
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def from_micros(value: int) -> datetime:
+    return _EPOCH + value * _MICROSECOND
 
 
 # Outcomes the run comes back to the queue after. Only RETRIED says the target failed
@@ -103,28 +127,59 @@ class AttemptRecord:
     error: str
     retry_in_s: float | None
 
-    def to_json(self) -> dict:
-        """The stored entry. No request headers, ever: they may carry the target's secrets."""
-        # vars(), not asdict(): asdict deep-copies every field, and on the executor's hot
-        # path (one entry per finished attempt) that was a quarter of its CPU time.
+    def to_stored(self) -> list:
+        """The stored entry (the module docstring). No request headers, ever: they may
+        carry the target's secrets."""
+        return [
+            self.attempt,
+            self.owner,
+            None if self.started_at is None else micros(self.started_at),
+            None if self.finished_at is None else micros(self.finished_at),
+            _rounded(self.duration_ms, 1),
+            self.outcome,
+            self.result_code,
+            self.error,
+            _rounded(self.retry_in_s, 3),
+        ]
+
+    def to_display(self) -> dict:
+        """The entry as readers show it: every key, timestamps as RFC 3339 text."""
+        # vars(), not asdict(): asdict deep-copies every field.
         return {
             **vars(self),
             "started_at": None if self.started_at is None else format_moment(self.started_at),
             "finished_at": None if self.finished_at is None else format_moment(self.finished_at),
-            "duration_ms": None if self.duration_ms is None else round(float(self.duration_ms), 1),
-            "retry_in_s": None if self.retry_in_s is None else round(float(self.retry_in_s), 3),
+            "duration_ms": _rounded(self.duration_ms, 1),
+            "retry_in_s": _rounded(self.retry_in_s, 3),
         }
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(float(value), digits)
 
 
 FIELDS: tuple[str, ...] = tuple(f.name for f in fields(AttemptRecord))
 
 
+_TIMESTAMPS = ("started_at", "finished_at")
+# Where the outcome is in a stored array (SQL readers: sql_outcome).
+OUTCOME_AT = FIELDS.index("outcome")
+
+
 def from_stored(entry: object) -> dict | None:
-    """A stored entry for display: every key of FIELDS present (null when an old row lacks
-    it), values as stored, keys this module does not know kept. None for a non-object."""
-    if not isinstance(entry, dict):
+    """A stored entry for display: every key of FIELDS present (null when an older entry
+    lacks it), timestamps as RFC 3339 text. An array is read by position (values past
+    FIELDS, a later version's, are left out); an object, the shape rows stored before
+    arrays hold, as stored, keys this module does not know kept. None for anything else."""
+    if isinstance(entry, dict):
+        return {**dict.fromkeys(FIELDS), **entry}
+    if not isinstance(entry, list):
         return None
-    return {**dict.fromkeys(FIELDS), **entry}
+    shown = dict(zip(FIELDS, entry, strict=False))
+    for key in _TIMESTAMPS:
+        if isinstance(shown.get(key), int):
+            shown[key] = format_moment(from_micros(shown[key]))
+    return {**dict.fromkeys(FIELDS), **shown}
 
 
 class Run(Protocol):
@@ -158,11 +213,11 @@ def history(run: Run) -> list[dict]:
             result_code=run.result_code,
             error=run.last_error,
             retry_in_s=None,
-        ).to_json()
+        ).to_display()
     ]
 
 
-_UTC_SQL = """to_char(({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+_MICROS_SQL = "(extract(epoch FROM ({expr})) * 1000000)::bigint"
 
 
 def sql_entry(
@@ -177,15 +232,15 @@ def sql_entry(
     error: str,
     retry_in_s: str,
 ) -> str:
-    """The `jsonb_build_object(...)` of one entry, from SQL expressions (trusted constants
-    of runs/execution/queries.py, never user input). Timestamps are timestamptz
-    expressions and are formatted here; every key must be given, so a new field cannot be
-    forgotten in SQL."""
+    """The `jsonb_build_array(...)` of one stored entry, from SQL expressions (trusted
+    constants of runs/execution/queries.py, never user input). Timestamps are
+    timestamptz expressions and are stored here as `to_stored` stores them; every value
+    must be given, so a new field cannot be forgotten in SQL."""
     values = {
         "attempt": attempt,
         "owner": owner,
-        "started_at": "NULL" if started_at == "NULL" else _UTC_SQL.format(expr=started_at),
-        "finished_at": "NULL" if finished_at == "NULL" else _UTC_SQL.format(expr=finished_at),
+        "started_at": "NULL" if started_at == "NULL" else _MICROS_SQL.format(expr=started_at),
+        "finished_at": "NULL" if finished_at == "NULL" else _MICROS_SQL.format(expr=finished_at),
         "duration_ms": duration_ms,
         "outcome": outcome,
         "result_code": result_code,
@@ -193,7 +248,13 @@ def sql_entry(
         "retry_in_s": retry_in_s,
     }
     assert tuple(values) == FIELDS, "sql_entry and AttemptRecord disagree"
-    return "jsonb_build_object(" + ", ".join(f"'{key}', {value}" for key, value in values.items()) + ")"
+    return "jsonb_build_array(" + ", ".join(values.values()) + ")"
+
+
+def sql_outcome(entry: str) -> str:
+    """The outcome of the stored entry `entry` (a trusted jsonb expression), in either
+    stored shape: `->>` by position is null on an object, by key null on an array."""
+    return f"coalesce(({entry}) ->> {OUTCOME_AT}, ({entry}) ->> 'outcome')"
 
 
 def sql_append(*, history: str, entry: str, status: str) -> str:
@@ -208,5 +269,5 @@ def sql_append(*, history: str, entry: str, status: str) -> str:
 
 
 def sql_duration_ms(*, started: str, finished: str) -> str:
-    """duration_ms in SQL, rounded like AttemptRecord.to_json()."""
+    """duration_ms in SQL, rounded like AttemptRecord.to_stored()."""
     return f"round((extract(epoch FROM ({finished}) - ({started})) * 1000)::numeric, 1)"

@@ -74,8 +74,9 @@ class JobRun(PartitionKeyed):
     finished_at = models.DateTimeField(null=True, blank=True)
     result_code = models.IntegerField(null=True, blank=True)
     last_error = models.TextField(blank=True, default="")
-    # One entry per attempt: {"attempt", "owner", "started_at", "finished_at", "outcome",
-    # "result_code", "error", "duration_ms"}; appended under the attempt's fence.
+    # One entry per attempt but a first-attempt success, appended under the attempt's
+    # fence: an array in runs.attempts.FIELDS order (older rows: objects). Read it with
+    # runs.attempts.history.
     attempts = models.JSONField(default=list, blank=True)
     # Times a claim put the run back unsent (its host's circuit open, or its retry
     # budget spent): those claims used no attempt, so attempts used = attempt - deferrals.

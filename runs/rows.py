@@ -108,4 +108,4 @@ class Completion:
     retry_in_s: float | None
     result_code: int | None
     error: str
-    entry: dict  # the attempts-history entry
+    entry: attempts.AttemptRecord  # the attempts-history entry

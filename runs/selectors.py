@@ -23,7 +23,7 @@ from django.db.models.functions import Greatest
 
 from jobs.models import AuditEntry, Job, JobTarget, SchedulerNode, Tenant
 from runs import counters
-from runs.attempts import LEASE_EXPIRED, history, orm_used, used_up
+from runs.attempts import LEASE_EXPIRED, from_stored, history, orm_used, used_up
 from runs.keys import format_utc
 from runs.models import ExecutorNode, JobRun, RunStatus, TargetHost
 from scheduler_project import liveness
@@ -224,7 +224,9 @@ def window_totals(*, since: datetime) -> dict[str, int]:
     final = (RunStatus.SUCCEEDED, RunStatus.DEAD, RunStatus.SKIPPED, RunStatus.CANCELLED)
     any_expiry = Q()
     for outcome in LEASE_EXPIRED_OUTCOMES:
-        any_expiry |= Q(attempts__contains=[{"outcome": outcome}])
+        # An entry of either stored shape (runs/attempts.py); an array holding the text
+        # anywhere is a candidate, and from_stored below reads its outcome.
+        any_expiry |= Q(attempts__contains=[{"outcome": outcome}]) | Q(attempts__contains=[[outcome]])
     row = JobRun.objects.filter(scheduled_at__gte=since).aggregate(
         dispatched=Count("id"),
         retried=Sum(Greatest(orm_used() - Value(1), Value(0))),
@@ -237,8 +239,8 @@ def window_totals(*, since: datetime) -> dict[str, int]:
     expiries = sum(
         1
         for attempts in row["expired_histories"] or []
-        for entry in attempts or []
-        if isinstance(entry, dict) and entry.get("outcome") in LEASE_EXPIRED_OUTCOMES
+        for entry in map(from_stored, attempts or [])
+        if entry is not None and entry["outcome"] in LEASE_EXPIRED_OUTCOMES
     )
     return {
         "dispatched": row["dispatched"],

@@ -159,7 +159,7 @@ def replay_run(
     return run
 
 
-def _cancelled_entry(run: JobRun, *, now: datetime, actor: str) -> dict:
+def _cancelled_entry(run: JobRun, *, now: datetime, actor: str) -> list:
     """History entry for the attempt a cancel cuts short: that attempt's own write will
     be fenced off, so without this the history would just stop."""
     started = run.started_at
@@ -173,7 +173,7 @@ def _cancelled_entry(run: JobRun, *, now: datetime, actor: str) -> dict:
         result_code=None,
         error=f"cancelled by {actor}",
         retry_in_s=None,
-    ).to_json()
+    ).to_stored()
 
 
 def _cancel_locked(run: JobRun, *, now: datetime, actor: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from runs.attempts import history
 from runs.keys import run_key
 from runs.models import JobRun
 from runs.target_secrets import redact_target
@@ -130,7 +131,7 @@ def test_dead_run_replayed_through_the_api_runs_again_under_the_same_key(process
     assert api.post(entry["replay_url"]).status_code == 200
     done = wait_status(key, "succeeded")
     assert done.attempt == 2 and done.trigger == "replay" and done.result_code == 200
-    assert [a["outcome"] for a in done.attempts] == ["dead", "succeeded"]
+    assert [a["outcome"] for a in history(done)] == ["dead", "succeeded"]
     first, second = http_target.received("/once")
     assert first.headers["idempotency-key"] == second.headers["idempotency-key"] == run_key(*key)
     assert (first.headers["x-run-attempt"], second.headers["x-run-attempt"]) == ("1", "2")

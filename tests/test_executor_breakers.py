@@ -322,13 +322,15 @@ def test_only_retries_after_the_host_failed_a_call_spend_its_retry_budget(tenant
     assert [r.status for r in reap_now()] == ["retrying"]
     now = timezone.now()
 
-    def ended(key, outcome: str, status: str) -> None:
-        entry = AttemptRecord(1, "x:1", now, now, 5.0, outcome, 503, "HTTP 503", None).to_json()
+    def ended(key, outcome: str, status: str, *, as_object: bool = False) -> None:
+        record = AttemptRecord(1, "x:1", now, now, 5.0, outcome, 503, "HTTP 503", None)
+        entry = record.to_display() if as_object else record.to_stored()
         JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
             status=status, attempt=1, attempts=[entry], not_before=now, finished_at=now
         )
 
-    ended(handed_back, "handed back", "retrying")
+    # An object: how a row stored before entries were arrays holds it (runs/attempts.py).
+    ended(handed_back, "handed back", "retrying", as_object=True)
     ended(failed, "retry", "retrying")
     ended(replayed, "dead", "dead")
     replay_run(job_id=replayed[0], scheduled_at=replayed[1], actor="test")

@@ -12,6 +12,7 @@ import pytest
 from django.db import connections
 
 from jobs.tenant_services import create_tenant
+from runs.attempts import history
 from runs.keys import run_key
 from runs.models import JobRun
 from scheduler_project.citus import citus_installed
@@ -96,7 +97,7 @@ def test_poison_task_dies_after_max_attempts_without_blocking_others(processes, 
     processes.start("run_executor", "--concurrency", "2")
     run = wait_status(poison, "dead")
     assert run.attempt == 3
-    assert [a["outcome"] for a in run.attempts] == ["retry", "retry", "dead"]
+    assert [a["outcome"] for a in history(run)] == ["retry", "retry", "dead"]
     assert "RuntimeError: task 'fail' always fails" in run.last_error
     permanent_run = wait_status(permanent, "dead")
     assert permanent_run.attempt == 1 and permanent_run.last_error.startswith("PermanentError")
@@ -170,4 +171,4 @@ def test_cancel_previous_cancels_the_running_older_run(processes, tenant):
     assert cancelled.status == "cancelled" and cancelled.last_error == "cancelled by a newer run"
     assert cancelled.finished_at is not None
     wait_log(processes, proc, "fenced: attempt 1 of", timeout=5)
-    assert [a["outcome"] for a in row(older).attempts] == ["cancelled"]
+    assert [a["outcome"] for a in history(row(older))] == ["cancelled"]

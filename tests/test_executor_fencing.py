@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from runs.attempts import history
 from runs.keys import format_utc, run_key
 from runs.models import JobRun
 from tests.support.executor import http_spec, queue_runs, row, task_target, wait_for, wait_log, wait_status
@@ -41,10 +42,16 @@ def test_stalled_executor_is_fenced_and_writes_nothing(processes, http_target, t
     time.sleep(1.5)  # a few more heartbeats of the first executor: still nothing written
     after = row(key)
     assert after.status == "succeeded" and after.attempt == 2 and after.attempts == run.attempts
-    assert [(a["attempt"], a["outcome"]) for a in after.attempts] == [(1, "lease expired"), (2, "succeeded")]
+    # Nothing of the outcome was written again either.
+    assert (after.finished_at, after.result_code, after.last_error) == (
+        run.finished_at,
+        run.result_code,
+        run.last_error,
+    )
+    assert [(a["attempt"], a["outcome"]) for a in history(after)] == [(1, "lease expired"), (2, "succeeded")]
     # The lease-expired entry is written by the reclaimer; attempt 1's owner wrote nothing.
-    assert after.attempts[0]["owner"] == first_owner
-    assert after.attempts[1]["owner"] == second_owner
+    assert history(after)[0]["owner"] == first_owner
+    assert history(after)[1]["owner"] == second_owner
     assert "lease expired: attempt 1" in processes.log_of(second)
     assert first.poll() is None  # fenced, not crashed
 
@@ -79,7 +86,7 @@ def test_sigterm_hands_back_unfinished_runs_under_their_attempt(processes, http_
     assert run.status == "retrying" and run.attempt == 1
     assert abs((run.not_before - stopped_at).total_seconds()) < 3
     assert run.lease_until is None
-    assert run.attempts[-1]["outcome"] == "handed back" and run.attempts[-1]["attempt"] == 1
+    assert history(run)[-1]["outcome"] == "handed back" and history(run)[-1]["attempt"] == 1
     # The short run finished inside the grace period instead of being handed back.
     assert row(quick).status == "succeeded"
     assert "handed back 1 unfinished run(s)" in processes.log_of(proc)
@@ -107,7 +114,7 @@ def test_sigterm_hand_back_with_no_attempts_left_is_dead_not_retrying(processes,
     assert (run.status, run.attempt) == ("dead", 2)
     assert run.last_error.startswith("handed back with no attempts left: attempt 2 of 2")
     assert run.finished_at is not None and run.lease_until is None
-    assert run.attempts[-1]["outcome"] == "handed back" and run.attempts[-1]["attempt"] == 2
+    assert history(run)[-1]["outcome"] == "handed back" and history(run)[-1]["attempt"] == 2
     # A run with attempts to spare is handed back as before.
     assert (row(spare).status, row(spare).attempt) == ("retrying", 1)
     # Like every other death: the dead-letter queue and the alert hook.

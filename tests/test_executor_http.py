@@ -8,6 +8,7 @@ import socket
 
 import pytest
 
+from runs.attempts import history
 from runs.execution.netguard import is_public_address
 from runs.keys import format_utc, run_key
 from runs.services import replay_run
@@ -44,8 +45,8 @@ def test_headers_arrive_and_idempotency_key_is_stable_across_retries(processes, 
     assert first.headers["traceparent"] != second.headers["traceparent"]
     # Secrets from the target's headers never land in the stored history.
     assert "s3cret" not in str(run.attempts) and "s3cret" not in run.last_error
-    assert [a["outcome"] for a in run.attempts] == ["retry", "succeeded"]
-    assert run.attempts[0]["result_code"] == 503 and run.result_code == 200
+    assert [a["outcome"] for a in history(run)] == ["retry", "succeeded"]
+    assert history(run)[0]["result_code"] == 503 and run.result_code == 200
 
 
 def test_503_twice_then_200_succeeds_on_attempt_3_within_full_jitter_bounds(processes, http_target, tenant):
@@ -64,9 +65,9 @@ def test_503_twice_then_200_succeeds_on_attempt_3_within_full_jitter_bounds(proc
     for n, (before, after) in enumerate(itertools.pairwise(arrivals), start=1):
         bound = min(4, 1 * 2**n)
         assert 0 <= after - before <= bound + slack, (n, after - before)
-    drawn = [a["retry_in_s"] for a in run.attempts[:2]]
+    drawn = [a["retry_in_s"] for a in history(run)[:2]]
     assert 0 <= drawn[0] <= 2 and 0 <= drawn[1] <= 4
-    assert run.attempts[0]["error"].startswith("HTTP 503: busy")
+    assert history(run)[0]["error"].startswith("HTTP 503: busy")
 
 
 def test_400_is_dead_after_one_attempt(processes, http_target, tenant):
@@ -97,8 +98,8 @@ def test_always_500_is_dead_after_exactly_max_attempts_and_alert_is_posted(proce
     run = wait_status(key, "dead", timeout=30)
     assert run.attempt == 5
     assert len(http_target.received("/down")) == 5
-    assert [a["attempt"] for a in run.attempts] == [1, 2, 3, 4, 5]
-    assert [a["outcome"] for a in run.attempts] == ["retry"] * 4 + ["dead"]
+    assert [a["attempt"] for a in history(run)] == [1, 2, 3, 4, 5]
+    assert [a["outcome"] for a in history(run)] == ["retry"] * 4 + ["dead"]
     assert len(run.last_error) <= 2048
     alerts = wait_for(lambda: http_target.json_bodies("/alerts"), what="the alert webhook POST")
     assert len(alerts) == 1

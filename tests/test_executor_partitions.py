@@ -25,6 +25,7 @@ from jobs.models import Job
 from jobs.services import create_job, partition_for
 from jobs.tenant_services import create_tenant
 from runs import per_partition, rows
+from runs.attempts import AttemptRecord
 from runs.execution import breaker_rules, breakers, claims, connections, outcomes, run_leases
 from runs.models import JobRun
 from scheduler_project.citus import citus_installed_async
@@ -120,7 +121,7 @@ def completion(run: rows.ClaimedRun, status: str) -> rows.Completion:
         retry_in_s=30.0,
         result_code=200,
         error="",
-        entry={"attempt": run.attempt, "outcome": "ok"},
+        entry=AttemptRecord(run.attempt, "x:1", None, None, None, status, 200, "", 30.0),
     )
 
 

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from runs.attempts import history
 from runs.execution import claims, connections, turns
 from runs.keys import run_key
 from tests.conftest import database_url
@@ -39,7 +40,7 @@ def test_expired_leases_are_reaped_while_every_slot_is_busy(processes, tenant):
 
     reclaimed = wait_status(orphan, "retrying", timeout=20)
     assert reclaimed.attempt == 1 and reclaimed.lease_until is None
-    assert reclaimed.attempts[-1]["outcome"] == "lease expired"
+    assert history(reclaimed)[-1]["outcome"] == "lease expired"
     dead = wait_status(last_chance, "dead", timeout=20)
     assert dead.finished_at is not None and "lease expired: attempt 3" in dead.last_error
     wait_log(processes, proc, f'"key": "{run_key(*last_chance)}"')  # the death alert
@@ -80,7 +81,7 @@ def test_expired_leases_are_reaped_while_a_stalled_claimer_holds_the_tenant_lock
         # Its owner stops heartbeating only now, while the claim waits.
         set_running(orphan, attempt=1, lease=EXPIRED)
         reclaimed = wait_status(orphan, "retrying", timeout=20)
-        assert reclaimed.attempts[-1]["outcome"] == "lease expired"
+        assert history(reclaimed)[-1]["outcome"] == "lease expired"
         # The executor's claim was waiting on the lock all along.
         assert {row(key).status for key in waiting} == {"queued"}
         stalled.execute("ROLLBACK")

@@ -15,6 +15,7 @@ import pytest
 
 from jobs.tenant_services import create_tenant
 from runs import attempts
+from runs.attempts import history
 from runs.execution.inflight import Written
 from runs.models import JobRun
 from tests.support.executor import http_spec, queue_runs, row, set_running, task_target
@@ -117,7 +118,7 @@ def test_reap_once_hands_back_expired_leases_and_kills_runs_out_of_attempts(step
 
     assert {(r.job_id, r.scheduled_at): r.status for r in reaped} == {orphan: "retrying", last_chance: "dead"}
     assert row(orphan).status == "retrying" and row(orphan).lease_until is None
-    assert row(last_chance).status == "dead" and row(last_chance).attempts[-1]["outcome"] == "lease expired"
+    assert row(last_chance).status == "dead" and history(row(last_chance))[-1]["outcome"] == "lease expired"
     assert (s.executor.counters.lease_expiries, s.executor.counters.dead) == (2, 1)
     assert s.run(s.executor.reap_once()) == []  # nothing left to reap
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from runs.attempts import history
 from runs.execution.retry import truncate
 from tests.support.executor import http_spec, queue_runs, row, task_target, wait_status
 from tests.support.http_target import Reply
@@ -22,7 +23,7 @@ def test_nul_in_a_response_body_is_stored_cleaned_and_later_runs_still_finish(pr
     processes.start("run_executor")
     dead = wait_status(bad, "dead")
     assert "boom\ufffdbinary" in dead.last_error
-    assert dead.attempts[-1]["outcome"] == "dead"
+    assert history(dead)[-1]["outcome"] == "dead"
     (good,) = queue_runs(tenant, task_target("noop"))
     assert wait_status(good, "succeeded").attempt == 1
     assert row(bad).result_code == 400

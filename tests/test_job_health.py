@@ -21,6 +21,7 @@ from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job
 from jobs.services import partition_for
 from runs import enqueue, rows
+from runs.attempts import AttemptRecord
 from runs.execution import connections
 from runs.execution.outcomes import complete_runs
 from runs.models import JobRun
@@ -58,7 +59,9 @@ def finish(job: Job, outcomes: list[str], *, handed_back: bool = False, first_sl
             retry_in_s=0.0 if status == "retrying" else None,
             result_code=200 if status == "succeeded" else 500,
             error="" if status == "succeeded" else "HTTP 500",
-            entry={"attempt": 1, "outcome": "handed back" if handed_back else status},
+            entry=AttemptRecord(
+                1, "x:1", None, None, None, "handed back" if handed_back else status, None, "", None
+            ),
         )
         for t, status in zip(slots, outcomes, strict=True)
     ]

@@ -56,7 +56,8 @@ def known_state(tenant):
     make_run(job, slots[7], status="skipped")
     make_run(job, slots[8], status="cancelled", attempt=1)
     make_dead_run(job, slots[9], attempts=5)  # four retries
-    # Two lease expiries on one run, one on another (the reaper's entry shape).
+    # Two lease expiries on one run, one on another: the reaper's entries as stored now,
+    # and as a row stored before entries were arrays holds it (an object).
     expired = {"outcome": "lease expired", "error": "lease expired (no heartbeat)"}
     make_run(
         other,
@@ -65,12 +66,12 @@ def known_state(tenant):
         attempt=3,
         priority=9,
         attempts=[
-            {**attempt_entry(1, "x"), **expired},
-            {**attempt_entry(2, "x"), **expired},
+            attempt_entry(1, expired["outcome"], code=None, error=expired["error"]),
+            attempt_entry(2, expired["outcome"], code=None, error=expired["error"]),
             attempt_entry(3, "retry"),
         ],
     )
-    make_run(job, slots[11], status="succeeded", attempt=2, attempts=[{**attempt_entry(1, "x"), **expired}])
+    make_run(job, slots[11], status="succeeded", attempt=2, attempts=[{"attempt": 1, **expired}])
     # Outside the 24 h window: counted nowhere in the totals.
     old = now - timedelta(days=2)
     make_dead_run(job, old, attempts=9)

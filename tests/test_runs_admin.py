@@ -12,6 +12,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.utils import timezone
 
 from jobs.models import Job, SchedulerNode
+from runs.attempts import history
 from runs.models import JobRun
 from tests.support import nodes
 from tests.support.runsapi import make_dead_run, make_job, make_run, minute_slots
@@ -142,7 +143,7 @@ def test_bulk_cancel_action(admin_client, runs):
     queued, running = JobRun.objects.get(pk=runs["queued"].pk), JobRun.objects.get(pk=runs["running"].pk)
     assert queued.status == running.status == "cancelled"
     assert queued.last_error == "cancelled by admin:admin"
-    assert running.attempts[-1]["outcome"] == "cancelled"
+    assert history(running)[-1]["outcome"] == "cancelled"
     assert LogEntry.objects.count() == 2
 
 

@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 from rest_framework.test import APIClient
 
-from runs import services
+from runs import attempts, services
 from runs.keys import format_utc, run_key
 from runs.models import JobRun
 from runs.selectors import target_of
@@ -242,7 +242,7 @@ def test_replay_dead_run_requeues_same_key_and_attempt(api, tenant):
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["status"] == "queued" and body["trigger"] == "replay"
-    assert body["attempt"] == 5 and body["attempts"] == history
+    assert body["attempt"] == 5 and body["attempts"] == attempts.history(run)
     assert body["key"] == run.run_key and body["finished_at"] is None and body["lease_until"] is None
 
     fresh = JobRun.objects.get(pk=run.pk)

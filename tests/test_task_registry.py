@@ -13,6 +13,7 @@ import pytest
 
 from jobs.models import Job
 from runs import task_schema
+from runs.attempts import history
 from runs.tasks import TaskContext, register
 from tests.support.executor import queue_runs, wait_for, wait_status
 from tests.support.processes import ROOT
@@ -219,7 +220,7 @@ def test_executor_lacking_a_task_retries_the_run_and_alerts_with_its_name(proces
     )
     executor = processes.start("run_executor", env={"EXECUTOR_TASK_MODULES": "runs.builtin_tasks"})
     run = wait_status(key, "dead", timeout=60)
-    assert [a["outcome"] for a in run.attempts] == ["retry", "dead"]
+    assert [a["outcome"] for a in history(run)] == ["retry", "dead"]
     assert "unknown task 'hang_async'" in run.last_error and "EXECUTOR_TASK_MODULES" in run.last_error
     alert = '"type": "task.missing"'
     log = wait_for(

@@ -41,7 +41,7 @@ def cell(value: object) -> str:
     return "" if value is None else str(value)
 
 
-# The attempts table's column headings (runs.attempts.FIELDS are the stored keys).
+# The attempts table's column headings (runs.attempts.FIELDS are the keys history() shows).
 ATTEMPT_LABELS = {
     "attempt": "attempt",
     "owner": "executor",

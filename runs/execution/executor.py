@@ -520,7 +520,7 @@ class Executor:
             if entry.key not in written:
                 self._fenced(entry)
                 continue
-            handed_back = completion.entry["outcome"] == HANDED_BACK
+            handed_back = completion.entry.outcome == HANDED_BACK
             self.counters.handed_back += int(handed_back)
             if completion.status == "succeeded":
                 self.counters.succeeded += 1

@@ -139,7 +139,7 @@ def completion(
             result_code=result.result_code,
             error=result.error,
             retry_in_s=retry_in_s,
-        ).to_json(),
+        ),
     )
 
 
@@ -169,7 +169,7 @@ def hand_back_completion(entry: InFlight, *, owner: str) -> rows.Completion:
 def scrubbed(completion: rows.Completion, error: Exception) -> rows.Completion:
     """The same write without the error text and response details the database refused."""
     note = f"outcome details could not be stored ({type(error).__name__})"
-    entry = {**completion.entry, "error": note}
+    entry = dataclasses.replace(completion.entry, error=note)
     return dataclasses.replace(completion, error=note, entry=entry)
 
 

@@ -74,7 +74,7 @@ def _encode_completions(completions: Sequence[Completion], *, now: datetime) -> 
                 "not_before": (now + timedelta(seconds=c.retry_in_s or 0)).isoformat(),
                 "result_code": c.result_code,
                 "error": c.error,
-                "entry": [c.entry],
+                "entry": [c.entry.to_stored()],
             }
             for c in completions
         ]

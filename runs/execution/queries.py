@@ -528,7 +528,7 @@ claimed AS (
               r.overlap_policy, r.priority, r.max_attempts, r.retry_backoff_seconds,
               r.retry_backoff_cap_seconds, r.lease_seconds, r.started_at, c.signing_secrets,
               r.deferrals, r.deferred_since,
-              CASE WHEN {attempts.sql_used("r")} > 1 THEN r.attempts -> -1 ->> 'outcome' END
+              CASE WHEN {attempts.sql_used("r")} > 1 THEN {attempts.sql_outcome("r.attempts -> -1")} END
                 AS previous_outcome,
               r.target_version, r.target AS own_target
 ),
@@ -605,7 +605,7 @@ WITH done AS (
       AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at AND {{in_window:r}}
       AND r.attempt = x.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])
     RETURNING r.partition_id, r.job_id, r.scheduled_at, r.attempt, r.status,
-              x.entry -> 0 ->> 'outcome' AS outcome
+              {attempts.sql_outcome("x.entry -> 0")} AS outcome
 ),
 -- Job health, in the same statement (no extra round trip per batch). An attempt the
 -- executor handed back on shutdown says nothing about the target: it does not count.

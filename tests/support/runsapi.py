@@ -54,18 +54,22 @@ def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
     return JobRun.objects.create(**values)
 
 
-def attempt_entry(n: int, outcome: str, code: int | None = 500, error: str = "HTTP 500") -> dict:
-    return {
-        "attempt": n,
-        "owner": "exec-1",
-        "started_at": "2026-03-08T07:00:00Z",
-        "finished_at": "2026-03-08T07:00:01Z",
-        "duration_ms": 1000.0,
-        "outcome": outcome,
-        "result_code": code,
-        "error": error,
-        "retry_in_s": None,
-    }
+def attempt_entry(n: int, outcome: str, code: int | None = 500, error: str = "HTTP 500") -> list:
+    """A stored attempts entry (runs/attempts.py) of a call at 07:00 on 2026-03-08 that took 1 s."""
+    from runs.attempts import AttemptRecord
+
+    started = datetime(2026, 3, 8, 7, tzinfo=UTC)
+    return AttemptRecord(
+        attempt=n,
+        owner="exec-1",
+        started_at=started,
+        finished_at=started + timedelta(seconds=1),
+        duration_ms=1000.0,
+        outcome=outcome,
+        result_code=code,
+        error=error,
+        retry_in_s=None,
+    ).to_stored()
 
 
 def make_dead_run(job, scheduled_at: datetime, attempts: int = 3, **fields):
