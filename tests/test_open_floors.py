@@ -316,6 +316,7 @@ def test_a_dispatch_batch_commits_its_old_slots_apart_from_the_rest(monkeypatch)
     # tenants: its job goes in a transaction of its own, so that a worker out of reach
     # fails only it (tests/test_citus_worker_down.py has the outage).
     from jobs.dispatch.scheduler import Scheduler
+    from jobs.services import partition_for
     from tests.conftest import database_url
     from tests.support.scheduler import make_job
 
@@ -323,8 +324,17 @@ def test_a_dispatch_batch_commits_its_old_slots_apart_from_the_rest(monkeypatch)
     now = datetime.now(UTC).replace(second=0, microsecond=0)
     fresh = make_job(tenant, next_run_at=now, name="fresh")
     two_days_ago = now - timedelta(days=2)
+    # In fresh's partition, so that both are in one dispatch batch on either engine: on
+    # Citus a batch holds the partitions of one worker, and two batches commit once each
+    # whether or not old slots go apart.
+    same_partition = next(u for u in iter(uuid.uuid4, None) if partition_for(u) == fresh.partition_id)
     old = make_job(
-        tenant, next_run_at=two_days_ago, run_at=two_days_ago, name="old", misfire_policy="catch_up"
+        tenant,
+        id=same_partition,
+        next_run_at=two_days_ago,
+        run_at=two_days_ago,
+        name="old",
+        misfire_policy="catch_up",
     )
     commits = []
     commit = Scheduler._commit
