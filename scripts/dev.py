@@ -169,6 +169,7 @@ CITUS_TESTS = (
     "tests/test_executor_fairness.py",
     "tests/test_executor_fencing.py",
     "tests/test_executor_reaping.py",
+    "tests/test_citus_statistics.py",
     "tests/test_exactly_once.py",
     "tests/test_job_health.py",
     "tests/test_chaos_citus.py",

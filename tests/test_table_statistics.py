@@ -10,7 +10,13 @@ import psycopg
 import pytest
 from django.db import connection
 
-from runs.execution.table_statistics import analyze_if_called_empty, keep_statistics, outgrown, understated
+from runs.execution.table_statistics import (
+    analyze_if_called_empty,
+    keep_statistics,
+    outgrown,
+    understated,
+    undescribed,
+)
 from tests.conftest import database_url
 from tests.support.executor import day_partition_of, on_executor_connection, queue_runs, task_target, wait_for
 
@@ -54,6 +60,11 @@ def test_the_rules():
     assert not understated(rows_when_analyzed=3, pages_when_analyzed=400, rows_now=3)  # still empty
     assert not understated(rows_when_analyzed=-1, pages_when_analyzed=0, rows_now=20_000)  # sized
     assert not understated(rows_when_analyzed=20_000, pages_when_analyzed=400, rows_now=20_000)
+    # Citus shards: statistics of no row (no histogram) while rows are there.
+    assert undescribed(rows_when_analyzed=-1, rows_now=1)
+    assert undescribed(rows_when_analyzed=0, rows_now=150)
+    assert not undescribed(rows_when_analyzed=-1, rows_now=0)  # nothing to describe
+    assert not undescribed(rows_when_analyzed=1, rows_now=150)  # outgrown's business
 
 
 def test_statistics_that_call_a_filled_partition_empty_are_corrected_before_a_claim(tenant):

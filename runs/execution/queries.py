@@ -895,6 +895,26 @@ STATS_ANALYZED_AT = "SELECT pg_stat_get_last_analyze_time(%s::regclass)"
 # filled in as a psycopg `sql.Identifier` ({}).
 STATS_ANALYZE = "ANALYZE (SKIP_LOCKED) {}"
 
+# Citus: the watched shards' statistics and live row counts on every worker, one JSON
+# text per worker, [[shard, reltuples, relpages, n_live_tup], ...];
+# table_statistics.keep_statistics runs it. A shard is named `<table>_<shard id>`: the
+# shards of `jobs` and of job_runs' day partitions (not the default partition's, as on
+# plain PostgreSQL). run_command_on_workers' sessions on the workers see the shards
+# (other sessions there have them hidden by Citus).
+STATS_SHARDS_ON_WORKER = r"""
+SELECT coalesce(json_agg(json_build_array(c.relname, c.reltuples, c.relpages, s.n_live_tup)), '[]')
+FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.relname ~ '^(jobs|job_runs_p[0-9]{8})_[0-9]+$' AND pg_has_role(c.relowner, 'USAGE')
+"""
+STATS_SHARDS = "SELECT nodename, nodeport, success, result FROM run_command_on_workers(%s)"
+
+# Citus: one command per worker (its shards' ANALYZE), all workers at once; a worker out
+# of reach answers `success` false and holds up none of the others.
+STATS_ON_WORKERS = (
+    "SELECT node_name, node_port, success, result"
+    " FROM master_run_on_worker(%(nodes)s::text[], %(ports)s::int[], %(commands)s::text[], true)"
+)
+
 # Count a table's rows, at most %s of them; table_statistics.analyze_if_called_empty runs
 # it, the table filled in as a psycopg `sql.Identifier` ({}).
 STATS_ROWS_UP_TO = "SELECT count(*) FROM (SELECT FROM {} LIMIT %s) AS r"

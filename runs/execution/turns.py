@@ -1,7 +1,8 @@
 """Turns: periodic work that one executor does for all of them.
 
 Some of an executor's periodic reads cover every partition (on Citus, every shard):
-the reaper's look for expired leases, the open floor upkeep. Run by each executor, their
+the reaper's look for expired leases, the open floor upkeep, the read of the shards'
+planner statistics. Run by each executor, their
 cost would grow with the number of executors; run once per interval by whichever
 executor asks first, it does not. Each task has one row in `upkeep_turns` (on the
 coordinator on Citus), holding when its next turn begins: the first caller to ask at or
@@ -22,6 +23,7 @@ from runs.execution import queries
 # The tasks (upkeep_turns.task).
 REAPER = "reaper"  # the executors' read of expired leases (runs/execution/run_leases.py)
 OPEN_FLOORS = "open_floors"  # the open floor upkeep (runs/open_floors.py, keep)
+STATISTICS = "statistics"  # Citus: the shards' planner statistics (runs/execution/table_statistics.py)
 
 
 async def take(conn: psycopg.AsyncConnection, *, task: str, seconds: float) -> bool:
