@@ -36,7 +36,7 @@ def shards() -> dict[str, tuple[float, int]]:
         found = {}
         for _, _, reached, result in cursor.fetchall():
             assert reached, result
-            for shard, rows_then, _, rows_now in json.loads(result):
+            for shard, rows_then, _, rows_now, _ in json.loads(result):
                 if shard.rsplit("_", 1)[0] == TABLE:
                     found[shard] = (rows_then, rows_now)
         return found

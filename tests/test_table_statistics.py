@@ -61,10 +61,15 @@ def test_the_rules():
     assert not understated(rows_when_analyzed=-1, pages_when_analyzed=0, rows_now=20_000)  # sized
     assert not understated(rows_when_analyzed=20_000, pages_when_analyzed=400, rows_now=20_000)
     # Citus shards: statistics of no row (no histogram) while rows are there.
-    assert undescribed(rows_when_analyzed=-1, rows_now=1)
-    assert undescribed(rows_when_analyzed=0, rows_now=150)
-    assert not undescribed(rows_when_analyzed=-1, rows_now=0)  # nothing to describe
-    assert not undescribed(rows_when_analyzed=1, rows_now=150)  # outgrown's business
+    assert undescribed(rows_when_analyzed=-1, pages_when_analyzed=0, rows_now=1, pages_now=1)
+    assert undescribed(rows_when_analyzed=0, pages_when_analyzed=0, rows_now=150, pages_now=4)
+    # The file grew though the views do not count the rows yet.
+    assert undescribed(rows_when_analyzed=0, pages_when_analyzed=0, rows_now=0, pages_now=4)
+    assert not undescribed(rows_when_analyzed=-1, pages_when_analyzed=0, rows_now=0, pages_now=0)  # empty
+    # Analyzed empty in pages its dead rows left: no growth, nothing counted yet.
+    assert not undescribed(rows_when_analyzed=0, pages_when_analyzed=40, rows_now=0, pages_now=40)
+    # Statistics of a row: the outgrown rule's business.
+    assert not undescribed(rows_when_analyzed=1, pages_when_analyzed=1, rows_now=150, pages_now=4)
 
 
 def test_statistics_that_call_a_filled_partition_empty_are_corrected_before_a_claim(tenant):

@@ -896,13 +896,17 @@ STATS_ANALYZED_AT = "SELECT pg_stat_get_last_analyze_time(%s::regclass)"
 STATS_ANALYZE = "ANALYZE (SKIP_LOCKED) {}"
 
 # Citus: the watched shards' statistics and live row counts on every worker, one JSON
-# text per worker, [[shard, reltuples, relpages, n_live_tup], ...];
+# text per worker, [[shard, reltuples, relpages, n_live_tup, pages now], ...];
 # table_statistics.keep_statistics runs it. A shard is named `<table>_<shard id>`: the
 # shards of `jobs` and of job_runs' day partitions (not the default partition's, as on
 # plain PostgreSQL). run_command_on_workers' sessions on the workers see the shards
-# (other sessions there have them hidden by Citus).
+# (other sessions there have them hidden by Citus). The pages now (the file's size, which
+# does not trail the inserts as the views do) only where the statistics describe no row.
 STATS_SHARDS_ON_WORKER = r"""
-SELECT coalesce(json_agg(json_build_array(c.relname, c.reltuples, c.relpages, s.n_live_tup)), '[]')
+SELECT coalesce(json_agg(json_build_array(
+           c.relname, c.reltuples, c.relpages, s.n_live_tup,
+           CASE WHEN c.reltuples <= 0 THEN pg_relation_size(c.oid) / current_setting('block_size')::int END
+       )), '[]')
 FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.relname ~ '^(jobs|job_runs_p[0-9]{8})_[0-9]+$' AND pg_has_role(c.relowner, 'USAGE')
 """

@@ -101,11 +101,15 @@ def understated(*, rows_when_analyzed: float, pages_when_analyzed: int, rows_now
     return 0 <= rows_when_analyzed < pages_when_analyzed <= rows_now
 
 
-def undescribed(*, rows_when_analyzed: float, rows_now: int) -> bool:
+def undescribed(
+    *, rows_when_analyzed: float, pages_when_analyzed: int, rows_now: int, pages_now: int
+) -> bool:
     """The "undescribed" rule (Citus shards): statistics that describe no row (never
-    analyzed: -1, or analyzed empty: 0) of a table that holds rows now. Such statistics
-    have no histogram, and a constant range is estimated at 0.5% of the rows."""
-    return rows_when_analyzed <= 0 < rows_now
+    analyzed: -1, or analyzed empty: 0) of a table that holds rows now, by the statistics
+    views (`rows_now`) or because it has more pages than when analyzed (`pages_now`, the
+    file's size: the views trail the inserting sessions by up to ten seconds). Such
+    statistics have no histogram, and a constant range is estimated at 0.5% of the rows."""
+    return rows_when_analyzed <= 0 and (rows_now > 0 or pages_now > max(pages_when_analyzed, 0))
 
 
 async def analyze_if_called_empty(conn) -> tuple[str, ...]:
@@ -156,10 +160,10 @@ async def _keep_shard_statistics(conn, *, min_rows: int) -> tuple[str, ...]:
     for node, port, reached, result in await cursor.fetchall():
         if not reached:
             continue  # out of reach: its shards wait for a later turn
-        for shard, rows_then, pages_then, rows_now in json.loads(result):
+        for shard, rows_then, pages_then, rows_now, pages_now in json.loads(result):
             then = {"rows_when_analyzed": rows_then, "rows_now": rows_now}
             if (
-                undescribed(**then)
+                undescribed(**then, pages_when_analyzed=pages_then, pages_now=pages_now or 0)
                 or understated(**then, pages_when_analyzed=pages_then)
                 or outgrown(**then, min_rows=min_rows)
             ):
