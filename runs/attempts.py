@@ -52,6 +52,7 @@ entry's outcome use `sql_outcome()`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -130,22 +131,20 @@ class AttemptRecord:
     def to_stored(self) -> list:
         """The stored entry (the module docstring), in FIELDS order whatever the order
         of the fields here. No request headers, ever: they may carry the target's secrets."""
-        values = {
-            **vars(self),
-            "started_at": None if self.started_at is None else micros(self.started_at),
-            "finished_at": None if self.finished_at is None else micros(self.finished_at),
-            "duration_ms": _rounded(self.duration_ms, 1),
-            "retry_in_s": _rounded(self.retry_in_s, 3),
-        }
+        values = self._values(micros)
         return [values[name] for name in FIELDS]
 
     def to_display(self) -> dict:
         """The entry as readers show it: every key, timestamps as RFC 3339 text."""
+        return self._values(format_moment)
+
+    def _values(self, moment: Callable[[datetime], object]) -> dict:
+        """Every field by name, timestamps through `moment`, durations rounded."""
         # vars(), not asdict(): asdict deep-copies every field.
         return {
             **vars(self),
-            "started_at": None if self.started_at is None else format_moment(self.started_at),
-            "finished_at": None if self.finished_at is None else format_moment(self.finished_at),
+            "started_at": None if self.started_at is None else moment(self.started_at),
+            "finished_at": None if self.finished_at is None else moment(self.finished_at),
             "duration_ms": _rounded(self.duration_ms, 1),
             "retry_in_s": _rounded(self.retry_in_s, 3),
         }
