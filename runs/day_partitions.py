@@ -24,13 +24,16 @@ log = logging.getLogger(__name__)
 PARENT = "job_runs"
 DEFAULT = "job_runs_default"
 ACTIVE_SQL = "(" + ", ".join(f"'{status}'" for status in ACTIVE_STATUSES) + ")"
-_NAME = re.compile(r"^job_runs_p(\d{8})$")
+# A day partition's name, its day captured: a regular expression that Python and
+# PostgreSQL read alike (partition_name writes it).
+NAME_PATTERN = "job_runs_p([0-9]{8})"
+_NAME = re.compile(f"^{NAME_PATTERN}$")
 # The same in SQL: the start (UTC midnight) of every day partition, as `day_start` rows.
-DAY_STARTS_SQL = """
-SELECT to_date(substring(c.relname FROM '^job_runs_p(\\d{8})$'), 'YYYYMMDD')::timestamp
+DAY_STARTS_SQL = f"""
+SELECT to_date(substring(c.relname FROM '^{NAME_PATTERN}$'), 'YYYYMMDD')::timestamp
        AT TIME ZONE 'UTC' AS day_start
 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-WHERE i.inhparent = 'job_runs'::regclass AND c.relname ~ '^job_runs_p\\d{8}$'
+WHERE i.inhparent = 'job_runs'::regclass AND c.relname ~ '^{NAME_PATTERN}$'
 """
 
 

@@ -1,12 +1,13 @@
-"""On Citus the executors keep the planner statistics of the shards (the "undescribed",
-"called empty" and "outgrown" rules of runs/execution/table_statistics.py, applied to
-each worker's shards in one executor's turn), read from the workers' own catalogs.
+"""On Citus the executors keep the planner statistics of the shards, read from the
+workers' own catalogs in one executor's turn (runs/execution/table_statistics.py): a
+shard that holds rows its statistics do not describe is analyzed on its worker, once.
 
 Skipped outside `make test-citus`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from datetime import UTC, datetime, time, timedelta
@@ -14,7 +15,7 @@ from datetime import UTC, datetime, time, timedelta
 import pytest
 from django.db import connection
 
-from runs.execution import queries, turns
+from runs.execution import queries, table_statistics, turns
 from runs.execution.table_statistics import keep_statistics
 from tests.support.executor import on_executor_connection, queue_runs, task_target, wait_for
 
@@ -23,21 +24,41 @@ pytestmark = [
     pytest.mark.skipif(not os.environ.get("CRONYARD_CITUS_WORKERS"), reason="a make test-citus test"),
 ]
 
-# A day no other test in this database writes runs into: its shards start never analyzed.
-DAY = datetime.combine(datetime.now(UTC).date() + timedelta(days=3), time(6), tzinfo=UTC)
-TABLE = f"job_runs_p{DAY:%Y%m%d}"
+# Days no other test in this database writes runs into: their shards start never analyzed.
+IN_3_DAYS = datetime.combine(datetime.now(UTC).date() + timedelta(days=3), time(6), tzinfo=UTC)
+IN_4_DAYS = IN_3_DAYS + timedelta(days=1)
 
 
-def shards() -> dict[str, tuple[float, int]]:
-    """The day partition's shards on every worker: {shard: (reltuples, n_live_tup)}, as
-    each worker's own catalog and statistics views say."""
+def table_of(day: datetime) -> str:
+    return f"job_runs_p{day:%Y%m%d}"
+
+
+def sql(statement: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement)
+
+
+@contextlib.contextmanager
+def autovacuum_off(table: str):
+    """The workers' autovacuum analyzing a shard first would leave the turn nothing to do.
+    (Citus passes the setting on to the shards.)"""
+    sql(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+    try:
+        yield
+    finally:
+        sql(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+
+
+def shards(table: str) -> dict[str, tuple[float, int]]:
+    """The table's shards on every worker: {shard: (reltuples as the turn reads them, -1
+    when never analyzed; n_live_tup)}, from each worker's own catalog and views."""
     with connection.cursor() as cursor:
         cursor.execute(queries.STATS_SHARDS, [queries.STATS_SHARDS_ON_WORKER])
         found = {}
         for _, _, reached, result in cursor.fetchall():
             assert reached, result
-            for shard, rows_then, _, rows_now, _ in json.loads(result):
-                if shard.rsplit("_", 1)[0] == TABLE:
+            for _, shard, rows_then, _, rows_now, _ in json.loads(result):
+                if shard.rsplit("_", 1)[0] == table:
                     found[shard] = (rows_then, rows_now)
         return found
 
@@ -50,35 +71,64 @@ def keep() -> tuple[str, ...]:
     return on_executor_connection(keep_statistics)
 
 
-def test_shards_whose_statistics_describe_no_row_are_analyzed_once_they_hold_rows(tenant):
-    assert shards(), f"no shard of {TABLE} found on the workers"
-    assert all(rows_then <= 0 for rows_then, _ in shards().values())  # never analyzed
-    assert TABLE not in keep()  # no rows: nothing to describe
-
-    queue_runs(tenant, task_target("noop"), count=300, start=DAY, spacing=timedelta(0))
-    # The workers' statistics views count the inserting sessions' rows within seconds.
+def fill(tenant, day: datetime, count: int) -> set[str]:
+    """Queue `count` runs of `day`; the shards that hold them, once the workers' views
+    count them."""
+    queue_runs(tenant, task_target("noop"), count=count, start=day, spacing=timedelta(0))
+    table = table_of(day)
     wait_for(
-        lambda: sum(rows_now for _, rows_now in shards().values()) >= 300,
+        lambda: sum(rows_now for _, rows_now in shards(table).values()) >= count,
         timeout=30,
         what="the workers' views counting the new rows",
     )
-    holding = {shard for shard, (_, rows_now) in shards().items() if rows_now > 0}
+    holding = {shard for shard, (_, rows_now) in shards(table).items() if rows_now > 0}
     assert len(holding) > 1  # the runs' jobs hash to several shards
-
-    assert TABLE in keep()
-    after = shards()
-    assert all(after[shard][0] > 0 for shard in holding), after  # each has a histogram now
-    assert all(after[shard][0] <= 0 for shard in set(after) - holding)  # the empty ones: left alone
-    assert sum(after[shard][0] for shard in holding) == pytest.approx(300, abs=1)
-
-    # Described now, and not outgrown: later turns leave the day alone.
-    assert TABLE not in keep()
-    assert TABLE not in keep()
+    return holding
 
 
-def test_one_executor_reads_the_workers_per_turn(tenant):
+def test_shards_whose_statistics_describe_no_row_are_analyzed_once_they_hold_rows(tenant):
+    table = table_of(IN_3_DAYS)
+    with autovacuum_off(table):
+        assert shards(table), f"no shard of {table} found on the workers"
+        assert all(rows_then == -1 for rows_then, _ in shards(table).values())  # never analyzed
+        assert table not in keep()  # no rows: nothing to describe
+
+        holding = fill(tenant, IN_3_DAYS, 300)
+        assert table in keep()
+        after = shards(table)
+        assert all(after[shard][0] > 0 for shard in holding), after  # each has a histogram now
+        assert all(after[shard][0] == -1 for shard in set(after) - holding)  # the empty ones: left alone
+        assert sum(after[shard][0] for shard in holding) == pytest.approx(300, abs=1)
+
+        # Described now, and not outgrown: later turns leave the day alone.
+        assert table not in keep()
+        assert table not in keep()
+
+        # Analyzed empty in the pages its rows left (no VACUUM has truncated them): the
+        # shards are as big as when analyzed, and hold nothing to describe.
+        sql(f"DELETE FROM {table}")
+        sql(f"ANALYZE {table}")
+        assert all(rows_then == 0 for rows_then, _ in shards(table).values())
+        assert table not in keep()
+        assert table not in keep()
+
+
+def test_a_shard_vacuumed_before_its_first_analyze_still_counts_as_undescribed(tenant):
+    """VACUUM (and CREATE INDEX, as when Citus moves a shard) set a shard's row count
+    without writing a histogram: the turn reads "never analyzed" from the views."""
+    table = table_of(IN_4_DAYS)
+    with autovacuum_off(table):
+        holding = fill(tenant, IN_4_DAYS, 200)
+        sql(f"VACUUM {table}")
+        assert table in keep()
+        assert all(shards(table)[shard][0] > 0 for shard in holding)
+        assert table not in keep()
+
+
+def test_one_executor_reads_the_workers_per_turn(tenant, monkeypatch):
     """Asked twice within one interval, only the first ask is a turn and reads the
     workers (the turn is one coordinator statement; the read visits every worker)."""
+    monkeypatch.setattr(table_statistics, "SHARDS_EVERY_SECONDS", 60.0)
 
     async def twice(conn) -> int:
         reads = []

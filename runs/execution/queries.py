@@ -896,28 +896,42 @@ STATS_ANALYZED_AT = "SELECT pg_stat_get_last_analyze_time(%s::regclass)"
 STATS_ANALYZE = "ANALYZE (SKIP_LOCKED) {}"
 
 # Citus: the watched shards' statistics and live row counts on every worker, one JSON
-# text per worker, [[shard, reltuples, relpages, n_live_tup, pages now], ...];
-# table_statistics.keep_statistics runs it. A shard is named `<table>_<shard id>`: the
-# shards of `jobs` and of job_runs' day partitions (not the default partition's, as on
-# plain PostgreSQL). run_command_on_workers' sessions on the workers see the shards
-# (other sessions there have them hidden by Citus). The pages now (the file's size, which
-# does not trail the inserts as the views do) only where the statistics describe no row.
-STATS_SHARDS_ON_WORKER = r"""
+# text per worker, [[schema, shard, reltuples, relpages, n_live_tup, pages now], ...];
+# table_statistics._keep_shard_statistics runs it. A shard is named `<table>_<shard id>`:
+# the shards of `jobs` and of job_runs' day partitions (not the default partition's, as
+# on plain PostgreSQL). run_command_on_workers' sessions on the workers see the shards
+# (other sessions there have them hidden by Citus).
+# - reltuples is -1 for a shard never analyzed, whatever pg_class says: VACUUM and CREATE
+#   INDEX set reltuples without writing a histogram (a shard moved or split arrives so).
+# - The pages now (the file's size, which does not trail the inserts as the views do) only
+#   where the statistics describe no row.
+STATS_SHARDS_ON_WORKER = rf"""
 SELECT coalesce(json_agg(json_build_array(
-           c.relname, c.reltuples, c.relpages, s.n_live_tup,
-           CASE WHEN c.reltuples <= 0 THEN pg_relation_size(c.oid) / current_setting('block_size')::int END
+           w.nspname, w.relname, w.reltuples, w.relpages, w.n_live_tup,
+           CASE WHEN w.reltuples <= 0 THEN pg_relation_size(w.oid) / current_setting('block_size')::int END
        )), '[]')
-FROM pg_class c JOIN pg_stat_user_tables s ON s.relid = c.oid
-WHERE c.relname ~ '^(jobs|job_runs_p[0-9]{8})_[0-9]+$' AND pg_has_role(c.relowner, 'USAGE')
+FROM (
+    SELECT c.oid, n.nspname, c.relname, c.relpages, s.n_live_tup,
+           CASE WHEN s.last_analyze IS NULL AND s.last_autoanalyze IS NULL THEN -1 ELSE c.reltuples END
+             AS reltuples
+    FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    JOIN pg_stat_user_tables s ON s.relid = c.oid
+    WHERE c.relname ~ '^(jobs|{day_partitions.NAME_PATTERN})_[0-9]+$' AND pg_has_role(c.relowner, 'USAGE')
+) w
 """
 STATS_SHARDS = "SELECT nodename, nodeport, success, result FROM run_command_on_workers(%s)"
 
-# Citus: one command per worker (its shards' ANALYZE), all workers at once; a worker out
-# of reach answers `success` false and holds up none of the others.
+# Citus: one command per worker (its shards' ANALYZE), all workers at once. A worker
+# that refuses the connection answers `success` false and holds up none of the others;
+# one that does not answer holds up all of them for citus.node_connection_timeout, which
+# table_statistics sets short for these two statements (and resets after).
 STATS_ON_WORKERS = (
     "SELECT node_name, node_port, success, result"
     " FROM master_run_on_worker(%(nodes)s::text[], %(ports)s::int[], %(commands)s::text[], true)"
 )
+STATS_WORKERS_TIMEOUT = "SELECT set_config('citus.node_connection_timeout', %s, false)"
+STATS_WORKERS_TIMEOUT_RESET = "RESET citus.node_connection_timeout"
 
 # Count a table's rows, at most %s of them; table_statistics.analyze_if_called_empty runs
 # it, the table filled in as a psycopg `sql.Identifier` ({}).

@@ -39,17 +39,17 @@ the check before a claim reads the table rather than the views.
 Citus: the rows live in shards on the workers, and each worker plans every statement
 afresh with its values (custom plans), the claim's and the outcomes' day windows as
 constant ranges (runs/per_partition.py). A shard whose statistics describe no row
-(never analyzed, or analyzed empty) has no histogram: PostgreSQL estimates a range at
-0.5% of its rows, so a filled shard looks nearly empty, and the claim's keyed update
-then read the shard's whole day once per key (30,000 runs drained at 1,364 runs/s
-instead of 2,798 with the shards analyzed). Autovacuum on the workers analyzes it within
-a minute; the top of the day is when that minute costs most. So on Citus a third rule
-joins the two above, "undescribed": statistics of no row, and it holds rows now. Once
-a second one executor (turns.STATISTICS) reads every worker's shard statistics
-(STATS_SHARDS: one catalog read per worker, none of the shards' rows) and analyzes the
-shards a rule picks, on their own workers (STATS_ON_WORKERS), all workers at once. A
-worker out of reach is left for a later turn and holds up no other. There is no check
-before a claim: it would put a read of every worker on the claim path.
+(never analyzed, or analyzed empty) has no histogram, and a range is estimated at 0.5%
+of its rows: a filled shard looks nearly empty, and the claim's keyed update read the
+shard's whole day once per key (the measurements: docs/decisions/0047-planner-statistics.md).
+The workers' autovacuum fixes it within a minute; the top of a new day is when that
+minute costs most. So on Citus a third rule joins the two above, "undescribed"
+(`undescribed`). Once a second one executor (turns.STATISTICS) reads every worker's
+shard statistics (STATS_SHARDS: one catalog read per worker, none of the shards' rows)
+and analyzes the shards a rule picks on their own workers (STATS_ON_WORKERS), all
+workers at once. A worker that refuses the connection is left for a later turn; one
+that does not answer holds the turn up for WORKER_TIMEOUT_MS. There is no check before
+a claim: it would put a read of every worker on the claim path.
 """
 
 from __future__ import annotations
@@ -107,8 +107,10 @@ def undescribed(
     """The "undescribed" rule (Citus shards): statistics that describe no row (never
     analyzed: -1, or analyzed empty: 0) of a table that holds rows now, by the statistics
     views (`rows_now`) or because it has more pages than when analyzed (`pages_now`, the
-    file's size: the views trail the inserting sessions by up to ten seconds). Such
-    statistics have no histogram, and a constant range is estimated at 0.5% of the rows."""
+    file's size, which does not trail the inserts as the views do). Such statistics have
+    no histogram, and a constant range is estimated at 0.5% of the rows. (A shard filled
+    by one long transaction grows while ANALYZE counts none of its rows: it is analyzed
+    again each turn until that transaction commits.)"""
     return rows_when_analyzed <= 0 and (rows_now > 0 or pages_now > max(pages_when_analyzed, 0))
 
 
@@ -151,38 +153,66 @@ async def keep_statistics(conn, *, min_rows: int = ANALYZE_MIN_ROWS) -> tuple[st
 async def _keep_shard_statistics(conn, *, min_rows: int) -> tuple[str, ...]:
     """Citus, in this executor's turn: ANALYZE the shards of the watched tables that a
     rule picks (undescribed, called empty, outgrown), each on its worker. Returns the
-    tables whose shards were analyzed. A shard another session holds a lock on
-    (autovacuum) is skipped by its worker and looked at again in a later turn."""
+    tables whose shards were sent an ANALYZE; a shard another session holds a lock on
+    (autovacuum) is skipped by its worker and looked at again in a later turn, as are
+    the shards of a worker that did not answer, or whose list named a shard moved or
+    dropped since the read (the whole list fails)."""
     if not await turns.take(conn, task=turns.STATISTICS, seconds=SHARDS_EVERY_SECONDS):
         return ()
-    cursor = await conn.execute(queries.STATS_SHARDS, [queries.STATS_SHARDS_ON_WORKER])
-    stale: dict[tuple[str, int], list[str]] = {}
-    for node, port, reached, result in await cursor.fetchall():
-        if not reached:
-            continue  # out of reach: its shards wait for a later turn
-        for shard, rows_then, pages_then, rows_now, pages_now in json.loads(result):
-            then = {"rows_when_analyzed": rows_then, "rows_now": rows_now}
-            if (
-                undescribed(**then, pages_when_analyzed=pages_then, pages_now=pages_now or 0)
-                or understated(**then, pages_when_analyzed=pages_then)
-                or outgrown(**then, min_rows=min_rows)
-            ):
-                stale.setdefault((node, port), []).append(shard)
-    if not stale:
-        return ()
-    workers = sorted(stale)
-    commands = [
-        sql.SQL(queries.STATS_ANALYZE)
-        .format(sql.SQL(", ").join(sql.Identifier(shard) for shard in sorted(stale[w])))
-        .as_string(conn)
-        for w in workers
-    ]
-    cursor = await conn.execute(
-        queries.STATS_ON_WORKERS,
-        {"nodes": [n for n, _ in workers], "ports": [p for _, p in workers], "commands": commands},
-    )
-    analyzed = set()
-    for node, port, done, _ in await cursor.fetchall():
-        if done:
-            analyzed.update(shard.rsplit("_", 1)[0] for shard in stale[(node, port)])
+    # A worker that does not answer would hold up the others, and this executor's reaper,
+    # for Citus's default of 30 s. A session setting, not a transaction's: no transaction
+    # stays open while the workers analyze.
+    await conn.execute(queries.STATS_WORKERS_TIMEOUT, [f"{WORKER_TIMEOUT_MS}"])
+    try:
+        cursor = await conn.execute(queries.STATS_SHARDS, [queries.STATS_SHARDS_ON_WORKER])
+        stale: dict[tuple[str, int], list[tuple[str, str]]] = {}
+        for node, port, reached, result in await cursor.fetchall():
+            if not _answered((node, port), reached, result):
+                continue
+            for schema, shard, rows_then, pages_then, rows_now, pages_now in json.loads(result):
+                then = {"rows_when_analyzed": rows_then, "rows_now": rows_now}
+                if (
+                    undescribed(**then, pages_when_analyzed=pages_then, pages_now=pages_now or 0)
+                    or understated(**then, pages_when_analyzed=pages_then)
+                    or outgrown(**then, min_rows=min_rows)
+                ):
+                    stale.setdefault((node, port), []).append((schema, shard))
+        if not stale:
+            return ()
+        workers = sorted(stale)
+        commands = [
+            sql.SQL(queries.STATS_ANALYZE)
+            .format(sql.SQL(", ").join(sql.Identifier(*name) for name in sorted(stale[w])))
+            .as_string(conn)
+            for w in workers
+        ]
+        cursor = await conn.execute(
+            queries.STATS_ON_WORKERS,
+            {"nodes": [n for n, _ in workers], "ports": [p for _, p in workers], "commands": commands},
+        )
+        analyzed = set()
+        for node, port, done, result in await cursor.fetchall():
+            if _answered((node, port), done, result):
+                analyzed.update(shard.rsplit("_", 1)[0] for _, shard in stale[(node, port)])
+    finally:
+        await conn.execute(queries.STATS_WORKERS_TIMEOUT_RESET)
     return tuple(sorted(analyzed))
+
+
+# Citus: how long a worker may take to accept the statistics turn's connection.
+WORKER_TIMEOUT_MS = 2000
+
+# Per worker, the error its last failed answer gave (logged once, not every turn).
+_FAILED: dict[tuple[str, int], str] = {}
+
+
+def _answered(worker: tuple[str, int], ok: bool, result: str) -> bool:
+    """Whether `worker` answered the statistics turn; a failure is logged when it first
+    shows or changes, and its shards wait for a later turn."""
+    if ok:
+        _FAILED.pop(worker, None)
+        return True
+    if _FAILED.get(worker) != result:
+        _FAILED[worker] = result
+        log.warning("planner statistics of the shards on %s:%s not kept this turn: %s", *worker, result)
+    return False

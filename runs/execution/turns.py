@@ -2,16 +2,16 @@
 
 Some of an executor's periodic reads cover every partition (on Citus, every shard):
 the reaper's look for expired leases, the open floor upkeep, the read of the shards'
-planner statistics. Run by each executor, their
-cost would grow with the number of executors; run once per interval by whichever
-executor asks first, it does not. Each task has one row in `upkeep_turns` (on the
-coordinator on Citus), holding when its next turn begins: the first caller to ask at or
-after that moment takes the turn and sets the next one (TAKE_TURN).
+planner statistics. Run by each executor, their cost would grow with the number of
+executors; run once per interval by whichever executor asks first, it does not. Each
+task has one row in `upkeep_turns` (on the coordinator on Citus), holding when its next
+turn begins: the first caller to ask at or after that moment takes the turn and sets
+the next one (TAKE_TURN).
 
 A caller that takes a turn and then fails leaves it taken: the task waits one interval.
 Two callers doing the task at once remain safe for every task here (reaping is a
 compare-and-set on the attempt, the upkeep's writes are guarded by the floors'
-versions); the turn saves their cost, nothing more.
+versions, a second ANALYZE is only work wasted); the turn saves their cost, nothing more.
 """
 
 from __future__ import annotations
