@@ -92,6 +92,24 @@ def test_statistics_that_call_a_filled_partition_empty_are_corrected_before_a_cl
         assert on_executor_connection(analyze_if_called_empty) == ()
 
 
+def test_job_targets_called_empty_are_corrected_before_a_claim(tenant):
+    """The claim joins each run's target version: job_targets' statistics calling it
+    empty (all jobs deleted, then new ones) made claims 15-19 times slower until
+    autovacuum looked again."""
+    queue(tenant, 200)  # each run's job gets its target version
+    with autovacuum_off("job_targets"):
+        sql("DELETE FROM job_targets")
+        sql("ANALYZE job_targets")
+        rows_then, pages_then = sql("SELECT reltuples, relpages FROM pg_class WHERE relname = 'job_targets'")
+        assert rows_then == 0 and pages_then > 0
+        assert "job_targets" not in on_executor_connection(analyze_if_called_empty)
+
+        queue(tenant, 200)  # new jobs' versions, in the pages the deleted ones left
+        assert "job_targets" in on_executor_connection(analyze_if_called_empty)
+        assert sql("SELECT reltuples FROM pg_class WHERE relname = 'job_targets'")[0] >= 200
+        assert "job_targets" not in on_executor_connection(analyze_if_called_empty)
+
+
 def live_rows(table: str) -> int:
     return sql("SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = %s::regclass", [table])[0]
 

@@ -865,17 +865,19 @@ WHERE t.tenant_id = idle.tenant_id AND t.host = idle.host
 
 # --- the planner's statistics (runs/execution/table_statistics.py) ----------------------------
 
-# The watched tables: jobs and the day partitions of job_runs this role may analyze.
+# The watched tables: jobs, job_targets (the claim joins it) and the day partitions of
+# job_runs this role may analyze.
 _WATCHED = f"""
-    (c.oid = 'jobs'::regclass
+    (c.oid IN ('jobs'::regclass, 'job_targets'::regclass)
      OR (c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = '{day_partitions.PARENT}'::regclass)
          AND c.relname <> '{day_partitions.DEFAULT}'))
     AND pg_has_role(c.relowner, 'USAGE')
 """
 
-# Day partitions whose statistics count fewer rows than pages: ANALYZE ran when (nearly)
-# every row was dead; table_statistics.analyze_if_called_empty runs it. Never-analyzed
-# tables (reltuples -1) are estimated from their size.
+# Day partitions and job_targets (what the claim reads) whose statistics count fewer rows
+# than pages: ANALYZE ran when (nearly) every row was dead;
+# table_statistics.analyze_if_called_empty runs it. Never-analyzed tables (reltuples -1)
+# are estimated from their size.
 STATS_UNDERSTATED = f"""
 SELECT c.oid::regclass::text, c.relpages FROM pg_class c
 WHERE c.reltuples >= 0 AND c.reltuples < c.relpages AND c.oid <> 'jobs'::regclass AND {_WATCHED}
@@ -898,9 +900,9 @@ STATS_ANALYZE = "ANALYZE (SKIP_LOCKED) {}"
 # Citus: the watched shards' statistics and live row counts on every worker, one JSON
 # text per worker, [[schema, shard, reltuples, relpages, n_live_tup, pages now], ...];
 # table_statistics._keep_shard_statistics runs it. A shard is named `<table>_<shard id>`:
-# the shards of `jobs` and of job_runs' day partitions (not the default partition's, as
-# on plain PostgreSQL). run_command_on_workers' sessions on the workers see the shards
-# (other sessions there have them hidden by Citus).
+# the shards of `jobs`, `job_targets` and job_runs' day partitions (not the default
+# partition's, as on plain PostgreSQL). run_command_on_workers' sessions on the workers
+# see the shards (other sessions there have them hidden by Citus).
 # - reltuples is -1 for a shard never analyzed, whatever pg_class says: VACUUM and CREATE
 #   INDEX set reltuples without writing a histogram (a shard moved or split arrives so).
 # - The pages now (the file's size, which does not trail the inserts as the views do) only
@@ -917,7 +919,8 @@ FROM (
     FROM pg_class c
     JOIN pg_namespace n ON n.oid = c.relnamespace
     JOIN pg_stat_user_tables s ON s.relid = c.oid
-    WHERE c.relname ~ '^(jobs|{day_partitions.NAME_PATTERN})_[0-9]+$' AND pg_has_role(c.relowner, 'USAGE')
+    WHERE c.relname ~ '^(jobs|job_targets|{day_partitions.NAME_PATTERN})_[0-9]+$'
+      AND pg_has_role(c.relowner, 'USAGE')
 ) w
 """
 STATS_SHARDS = "SELECT nodename, nodeport, success, result FROM run_command_on_workers(%s)"

@@ -1,5 +1,5 @@
-"""The planner's statistics of `jobs` and of `job_runs`' day partitions, kept close to
-the rows they describe.
+"""The planner's statistics of `jobs`, `job_targets` (the claim joins it) and `job_runs`'
+day partitions, kept close to the rows they describe.
 
 Why: the executor's hot statements run on generic plans (runs/execution/connections.py), and a
 plan made from statistics that call a table empty is not a little slower, it is a
