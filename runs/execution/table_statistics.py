@@ -71,6 +71,10 @@ ANALYZE_MIN_ROWS = 1000
 
 # Citus: one executor's turn to read the shards' statistics comes this often.
 SHARDS_EVERY_SECONDS = 1.0
+# Citus: how long a worker may take to accept the statistics turn's connection.
+WORKER_TIMEOUT_MS = 2000
+# Citus: per worker, the error its last failed answer gave (logged once, not every turn).
+_FAILED: dict[tuple[str, int], str] = {}
 
 
 def outgrown(*, rows_when_analyzed: float, rows_now: int, min_rows: int) -> bool:
@@ -115,8 +119,8 @@ def undescribed(
 
 
 async def analyze_if_called_empty(conn) -> tuple[str, ...]:
-    """Before a claim: ANALYZE the day partitions whose statistics call them (nearly)
-    empty while they hold a row a page. One catalog read when there is none."""
+    """Before a claim: ANALYZE the day partitions and job_targets whose statistics call
+    them (nearly) empty while they hold a row a page. One catalog read when there is none."""
     if await citus_installed_async(conn):
         return ()
     cursor = await conn.execute(queries.STATS_UNDERSTATED)
@@ -162,7 +166,7 @@ async def _keep_shard_statistics(conn, *, min_rows: int) -> tuple[str, ...]:
     # A worker that does not answer would hold up the others, and this executor's reaper,
     # for Citus's default of 30 s. A session setting, not a transaction's: no transaction
     # stays open while the workers analyze.
-    await conn.execute(queries.STATS_WORKERS_TIMEOUT, [f"{WORKER_TIMEOUT_MS}"])
+    await conn.execute(queries.STATS_WORKERS_TIMEOUT, [str(WORKER_TIMEOUT_MS)])
     try:
         cursor = await conn.execute(queries.STATS_SHARDS, [queries.STATS_SHARDS_ON_WORKER])
         stale: dict[tuple[str, int], list[tuple[str, str]]] = {}
@@ -197,13 +201,6 @@ async def _keep_shard_statistics(conn, *, min_rows: int) -> tuple[str, ...]:
     finally:
         await conn.execute(queries.STATS_WORKERS_TIMEOUT_RESET)
     return tuple(sorted(analyzed))
-
-
-# Citus: how long a worker may take to accept the statistics turn's connection.
-WORKER_TIMEOUT_MS = 2000
-
-# Per worker, the error its last failed answer gave (logged once, not every turn).
-_FAILED: dict[tuple[str, int], str] = {}
 
 
 def _answered(worker: tuple[str, int], ok: bool, result: str) -> bool:
