@@ -8,23 +8,33 @@ Citus, are runs/execution/queries.py (LOCK_TENANTS, RUNNING, CLAIM).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import psycopg
 from psycopg import pq
 
 from runs import per_partition
 from runs.execution import fair_share, queries
+from runs.execution.connections import close_quietly
 from runs.rows import ClaimedRun
 from scheduler_project.citus import by_node
 from scheduler_project.outage import OutageLog, unreachable_worker
 
+T = TypeVar("T")
+
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
 TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
+# On Citus, "claiming runs of tenant t in partition p" is pg_advisory_xact_lock(key) of
+# one bigint key: this in its top 16 bits, p in the next 16, t in the low 32
+# (queries.LOCK_PARTITION_TENANTS). One-key advisory locks never meet two-key ones.
+PARTITION_CLAIM_LOCK = 0x4350  # "CP"
 
 # The per-partition claim's rank bound on Citus: none, its grants already say how many
 # runs of each tenant it takes (fair share was applied by fair_share.allocate).
@@ -45,6 +55,7 @@ async def claim_runs(
     holds: Holds | None = None,
     mine: dict[int, int] | None = None,
     outage: OutageLog | None = None,
+    lanes: Lanes | None = None,
 ) -> list[ClaimedRun]:
     """Claim up to `limit` runnable runs for `owner`. No transaction is open during any call.
 
@@ -58,8 +69,10 @@ async def claim_runs(
     last plan again (fair_share.Planner); it is told whether the claim came back full.
 
     Citus (wherever claims go per partition, runs/per_partition.split): `_claim_by_node`,
-    with `holds` (this executor's tenant_holds), `mine` (its runs in flight per tenant)
-    and `outage` (the process's OutageLog, which sets a worker out of reach aside).
+    with `holds` (this executor's tenant_holds), `mine` (its runs in flight per tenant),
+    `outage` (the process's OutageLog, which sets a worker out of reach aside) and
+    `lanes` (the connections its shards' claims go on side by side; by default one after
+    another on `conn`).
     """
     if limit <= 0:
         return []
@@ -74,6 +87,7 @@ async def claim_runs(
             aging_seconds=aging_seconds,
             mine=mine,
             outage=outage,
+            lanes=lanes,
         )
     plan = await planner.plan(conn, limit=limit, aging_seconds=aging_seconds, open_from=open_from)
     if not plan.partitions:
@@ -184,6 +198,7 @@ async def _claim_by_node(
     aging_seconds: float,
     mine: dict[int, int] | None,
     outage: OutageLog | None,
+    lanes: Lanes | None,
 ) -> list[ClaimedRun]:
     """Citus: no statement visits every shard, and one worker out of reach stops only its
     own partitions (docs/decisions/0075-citus-claims.md, 0073-one-worker-down.md).
@@ -196,10 +211,11 @@ async def _claim_by_node(
        (Holds.reserve, under the tenants' advisory locks): what every executor holds,
        not a count of running runs over every shard. The runs this executor no longer
        has in flight (`mine`: what it has) are given back in the same statement.
-    4. Per worker, one transaction of the tenants' locks and one claim statement per
-       shard (its partitions of the batch), pipelined: one round trip, committed on that
-       worker alone. The locks serialise claimers of one tenant, so that each sees the
-       runs the other set running (overlap policies).
+    4. Per shard, a transaction of the (tenant, partition) locks and one claim
+       statement for its partitions of the batch (`_claim_in`), in one round trip and
+       committed on that shard's worker alone; the shards' claims run side by side on
+       `lanes`, the biggest first. The locks serialise claimers of one job, so that each
+       sees the runs the other set running (overlap policies).
     5. The grants the claims did not use are given back.
     """
     mine = dict(mine or {})
@@ -238,21 +254,34 @@ async def _claim_by_node(
         shards: dict[int, dict[int, dict[int, int]]] = {}  # shard -> partition -> tenant -> n
         for partition, quotas in _trim(places, granted).items():
             shards.setdefault(planner.placements.shard(partition), {})[partition] = quotas
-        by_worker: dict[str, list[dict[int, dict[int, int]]]] = {}
-        for in_shard in shards.values():
-            by_worker.setdefault(placements[next(iter(in_shard))], []).append(in_shard)
-        for node, asked in by_worker.items():
-            try:
-                got = await _claim_in(conn, asked, owner=owner, aging_seconds=aging_seconds, planner=planner)
-            except psycopg.Error as exc:
-                if not _node_away(exc, planner, outage):
-                    raise
+        asked = sorted(shards.values(), key=_size, reverse=True)
+        results = await (lanes or Lanes()).run(
+            conn,
+            [
+                functools.partial(
+                    _claim_in, in_shard=in_shard, owner=owner, aging_seconds=aging_seconds, planner=planner
+                )
+                for in_shard in asked
+            ],
+        )
+        failed: psycopg.Error | None = None
+        took: dict[str, tuple[Counter[tuple[int, int]], int]] = {}
+        for in_shard, got in zip(asked, results, strict=True):
+            if isinstance(got, psycopg.Error):
+                if not _node_away(got, planner, outage):
+                    failed = failed or got
                 continue
+            node = placements[next(iter(in_shard))]
+            counts, total = took.get(node, (Counter(), 0))
+            counts.update((r.partition_id, r.tenant_id) for r in got)
+            took[node] = (counts, total + _size(in_shard))
+            claimed += got
+        for node, (counts, total) in took.items():
             if outage and node:
                 outage.reached([node])
-            asked_total = sum(n for shard in asked for quotas in shard.values() for n in quotas.values())
-            planner.took(node, Counter((r.partition_id, r.tenant_id) for r in got), asked_total)
-            claimed += got
+            planner.took(node, counts, total)
+        if failed is not None:
+            raise failed
     finally:
         await holds.release(conn, Counter(granted) - Counter(run.tenant_id for run in claimed))
     claimed.sort(key=lambda run: (-run.priority, run.scheduled_at))
@@ -293,17 +322,17 @@ def _node_away(exc: psycopg.Error, planner: fair_share.Planner, outage: OutageLo
 
 async def _claim_in(
     conn,
-    asked: list[dict[int, dict[int, int]]],
     *,
+    in_shard: dict[int, dict[int, int]],
     owner: str,
     aging_seconds: float,
     planner: fair_share.Planner,
 ) -> list[ClaimedRun]:
-    """One worker's claims: a transaction of one claim statement per shard of `asked`
-    (per shard {partition: {tenant: runs granted there}}), in one pipeline sync (one
-    round trip), committed on that worker alone.
+    """One shard's claim: {partition: {tenant: runs granted there}} of one shard, in a
+    transaction of its own (the partitions' locks, then the claim statement) in one
+    pipeline sync (one round trip), committed on that shard's worker alone.
 
-    Each statement's day window (runs/per_partition.py, BOUNDS) runs from the oldest
+    The statement's day window (runs/per_partition.py, BOUNDS) runs from the oldest
     runnable slot the work map saw among its (partition, tenant) groups to a day ahead
     (NOT_AHEAD's bound): its probes skip older runs that became runnable since the map
     was read (a retry come due, a replay) until the map is read again, at most
@@ -312,48 +341,110 @@ async def _claim_in(
     read them (CLAIM's `busy`; runs/open_floors.py): a tenant whose floor fell below
     since gets nothing from the statement."""
     now = datetime.now(UTC)
-    epoch = now.timestamp()
-    aged = planner.aged()
-    tenants_asked = sorted({t for in_shard in asked for quotas in in_shard.values() for t in quotas})
+    oldest = planner.oldest(in_shard) or per_partition.EARLIEST
+    grants = _per_tenant(in_shard.values())
+    tenants = sorted(grants)
+    partitions = sorted(in_shard)
+    aged = sorted(planner.aged() & set(tenants))
+    # The leanest form for what the work map saw (queries.CLAIM_IN_SHARD): a
+    # cancel_previous run queued since is left for a claim after the map's next read.
+    form = (bool(aged), planner.cancel_previous(partitions, tenants))
     try:
-        cursors = []
         async with conn.pipeline():
             await conn.execute("BEGIN")
-            # The tenants' locks, held until this transaction (and with it the worker's)
-            # commits, as on plain PostgreSQL (_claim_batch): two claimers of one tenant
-            # take turns, so each one's statement sees the other's claims. Without them two
-            # claimers of one skip job each took one of its runs: the first locked the
-            # oldest, the second skipped it (SKIP LOCKED) and took the next, and neither
-            # saw the other's run as running.
-            await conn.execute(queries.LOCK_TENANTS, {"ns": TENANT_CLAIM_LOCK, "tenants": tenants_asked})
-            for in_shard in asked:
-                grants = _per_tenant(in_shard.values())
-                tenants = sorted(grants)
-                oldest = planner.oldest(in_shard) or per_partition.EARLIEST
-                cursors.append(
-                    await conn.execute(
-                        queries.CLAIM_IN_SHARD,
-                        {
-                            "partitions": sorted(in_shard),
-                            "tenants": tenants,
-                            "granted": [grants[t] for t in tenants],
-                            "limit": sum(grants.values()),
-                            "owner": owner,
-                            "aging": aging_seconds,
-                            "max_rank": UNBOUNDED_RANK,
-                            "aged": sorted(aged & set(tenants)),
-                            "open_from": fair_share.bound(None),
-                            **per_partition.window(oldest, now + queries.AHEAD),
-                            "open_floor": planner.open_floor(tenants),
-                            "epoch": epoch,
-                        },
-                    )
-                )
+            # The (tenant, partition) locks of every pair the statement may claim from,
+            # held until this transaction (and with it the worker's) commits: two
+            # claimers of one job take turns, so each one's statement sees the runs the
+            # other set running (overlap policies). Without them two claimers of one
+            # skip job each took one of its runs: the first locked the oldest, the
+            # second skipped it (SKIP LOCKED) and took the next, and neither saw the
+            # other's run as running. A job's runs are all in its partition, and the
+            # caps are the grants' (Holds.reserve): claims of one tenant in other
+            # partitions, here or in another lane, need not wait.
+            await conn.execute(
+                queries.LOCK_PARTITION_TENANTS,
+                {"ns": PARTITION_CLAIM_LOCK, "partitions": partitions, "tenants": tenants},
+            )
+            cursor = await conn.execute(
+                queries.CLAIM_IN_SHARD[form],
+                {
+                    "partitions": partitions,
+                    "tenants": tenants,
+                    "granted": [grants[t] for t in tenants],
+                    "limit": sum(grants.values()),
+                    "owner": owner,
+                    "aging": aging_seconds,
+                    "max_rank": UNBOUNDED_RANK,
+                    "aged": aged,
+                    "open_from": fair_share.bound(None),
+                    **per_partition.window(oldest, now + queries.AHEAD),
+                    "open_floor": planner.open_floor(tenants),
+                    "epoch": now.timestamp(),
+                },
+            )
             await conn.execute("COMMIT")
-        return [ClaimedRun(*row) for cursor in cursors for row in await cursor.fetchall()]
+        return [ClaimedRun(*row) for row in await cursor.fetchall()]
     except psycopg.Error:
         await _end_failed(conn)
         raise
+
+
+def _size(in_shard: dict[int, dict[int, int]]) -> int:
+    """The runs a shard's claim was granted."""
+    return sum(n for quotas in in_shard.values() for n in quotas.values())
+
+
+# The claims of one Citus claim go on this many connections at once at most: the
+# claim connection and up to two more (Lanes).
+CLAIM_LANES = 3
+
+
+@dataclass
+class Lanes:
+    """Connections a Citus claim's shard statements run on side by side, each shard's
+    in its own transaction: the claim connection, and up to `size` - 1 more opened by
+    `connect` when a claim first needs them and kept. A claim of one shard (the usual
+    case at scale: a batch fits in one shard's runs) uses the claim connection alone.
+    The default, one lane, runs them one after another on the claim connection."""
+
+    connect: Callable[[], Awaitable[psycopg.AsyncConnection]] | None = None
+    size: int = 1
+    _more: list[psycopg.AsyncConnection] = field(default_factory=list)
+
+    async def run(self, conn, calls: list[Callable[[object], Awaitable[T]]]) -> list[T | psycopg.Error]:
+        """Each call awaited with a lane's connection, as many at once as there are
+        lanes, in order: the results in the calls' order, a psycopg.Error a call raised
+        in its place. A connection a call left broken is closed, to be opened afresh."""
+        results: list[T | psycopg.Error] = [None] * len(calls)  # type: ignore[list-item]
+        lanes = min(self.size if self.connect else 1, len(calls))
+        while len(self._more) < lanes - 1:
+            self._more.append(await self.connect())
+        pending = iter(enumerate(calls))
+
+        async def lane(on) -> None:
+            for i, call in pending:
+                try:
+                    results[i] = await call(on)
+                except psycopg.Error as exc:
+                    results[i] = exc
+
+        # Every lane ends before this returns, even when one raises something else (a
+        # bug): none is left using a connection the caller goes on with.
+        ended = await asyncio.gather(
+            *(lane(on) for on in [conn, *self._more[: lanes - 1]]), return_exceptions=True
+        )
+        for on in [c for c in self._more if c.broken or c.closed]:
+            self._more.remove(on)
+            await close_quietly(on)
+        for exc in ended:
+            if exc is not None:
+                raise exc
+        return results
+
+    async def close(self) -> None:
+        for on in self._more:
+            await close_quietly(on)
+        self._more.clear()
 
 
 async def _claim_batch(conn, params: dict, tenant_ids: Sequence[int]) -> list[ClaimedRun]:

@@ -60,7 +60,7 @@ async def connect_async(conninfo: str | None = None):
     # easily passes jit_above_cost: compiling ~300 functions took 250 ms per claim.
     # An executor transaction never waits on anything but the database, so one idle for
     # seconds belongs to a stalled process (SIGSTOP, a frozen VM). On Citus a claim holds
-    # its tenant locks across round trips; the server ends such a session, freeing the
+    # its claim locks across round trips; the server ends such a session, freeing the
     # tenant's other claimers (the scheduler arms the same for its dispatch transaction).
     mode = plan_cache_mode(citus=await citus_installed_async(conn))
     await conn.execute(queries.SESSION_SETTINGS, [mode, str(int(IDLE_IN_TRANSACTION_SECONDS * 1000))])

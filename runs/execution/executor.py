@@ -150,6 +150,10 @@ class Executor:
         self.planner = fair_share.Planner()  # the claims' fair-share plan, reused while they come back full
         # On Citus, this executor's runs per tenant as the others' claims count them.
         self.holds = claims.Holds(owner=self.owner)
+        # On Citus, the connections a claim's shards are claimed on side by side.
+        self.lanes = claims.Lanes(
+            connect=lambda: connections.connect_async(self.conninfo), size=claims.CLAIM_LANES
+        )
         self._results: list[tuple[InFlight, rows.Completion]] = []
         # Alerts are sent by tasks of this loop (runs/alerts.py): a slow webhook holds no step.
         # The process's Prometheus counters (runs/counters.py), flushed with the node heartbeat.
@@ -213,6 +217,7 @@ class Executor:
             pass  # the row expires; the closed session already marks it dead
         for conn in (self._claim_conn, self._write_conn, self._beat_conn, self._reap_conn, self._node_conn):
             await connections.close_quietly(conn)
+        await self.lanes.close()
 
     def in_flight(self) -> list[InFlight]:
         return list(self._inflight.values())
@@ -282,6 +287,7 @@ class Executor:
             holds=self.holds,
             mine=self._held(),
             outage=self._outage,
+            lanes=self.lanes,
         )
         self._replanning["claim"].after(empty=not claimed)
         if not claimed:

@@ -237,7 +237,7 @@ class Planner:
             self._map.pop(node, None)
             self._notified_since.pop(node, None)
             raise
-        self._map[node] = [Group(*row[:6], list(row[6] or []), list(row[7] or [])) for row in rows]
+        self._map[node] = [Group(*row[:6], list(row[6] or []), list(row[7] or []), row[9]) for row in rows]
         if full:
             # What the read saw, and what NOTIFYs named meanwhile (yesterday at the latest).
             self._floor[node] = min([row[8] for row in rows] + [self._notified_since.pop(node)])
@@ -274,6 +274,15 @@ class Planner:
             if g.scheduled_at is not None and g.tenant_id in quotas.get(g.partition_id, {})
         ]
         return min(slots, default=None)
+
+    def cancel_previous(self, partitions: Iterable[int], tenants: Iterable[int]) -> bool:
+        """Whether the map saw a runnable cancel_previous run of `tenants` in `partitions`."""
+        partitions, tenants = set(partitions), set(tenants)
+        return any(
+            g.cancel_previous and g.partition_id in partitions and g.tenant_id in tenants
+            for gs in self._map.values()
+            for g in gs
+        )
 
     def aged(self) -> set[int]:
         """Tenants with a run the map saw aged to priority 9 (their claims probe for them)."""
@@ -320,6 +329,7 @@ class Group:
     # Its first runs (up to MAP_FIRST_RUNS) in claim order: effective priority, slot.
     priorities: list[int] = field(default_factory=list)
     times: list[datetime] = field(default_factory=list)
+    cancel_previous: bool = False  # whether a runnable run of the group is cancel_previous
 
 
 @dataclass(frozen=True)

@@ -187,7 +187,11 @@ SELECT r.partition_id, r.tenant_id,
             FILTER (WHERE {_RUNNABLE}))[1:%(first)s] AS priorities,
        (array_agg(r.scheduled_at ORDER BY {_EFFECTIVE_PRIORITY} DESC, r.scheduled_at)
             FILTER (WHERE {_RUNNABLE}))[1:%(first)s] AS times,
-       min(r.scheduled_at) AS oldest_open
+       min(r.scheduled_at) AS oldest_open,
+       -- Whether the group has a cancel_previous run the claim may take: its claims
+       -- need the form with cancel_previous's steps (queries.CLAIM_IN_SHARD).
+       coalesce(bool_or(r.overlap_policy = 'cancel_previous') FILTER (WHERE {_RUNNABLE}), false)
+            AS cancel_previous
 FROM job_runs r
 WHERE r.partition_id = ANY(%(partitions)s::int[]) AND r.status IN ('queued', 'retrying', 'running')
   AND {per_partition.WINDOW_BOUND.format(alias="r")}
@@ -294,11 +298,10 @@ WHERE t.id = x.id
 # --- the claim (runs/execution/claims.py) ------------------------------------------------------
 
 # Step 1 of a claim: lock the tenants fair_share chose for it, in tenant id order
-# (claimers never deadlock); claims._claim_batch, claims._claim_in and
-# claims.Holds.reserve run it. A statement without distributed tables: on Citus it runs
-# on the coordinator, in the coordinator's transaction, which commits the worker's: one
-# tenant's claims are serialised whichever shard they touch (inside a statement on a
-# shard the lock would be taken on that worker).
+# (claimers never deadlock); claims._claim_batch and claims.Holds.reserve run it. A
+# statement without distributed tables: on Citus it runs on the coordinator, in the
+# coordinator's transaction (inside a statement on a shard the lock would be taken on
+# that worker).
 LOCK_TENANTS = """
 SELECT count(*) FROM (
     SELECT pg_advisory_xact_lock(%(ns)s, u.t::integer)
@@ -308,7 +311,21 @@ SELECT count(*) FROM (
 ) locks
 """
 
-# On Citus, under those locks (claims.Holds.reserve): give back `release` runs per
+# Step 1 of a shard's claim on Citus (claims._claim_in): lock (tenant, partition) for
+# every pair of the shard's claim statement, in key order, as one-key advisory locks
+# (claims.PARTITION_CLAIM_LOCK says how the key is made). On the coordinator, like
+# LOCK_TENANTS: claimers of one job are serialised, those of one tenant in other
+# partitions are not (the caps are the grants' below).
+LOCK_PARTITION_TENANTS = """
+SELECT count(*) FROM (
+    SELECT pg_advisory_xact_lock((%(ns)s::bigint << 48) | (p::bigint << 32) | (t & 4294967295))
+    FROM unnest(%(partitions)s::int[]) AS p, unnest(%(tenants)s::bigint[]) AS t
+    ORDER BY p, t
+    OFFSET 0
+) locks
+"""
+
+# On Citus, under the tenants' locks (claims.Holds.reserve): give back `release` runs per
 # tenant and grant this executor up to `want` more, as far as the tenant's cap allows
 # beside what every executor holds (tenant_holds, a coordinator table: no worker is
 # asked). Returns (tenant_id, granted). The caps are passed in (read with the work map):
@@ -398,9 +415,97 @@ _GRANTED = """LATERAL (
 ) AS run"""
 
 
-def _claim(running: str) -> str:
+# The parts of the claim only some forms have (_claim's docstring); f-strings, so that
+# `{{partition_filter}}` and the bounds are left for per_partition.Forms as in _claim.
+_BY_AGE = f"""by_age AS (
+    SELECT c.* FROM slots s CROSS JOIN LATERAL (
+        SELECT r.partition_id, r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy,
+               r.not_before
+        FROM job_runs r
+        WHERE r.partition_id {{partition_filter}} AND r.tenant_id = s.tenant_id
+          AND r.status IN ('queued', 'retrying')
+          AND r.not_before <= now() - %(aging)s * interval '1 second' AND {NOT_AHEAD} AND {OPEN_FROM}
+          AND {{in_window:r}} AND {{above_floor:r}} AND {NOT_BLOCKED}{{probes_leave}}
+        ORDER BY r.not_before
+        LIMIT s.probe
+        FOR UPDATE OF r SKIP LOCKED
+    ) c
+    -- Only tenants the plan saw a run of effective priority 9 for (runs/execution/fair_share.py,
+    -- ClaimPlan.aged): for the others this probe found nothing, at two buffers per day
+    -- partition per tenant (a fifth of a claim's buffers with 20 tenants).
+    WHERE s.free > 0 AND s.tenant_id = ANY(%(aged)s::bigint[])
+),
+"""
+_SUPERSEDED = """superseded AS (
+    -- cancel_previous: the newest occurrence wins. A run must not start while a newer
+    -- occurrence of its job waits, runs or has succeeded (an old retry or a replay
+    -- would run beside it, or redo stale work after it): it is cancelled instead.
+    -- Claims of one job are serialised by the claim locks (the tenant's, or on Citus the
+    -- tenant's in the job's partition), so every order ends with at most one running
+    -- occurrence (see docs/decisions/0036-cancel-previous.md).
+    SELECT p.partition_id, p.id, p.job_id, p.scheduled_at FROM picked p
+    WHERE p.overlap_policy = 'cancel_previous'
+      AND EXISTS (SELECT 1 FROM job_runs n
+                  WHERE n.partition_id {partition_filter} AND n.partition_id = p.partition_id
+                    AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at AND {in_window:n}
+                    AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
+),
+"""
+_NOT_SUPERSEDED = (
+    "WHERE NOT EXISTS (SELECT 1 FROM superseded x WHERE x.id = p.id AND x.scheduled_at = p.scheduled_at)"
+)
+_DROPPED = """dropped AS (
+    UPDATE job_runs d SET
+        status = 'cancelled', finished_at = now(), lease_until = NULL,
+        last_error = 'cancelled: a newer occurrence of this job supersedes it (cancel_previous)'
+    FROM superseded x
+    WHERE d.partition_id {partition_filter} AND d.partition_id = x.partition_id
+      AND d.job_id = x.job_id AND d.scheduled_at = x.scheduled_at AND {in_window:d}
+    RETURNING d.job_id
+),
+"""
+_CANCELLED = f""",
+older AS (
+    -- cancel_previous: the older running run loses the run; its worker finds out at
+    -- its next heartbeat (the row is no longer 'running') and stops its call. Its
+    -- history entry is built here, so the UPDATE below only copies it; the UPDATE
+    -- re-checks the attempt it was built for. From `busy`: the running runs as this
+    -- statement sees them, of any day.
+    SELECT o.partition_id, o.job_id, o.scheduled_at, o.attempt,
+           jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY}) AS entry
+    FROM busy o JOIN chosen c ON o.partition_id = c.partition_id AND o.job_id = c.job_id
+    WHERE c.overlap_policy = 'cancel_previous' AND o.scheduled_at < c.scheduled_at
+),
+cancelled AS (
+    UPDATE job_runs o SET
+        status = 'cancelled', finished_at = now(), lease_until = NULL,
+        last_error = 'cancelled by a newer run',
+        attempts = o.attempts || x.entry
+    FROM older x
+    WHERE o.partition_id {{partition_filter}} AND o.partition_id = x.partition_id
+      AND o.job_id = x.job_id AND o.scheduled_at = x.scheduled_at
+      AND o.attempt = x.attempt AND o.status = 'running' AND {{since_floor:o}}
+    RETURNING o.job_id
+)"""
+
+
+def _claim(running: str, *, by_age: bool = True, cancel_previous: bool = True) -> str:
     """The claim, with the tenants' running runs from `running` (_COUNTED_RUNNING or
-    _GRANTED); `{partition_filter}` is left for per_partition.Forms."""
+    _GRANTED); `{partition_filter}` is left for per_partition.Forms.
+
+    Without `by_age`: no probe for aged runs (for a batch of no `aged` tenant, where it
+    finds nothing). Without `cancel_previous`: the probes leave cancel_previous runs out,
+    and the steps for them (`superseded`, `dropped`, `older`, `cancelled`) are not there.
+    Each costs the planner of a Citus worker, which plans every claim afresh (custom
+    plans, runs/execution/connections.py), about a fifth and two fifths of the
+    statement's planning."""
+    probes_leave = "" if cancel_previous else " AND r.overlap_policy <> 'cancel_previous'"
+    by_age_probe = _BY_AGE.replace("{probes_leave}", probes_leave) if by_age else ""
+    picked_from = "(SELECT * FROM by_priority UNION SELECT * FROM by_age)" if by_age else "by_priority"
+    superseded = _SUPERSEDED if cancel_previous else ""
+    not_superseded = _NOT_SUPERSEDED if cancel_previous else ""
+    dropped = _DROPPED if cancel_previous else ""
+    cancelled = _CANCELLED if cancel_previous else ""
     return f"""
 WITH busy AS MATERIALIZED (
     -- Every running run of any day (outside the probes' window): the caps, the skip and
@@ -438,65 +543,25 @@ by_priority AS (
         FROM job_runs r
         WHERE r.partition_id {{partition_filter}} AND r.tenant_id = s.tenant_id
           AND r.status IN ('queued', 'retrying') AND r.not_before <= now() AND {NOT_AHEAD} AND {OPEN_FROM}
-          AND {{in_window:r}} AND {{above_floor:r}} AND {NOT_BLOCKED}
+          AND {{in_window:r}} AND {{above_floor:r}} AND {NOT_BLOCKED}{probes_leave}
         ORDER BY r.priority DESC, r.scheduled_at
         LIMIT s.probe
         FOR UPDATE OF r SKIP LOCKED
     ) c
     WHERE s.free > 0
 ),
-by_age AS (
-    SELECT c.* FROM slots s CROSS JOIN LATERAL (
-        SELECT r.partition_id, r.id, r.scheduled_at, r.job_id, r.tenant_id, r.priority, r.overlap_policy,
-               r.not_before
-        FROM job_runs r
-        WHERE r.partition_id {{partition_filter}} AND r.tenant_id = s.tenant_id
-          AND r.status IN ('queued', 'retrying')
-          AND r.not_before <= now() - %(aging)s * interval '1 second' AND {NOT_AHEAD} AND {OPEN_FROM}
-          AND {{in_window:r}} AND {{above_floor:r}} AND {NOT_BLOCKED}
-        ORDER BY r.not_before
-        LIMIT s.probe
-        FOR UPDATE OF r SKIP LOCKED
-    ) c
-    -- Only tenants the plan saw a run of effective priority 9 for (runs/execution/fair_share.py,
-    -- ClaimPlan.aged): for the others this probe found nothing, at two buffers per day
-    -- partition per tenant (a fifth of a claim's buffers with 20 tenants).
-    WHERE s.free > 0 AND s.tenant_id = ANY(%(aged)s::bigint[])
-),
-picked AS (
+{by_age_probe}picked AS (
     SELECT u.*,
            CASE WHEN u.not_before <= now() - %(aging)s * interval '1 second' THEN 9
                 ELSE u.priority END AS effective_priority
-    FROM (SELECT * FROM by_priority UNION SELECT * FROM by_age) u
+    FROM {picked_from} u
 ),
-superseded AS (
-    -- cancel_previous: the newest occurrence wins. A run must not start while a newer
-    -- occurrence of its job waits, runs or has succeeded (an old retry or a replay
-    -- would run beside it, or redo stale work after it): it is cancelled instead.
-    -- Claims of one job are serialised by the tenant lock, so every order ends with
-    -- at most one running occurrence (see docs/decisions/0036-cancel-previous.md).
-    SELECT p.partition_id, p.id, p.job_id, p.scheduled_at FROM picked p
-    WHERE p.overlap_policy = 'cancel_previous'
-      AND EXISTS (SELECT 1 FROM job_runs n
-                  WHERE n.partition_id {{partition_filter}} AND n.partition_id = p.partition_id
-                    AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at AND {{in_window:n}}
-                    AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
-),
-ranked AS (
+{superseded}ranked AS (
     SELECT p.*, row_number() OVER (PARTITION BY p.job_id ORDER BY p.scheduled_at) AS job_rank
     FROM picked p
-    WHERE NOT EXISTS (SELECT 1 FROM superseded x WHERE x.id = p.id AND x.scheduled_at = p.scheduled_at)
+    {not_superseded}
 ),
-dropped AS (
-    UPDATE job_runs d SET
-        status = 'cancelled', finished_at = now(), lease_until = NULL,
-        last_error = 'cancelled: a newer occurrence of this job supersedes it (cancel_previous)'
-    FROM superseded x
-    WHERE d.partition_id {{partition_filter}} AND d.partition_id = x.partition_id
-      AND d.job_id = x.job_id AND d.scheduled_at = x.scheduled_at AND {{in_window:d}}
-    RETURNING d.job_id
-),
-eligible AS (
+{dropped}eligible AS (
     SELECT e.*, row_number() OVER (PARTITION BY e.tenant_id
                                    ORDER BY e.effective_priority DESC, e.scheduled_at) AS tenant_rank
     FROM ranked e WHERE e.job_rank = 1 OR e.overlap_policy = 'allow'
@@ -531,29 +596,7 @@ claimed AS (
               CASE WHEN {attempts.sql_used("r")} > 1 THEN {attempts.sql_outcome("r.attempts -> -1")} END
                 AS previous_outcome,
               r.target_version, r.target AS own_target
-),
-older AS (
-    -- cancel_previous: the older running run loses the run; its worker finds out at
-    -- its next heartbeat (the row is no longer 'running') and stops its call. Its
-    -- history entry is built here, so the UPDATE below only copies it; the UPDATE
-    -- re-checks the attempt it was built for. From `busy`: the running runs as this
-    -- statement sees them, of any day.
-    SELECT o.partition_id, o.job_id, o.scheduled_at, o.attempt,
-           jsonb_build_array({_CANCELLED_BY_NEWER_ENTRY}) AS entry
-    FROM busy o JOIN chosen c ON o.partition_id = c.partition_id AND o.job_id = c.job_id
-    WHERE c.overlap_policy = 'cancel_previous' AND o.scheduled_at < c.scheduled_at
-),
-cancelled AS (
-    UPDATE job_runs o SET
-        status = 'cancelled', finished_at = now(), lease_until = NULL,
-        last_error = 'cancelled by a newer run',
-        attempts = o.attempts || x.entry
-    FROM older x
-    WHERE o.partition_id {{partition_filter}} AND o.partition_id = x.partition_id
-      AND o.job_id = x.job_id AND o.scheduled_at = x.scheduled_at
-      AND o.attempt = x.attempt AND o.status = 'running' AND {{since_floor:o}}
-    RETURNING o.job_id
-)
+){cancelled}
 -- The target: the version the run names (immutable, co-located with the run), or the
 -- copy a run written before target versions carries.
 SELECT c.job_id, c.scheduled_at, c.tenant_id, c.partition_id, c.attempt,
@@ -581,7 +624,15 @@ ORDER BY c.priority DESC, c.scheduled_at
 # The batch form names no partitions (runs/per_partition.py): with the plan's, each
 # tenant's probe fetched and skipped its runs elsewhere, 5,324 buffers for 102 runs.
 CLAIM = per_partition.every(_claim(_COUNTED_RUNNING))
-CLAIM_IN_SHARD = per_partition.in_shard(_claim(_GRANTED))
+# CLAIM_IN_SHARD[by_age, cancel_previous]: claims._claim_in takes the leanest form the
+# work map allows (Citus plans each statement afresh; plain PostgreSQL plans CLAIM once).
+CLAIM_IN_SHARD = {
+    (by_age, cancel_previous): per_partition.in_shard(
+        _claim(_GRANTED, by_age=by_age, cancel_previous=cancel_previous)
+    )
+    for by_age in (False, True)
+    for cancel_previous in (False, True)
+}
 
 # --- outcomes (runs/execution/outcomes.py) ---------------------------------------------------
 
