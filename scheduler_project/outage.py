@@ -98,7 +98,7 @@ class _Episode:
         return self.last_failure + min(RETRY_MAX_SECONDS, backoff)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
@@ -131,7 +131,7 @@ class OutageLog:
     def failed(self, exc: BaseException) -> None:
         """A database call failed; the caller retries on its own schedule."""
         if not isinstance(exc, CONNECTION_ERRORS):
-            log.warning("%s: database call failed (%s); retrying", self.name, _first_line(exc))
+            log.warning("%s: database call failed (%s); retrying", self.name, first_line(exc))
             return
         worker = unreachable_worker(exc)
         if worker:
@@ -143,7 +143,7 @@ class OutageLog:
                 self._failing_since = now
             self._failures += 1
             if self._announced or now - self._failing_since < self.grace_seconds:
-                log.debug("%s: database call failed (%s); retrying", self.name, _first_line(exc))
+                log.debug("%s: database call failed (%s); retrying", self.name, first_line(exc))
                 return
             self._announced = True
             log.warning(
@@ -151,7 +151,7 @@ class OutageLog:
                 self.name,
                 AWAY,
                 now - self._failing_since,
-                _first_line(exc),
+                first_line(exc),
             )
 
     def _worker_failed(self, worker: str, exc: BaseException) -> None:
@@ -161,7 +161,7 @@ class OutageLog:
             episode.failures += 1
             episode.last_failure = now
             if episode.announced or now - episode.since < self.grace_seconds:
-                log.debug("%s: Citus worker %s failed (%s); retrying", self.name, worker, _first_line(exc))
+                log.debug("%s: Citus worker %s failed (%s); retrying", self.name, worker, first_line(exc))
                 return
             episode.announced = True
             log.warning(
@@ -170,7 +170,7 @@ class OutageLog:
                 AWAY,
                 worker,
                 now - episode.since,
-                _first_line(exc),
+                first_line(exc),
             )
 
     def set_aside(self, workers: Iterable[str]) -> set[str]:

@@ -6,12 +6,15 @@ against the real database, with the other occurrence put in each state by hand.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from runs.execution import claims, connections, fair_share
 from runs.models import JobRun
+from tests.conftest import database_url
 from tests.support.executor import claim_now, queue_runs, row, set_running, task_target
 
 SUPERSEDED = "cancelled: a newer occurrence of this job supersedes it (cancel_previous)"
@@ -118,3 +121,36 @@ def test_other_policies_are_not_superseded(transactional_db, tenant):
     set_running(newer)
     assert claimed_keys(claim_now()) == {older}
     assert sorted(running([older, newer])) == sorted([older, newer])
+
+
+def test_a_claim_whose_work_map_saw_no_cancel_previous_run_takes_none(pair, per_partition_forms):
+    """The per-shard claim leaves cancel_previous's steps out when the work map saw no
+    such run in its partitions (queries.CLAIM_IN_SHARD); then it must not take one
+    either, or the older occurrence would go on running beside it. A claim whose map
+    read sees the run takes it, and cancels the older."""
+    older, newer = pair
+    set_running(older)
+    run = row(newer)
+
+    async def scenario() -> tuple[list, list]:
+        conn = await connections.connect_async(database_url())
+        try:
+            # A planner whose map has not seen the run (as when it was queued after the read).
+            lean = await claims._claim_in(
+                conn,
+                in_shard={run.partition_id: {run.tenant_id: 5}},
+                owner="test-claimer",
+                aging_seconds=claims.DEFAULT_AGING_SECONDS,
+                planner=fair_share.Planner(),
+            )
+            full = await claims.claim_runs(
+                conn, owner="test-claimer", limit=5, holds=claims.Holds(owner="test-claimer")
+            )
+            return lean, full
+        finally:
+            await conn.close()
+
+    lean, full = asyncio.run(scenario())
+    assert lean == []
+    assert claimed_keys(full) == {newer}
+    assert row(older).status == "cancelled" and running(pair) == [newer]

@@ -28,7 +28,7 @@ from runs import per_partition, rows
 from runs.attempts import AttemptRecord
 from runs.execution import breaker_rules, breakers, claims, connections, outcomes, run_leases
 from runs.models import JobRun
-from scheduler_project.citus import citus_installed_async
+from scheduler_project.citus import Placements, citus_installed_async
 from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, set_running, task_target
 
@@ -436,3 +436,42 @@ def test_outcomes_and_heartbeats_reach_the_healthy_workers_when_one_is_out_of_re
     statuses = {(r.job_id, r.status) for r in JobRun.objects.filter(tenant_id=tenant.id)}
     assert {s for j, s in statuses if j in {k[0] for k in on_down}} == {"running"}
     assert {s for j, s in statuses if j not in {k[0] for k in on_down}} == {"succeeded"}
+
+
+def test_a_failed_shard_claim_returns_the_other_shards_runs(per_partition_forms, monkeypatch):
+    """A claim's shards go side by side (claims.Lanes), each in its own transaction. When
+    one shard's statement fails, the runs the others committed are returned, to be
+    called: raised, they would sit running, uncalled, until their leases ended. Here the
+    partitions are shown as four shards, and the statements of one of them fail."""
+    monkeypatch.setattr(Placements, "shard", lambda self, partition: partition % 4)
+    tenant, _ = create_tenant(slug="lanes", max_concurrency=100)
+    jobs = spread_jobs(tenant, 12)
+    for job in jobs:
+        queue_for(job)
+    failing = min(j.partition_id % 4 for j in jobs)
+    assert {j.partition_id % 4 for j in jobs} != {failing}
+    claim_in = claims._claim_in
+
+    async def failing_shard(conn, *, in_shard, **kwargs):
+        if next(iter(in_shard)) % 4 == failing:
+            raise psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+        return await claim_in(conn, in_shard=in_shard, **kwargs)
+
+    monkeypatch.setattr(claims, "_claim_in", failing_shard)
+
+    async def scenario() -> list[rows.ClaimedRun]:
+        conn = await connections.connect_async(database_url())
+        lanes = claims.Lanes(connect=lambda: connections.connect_async(database_url()), size=3)
+        try:
+            return await claims.claim_runs(
+                conn, owner="me:1", limit=50, holds=claims.Holds(owner="me:1"), lanes=lanes
+            )
+        finally:
+            await lanes.close()
+            await conn.close()
+
+    claimed = asyncio.run(scenario())
+    others = {j.id for j in jobs if j.partition_id % 4 != failing}
+    assert {run.job_id for run in claimed} == others
+    running = JobRun.objects.filter(tenant_id=tenant.id, status="running")
+    assert set(running.values_list("job_id", flat=True)) == others

@@ -3,13 +3,15 @@ cancel_previous (run leases: runs/execution/run_leases.py; the outcomes of attem
 runs/execution/outcomes.py). Async (psycopg AsyncConnection), off the Django ORM, so
 the hot path costs a few round trips per batch. Each function runs in its own
 transaction unless it says otherwise. The statements, and the rules they follow on
-Citus, are runs/execution/queries.py (LOCK_TENANTS, RUNNING, CLAIM).
+Citus, are runs/execution/queries.py (LOCK_TENANTS, CLAIM; on Citus LOCK_PARTITION_TENANTS,
+HOLDS_RESERVE, CLAIM_IN_SHARD).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -25,15 +27,18 @@ from runs.execution import fair_share, queries
 from runs.execution.connections import close_quietly
 from runs.rows import ClaimedRun
 from scheduler_project.citus import by_node
-from scheduler_project.outage import OutageLog, unreachable_worker
+from scheduler_project.outage import OutageLog, first_line, unreachable_worker
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 # pg_advisory_xact_lock(key1, key2) namespace for "claiming runs of tenant key2".
 TENANT_CLAIM_LOCK = 0x43524E59  # "CRNY"
 # On Citus, "claiming runs of tenant t in partition p" is pg_advisory_xact_lock(key) of
 # one bigint key: this in its top 16 bits, p in the next 16, t in the low 32
-# (queries.LOCK_PARTITION_TENANTS). One-key advisory locks never meet two-key ones.
+# (queries.LOCK_PARTITION_TENANTS). One-key advisory locks never meet two-key ones. A
+# partition past 65,535 (SCHEDULER_PARTITIONS) would share keys: more waiting, no lock missed.
 PARTITION_CLAIM_LOCK = 0x4350  # "CP"
 
 # The per-partition claim's rank bound on Citus: none, its grants already say how many
@@ -273,22 +278,29 @@ async def _claim_by_node(
         )
         failed: psycopg.Error | None = None
         took: dict[str, tuple[Counter[tuple[int, int]], int]] = {}
+        away_now: set[str] = set()
         for in_shard, got in zip(asked, results, strict=True):
+            node = placements[next(iter(in_shard))]
             if isinstance(got, psycopg.Error):
-                if not _node_away(got, planner, outage):
+                if _node_away(got, planner, outage):
+                    away_now.add(node)
+                else:
                     failed = failed or got
                 continue
-            node = placements[next(iter(in_shard))]
             counts, total = took.get(node, (Counter(), 0))
             counts.update((r.partition_id, r.tenant_id) for r in got)
             took[node] = (counts, total + _size(in_shard))
             claimed += got
         for node, (counts, total) in took.items():
-            if outage and node:
+            if outage and node and node not in away_now:
                 outage.reached([node])
             planner.took(node, counts, total)
         if failed is not None:
-            raise failed
+            if not claimed:
+                raise failed
+            # The other shards' runs are claimed (committed): returned, they are called;
+            # raised, they would sit running, uncalled, until their leases ended.
+            log.warning("a shard's claim failed (%s); the other shards' runs go on", first_line(failed))
     finally:
         await holds.release(conn, Counter(granted) - Counter(run.tenant_id for run in claimed))
     claimed.sort(key=lambda run: (-run.priority, run.scheduled_at))
@@ -422,6 +434,8 @@ class Lanes:
         """Each call awaited with a lane's connection, as many at once as there are
         lanes, in order: the results in the calls' order, a psycopg.Error a call raised
         in its place. A connection a call left broken is closed, to be opened afresh."""
+        if not calls:
+            return []
         results: list[T | psycopg.Error] = [None] * len(calls)  # type: ignore[list-item]
         lanes = min(self.size if self.connect else 1, len(calls))
         while len(self._more) < lanes - 1:
@@ -434,6 +448,8 @@ class Lanes:
                     results[i] = await call(on)
                 except psycopg.Error as exc:
                     results[i] = exc
+                    if on.broken or on.closed:
+                        return  # the other lanes take the rest
 
         # Every lane ends before this returns, even when one raises something else (a
         # bug): none is left using a connection the caller goes on with.
@@ -446,6 +462,8 @@ class Lanes:
         for exc in ended:
             if exc is not None:
                 raise exc
+        for i, _ in pending:  # every lane's connection broke before these
+            results[i] = psycopg.OperationalError("no claim connection left to run this on")
         return results
 
     async def close(self) -> None:

@@ -579,7 +579,7 @@ chosen AS (
 ),
 claimed AS (
     -- started_at is the claim statement's own time, not its transaction's: the claim
-    -- runs after the tenant locks and running counts of the same transaction, and a
+    -- runs after the claim locks and running counts of the same transaction, and a
     -- previous run of a skip job can finish between the two (a run would look as if it
     -- started before its predecessor finished).
     UPDATE job_runs r SET
