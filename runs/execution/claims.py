@@ -209,8 +209,7 @@ async def _claim_by_node(
     own partitions (docs/decisions/0075-citus-claims.md, 0073-one-worker-down.md).
 
     1. The work map (fair_share.Planner.refresh): per worker, the runnable runs per
-       (partition, tenant), read again only when used up, stale or announced; the
-       workers' reads side by side on `lanes`.
+       (partition, tenant), read again only when used up, stale or announced.
     2. The batch's places by fair share from the map (fair_share.allocate), ties going
        to the fullest shard: each shard is a claim statement.
     3. Grants under the tenants' caps from tenant_holds, on the coordinator only
@@ -229,23 +228,17 @@ async def _claim_by_node(
     placements = await planner.placements.read_async(conn, list(range(planner.partition_count())))
     nodes = by_node(placements)
     away = outage.set_aside([n for n in nodes if n]) if outage else set()
-    lanes = lanes or Lanes()
-    live = [(node, partitions) for node, partitions in nodes.items() if node not in away]
-    reads = await lanes.run(
-        conn,
-        [
-            functools.partial(planner.refresh, node=node, partitions=partitions, aging_seconds=aging_seconds)
-            for node, partitions in live
-        ],
-    )
     healthy: dict[str, list[int]] = {}
     refreshed = False
-    for (node, partitions), read in zip(live, reads, strict=True):
-        if isinstance(read, psycopg.Error):
-            if not _node_away(read, planner, outage):
-                raise read
+    for node, partitions in nodes.items():
+        if node in away:
             continue
-        refreshed |= read
+        try:
+            refreshed |= await planner.refresh(conn, node, partitions, aging_seconds=aging_seconds)
+        except psycopg.Error as exc:
+            if not _node_away(exc, planner, outage):
+                raise
+            continue
         healthy[node] = partitions
     groups = planner.groups(healthy)
     limits = await planner.limits(conn, groups, refresh=refreshed)
@@ -267,7 +260,7 @@ async def _claim_by_node(
         for partition, quotas in _trim(places, granted).items():
             shards.setdefault(planner.placements.shard(partition), {})[partition] = quotas
         asked = sorted(shards.values(), key=_size, reverse=True)
-        results = await lanes.run(
+        results = await (lanes or Lanes()).run(
             conn,
             [
                 functools.partial(
@@ -413,18 +406,18 @@ def _size(in_shard: dict[int, dict[int, int]]) -> int:
     return sum(n for quotas in in_shard.values() for n in quotas.values())
 
 
-# A Citus claim's statements go on this many connections at once at most: the claim
-# connection and up to two more (Lanes).
+# The claims of one Citus claim go on this many connections at once at most: the
+# claim connection and up to two more (Lanes).
 CLAIM_LANES = 3
 
 
 @dataclass
 class Lanes:
-    """Connections a Citus claim's statements run on side by side: the workers' reads of
-    the work map, then the shards' claims, each in its own transaction. The claim
-    connection, and up to `size` - 1 more opened by `connect` when a claim first has
-    that many statements at once, and kept. The default, one lane, runs them one after
-    another on the claim connection."""
+    """Connections a Citus claim's shard statements run on side by side, each shard's
+    in its own transaction: the claim connection, and up to `size` - 1 more opened by
+    `connect` when a claim first needs them and kept. A claim of one shard (the usual
+    case at scale: a batch fits in one shard's runs) uses the claim connection alone.
+    The default, one lane, runs them one after another on the claim connection."""
 
     connect: Callable[[], Awaitable[psycopg.AsyncConnection]] | None = None
     size: int = 1
