@@ -1,7 +1,9 @@
 """Open floors: per tenant, a lower bound on the slots of its open (queued, retrying or
 running) runs, `tenants.open_floor`. The claim on Citus reads a tenant's running runs
-from its floor on, instead of from every day partition of the retention
-(docs/decisions/0078-open-floors.md; the bounds: runs/per_partition.py, BOUNDS).
+from its floor on, instead of from every day partition of the retention, and the
+dispatch insert's overlap read on plain PostgreSQL a job's open runs
+(docs/decisions/0078-open-floors.md; the bounds: runs/per_partition.py, BOUNDS;
+runs/enqueue.py).
 
 The rule, which every writer below keeps: **no open run of a tenant is older than its
 floor.**
@@ -14,11 +16,11 @@ floor.**
   already: see the upkeep.
 - **A run stays open with its slot unchanged** through claims, retries, deferrals and
   hand-backs: none of these touches a floor.
-- **The upkeep raises floors** (`keep`, run on Citus, where the claim reads them, by one
-  executor once per UPKEEP_SECONDS: runs/execution/turns.py): per tenant, to the oldest
-  slot of its open runs, capped by queries.FLOOR_CAP. It reads without a lock, in this
-  order: the floors and their versions, the cap, then (on Citus) it waits for the
-  transactions prepared on the workers to end, then the open runs. It raises a floor
+- **The upkeep raises floors** (`keep`, by one executor once per UPKEEP_SECONDS:
+  runs/execution/turns.py): per tenant, to the oldest slot of its open runs, capped by
+  queries.FLOOR_CAP. It reads without a lock, in this order: the floors and their
+  versions, the cap, then (on Citus) it waits for the transactions prepared on the
+  workers to end, then the open runs. It raises a floor
   only where the version is still the one it read (compare-and-set): a writer that
   opened an old run after the versions were read counted in the version, so that floor
   is left alone; one that had committed on the coordinator but not yet on its worker has

@@ -18,6 +18,7 @@ from jobs.models import Job, Tenant, TenantDispatchWindow
 from runs.keys import format_utc
 from runs.models import JobRun
 from scheduler_project import db
+from tests.support.runsapi import make_run
 from tests.support.scheduler import bulk_interval_jobs, in_process_schedulers
 
 T = datetime(2026, 5, 4, 10, 0, 5, tzinfo=UTC)
@@ -153,14 +154,7 @@ def test_skipped_runs_take_no_share_of_the_budget(tenant, make_scheduler):
     jobs = herd(tenant, 10, overlap_policy="skip")
     # Half the herd still has a run waiting: their new runs are skipped by the overlap policy.
     for job in jobs[:5]:
-        JobRun.objects.create(
-            job_id=job.id,
-            scheduled_at=DUE - timedelta(hours=1),
-            tenant=tenant,
-            partition_id=job.partition_id,
-            not_before=DUE,
-            target=job.target,
-        )
+        make_run(job, DUE - timedelta(hours=1), not_before=DUE)
     drain(make_scheduler(node_id="n1"))
     new = [r for r in runs_of(tenant) if r.scheduled_at == DUE]
     assert Counter(r.status for r in new) == {"queued": 5, "skipped": 5}

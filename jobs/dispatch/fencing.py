@@ -87,7 +87,11 @@ def read_due(cursor, *, owned: Sequence[int], now: datetime, cutoff: datetime, l
     read with the on-time ones and planned as a misfire, one with a longer deadline is
     read with the late ones (oldest first) and fires as scheduled.
     """
-    cursor.execute(queries.READ_DUE, {"owned": list(owned), "now": now, "cutoff": cutoff, "limit": limit})
+    # Rows come back in binary: Django's text loader of timestamptz is psycopg's Python
+    # one, about 9 µs a value, two or more per job, where the binary loader is C.
+    cursor.execute(
+        queries.READ_DUE, {"owned": list(owned), "now": now, "cutoff": cutoff, "limit": limit}, binary=True
+    )
     return [DueJob(*row) for row in cursor.fetchmany(limit)]
 
 

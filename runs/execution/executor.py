@@ -61,7 +61,7 @@ from typing import TypeVar
 
 import psycopg
 
-from runs import alerts, counters, open_floors, per_partition, rows, tasks
+from runs import alerts, counters, open_floors, rows, tasks
 from runs.attempts import HANDED_BACK
 from runs.execution import (
     breakers,
@@ -104,7 +104,7 @@ REAP_EVERY_SECONDS = 1.0
 # bound, a read cost ~250 ms of the cluster's time).
 REAP_SHARE = 0.1
 HEARTBEAT_TICK_SECONDS = 0.25
-# How often an executor on Citus asks whether it is its turn to run the open floor upkeep
+# How often an executor asks whether it is its turn to run the open floor upkeep
 # (runs/execution/turns.py: one coordinator statement; the upkeep itself runs once
 # per open_floors.UPKEEP_SECONDS across every executor).
 FLOOR_TURN_SECONDS = 30.0
@@ -255,11 +255,12 @@ class Executor:
         return reaped
 
     async def keep_floors_once(self) -> bool:
-        """On Citus, when this executor takes the turn (asked every FLOOR_TURN_SECONDS;
-        one executor's turn per open_floors.UPKEEP_SECONDS): set the tenants' open floors
-        to their oldest open runs (runs/open_floors.py), which the claims read running
-        runs from. Whether it ran."""
-        if time.monotonic() < self._floors_due or not await per_partition.split(self._reap_conn):
+        """When this executor takes the turn (asked every FLOOR_TURN_SECONDS; one
+        executor's turn per open_floors.UPKEEP_SECONDS): set the tenants' open floors to
+        their oldest open runs (runs/open_floors.py), which the claims on Citus read
+        running runs from and the dispatch insert's overlap read its days from. Whether
+        it ran."""
+        if time.monotonic() < self._floors_due:
             return False
         self._floors_due = time.monotonic() + FLOOR_TURN_SECONDS
         if not await turns.take(self._reap_conn, task=turns.OPEN_FLOORS, seconds=open_floors.UPKEEP_SECONDS):

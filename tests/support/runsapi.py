@@ -33,8 +33,12 @@ def make_job(tenant, name: str = "nightly", **fields):
 
 
 def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
-    """A run row as the scheduler would write it, then moved to `status` as the executor would."""
-    from runs.models import JobRun
+    """A run row as the scheduler would write it, then moved to `status` as the executor would.
+    An open one lowers its tenant's open floor as every writer does (runs/open_floors.py)."""
+    from django.db import connection, transaction
+
+    from runs import open_floors
+    from runs.models import ACTIVE_STATUSES, JobRun
 
     values = {
         "job_id": job.id,
@@ -51,7 +55,11 @@ def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
         "max_attempts": job.max_attempts,
     }
     values.update(fields)
-    return JobRun.objects.create(**values)
+    with transaction.atomic():
+        if values["status"] in ACTIVE_STATUSES:
+            with connection.cursor() as cursor:
+                open_floors.lower(cursor, [(values["tenant_id"], scheduled_at)])
+        return JobRun.objects.create(**values)
 
 
 def attempt_entry(n: int, outcome: str, code: int | None = 500, error: str = "HTTP 500") -> list:
