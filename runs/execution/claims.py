@@ -383,7 +383,7 @@ async def _claim_in(
                     "partitions": partitions,
                     "tenants": tenants,
                     "granted": [grants[t] for t in tenants],
-                    "limit": sum(grants.values()),
+                    "limit": _size(in_shard),
                     "owner": owner,
                     "aging": aging_seconds,
                     "max_rank": UNBOUNDED_RANK,
