@@ -20,7 +20,8 @@ from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
 
 # Rows are inserted in the order given (`position`): ids follow it, so a catch-up's runs
-# are numbered oldest first whatever join the planner picks.
+# are numbered oldest first whatever join the planner picks, on both engines
+# (tests/test_scheduler_misfire.py).
 _INSERT_SQL = """
 WITH incoming AS (
     SELECT * FROM unnest(
@@ -73,8 +74,9 @@ RETURNING job_id, scheduled_at, status
 # - Plain PostgreSQL takes the batch's job ids as an array and reads from the lowest open
 #   floor of the batch's tenants on: no open run of a tenant is older than its floor
 #   (runs/open_floors.py), and the bound prunes the day partitions below it when the
-#   statement runs. Without it a month of days that hold finished runs cost two buffers
-#   per job and day: 390 jobs, 39 days, 24,930 buffers and 6 ms; with it 2,311 and 3 ms.
+#   statement runs (no tenant row found: no bound). Without it a month of days that
+#   hold finished runs cost two buffers per job and day: 390 jobs, 39 days, 24,930
+#   buffers and 6 ms; with it 2,311 and 3 ms.
 #   The array rather than a join with `incoming`: joined, each day was probed once per
 #   job in a nested loop, as many buffers in twice the time. No partition list: beside a
 #   keyed lookup of job_runs it misleads the planner (runs/per_partition.py).
@@ -87,7 +89,8 @@ _INSERT = {
     False: _INSERT_SQL.replace(
         "{active_runs_of}",
         "r.job_id = ANY(%b::uuid[])"
-        " AND r.scheduled_at >= (SELECT min(t.open_floor) FROM tenants t WHERE t.id = ANY(%b::bigint[]))",
+        " AND r.scheduled_at >= (SELECT coalesce(min(t.open_floor), '-infinity') FROM tenants t"
+        " WHERE t.id = ANY(%b::bigint[]))",
     ),
     True: _INSERT_SQL.replace(
         "{active_runs_of}",

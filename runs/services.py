@@ -144,7 +144,10 @@ def replay_run(
     """Re-queue a dead or cancelled run under the same key. Raises RunNotFound, RunConflict."""
     qs = _keyed(job_id, scheduled_at, tenant_id)
     replayable = qs.filter(status__in=REPLAYABLE)
-    _opened(replayable.only("tenant_id", "scheduled_at")[:1])  # before the update: see _opened
+    # Before the update (see _opened), and whatever the run's status now: the update reads
+    # afresh, and a run that was running here and dead there would be reopened with its
+    # floor left above it. Lowering for a run the update then refuses does no harm.
+    _opened(qs.only("tenant_id", "scheduled_at")[:1])
     if replayable.update(**_replay_changes(now or timezone.now())) == 0:
         current = qs.values_list("status", flat=True).first()
         if current is None:
