@@ -154,3 +154,33 @@ def test_a_claim_whose_work_map_saw_no_cancel_previous_run_takes_none(pair, per_
     assert lean == []
     assert claimed_keys(full) == {newer}
     assert row(older).status == "cancelled" and running(pair) == [newer]
+
+
+@pytest.mark.parametrize("aged", [False, True], ids=["not-aged", "aged"])
+@pytest.mark.parametrize("cancel_previous", [False, True], ids=["lean", "cancel_previous"])
+def test_every_form_of_the_shard_claim_runs_and_claims(transactional_db, tenant, aged, cancel_previous):
+    """Each of the four forms of queries.CLAIM_IN_SHARD, built from optional fragments
+    (queries._claim), is a statement that runs and claims a plain run: a form only some
+    work maps pick (an aged tenant beside a cancel_previous run) is otherwise met first
+    in production."""
+    (key,) = queue_runs(tenant, task_target("noop"))
+    planner = fair_share.Planner()
+    planner.aged = lambda: {tenant.id} if aged else set()
+    planner.cancel_previous = lambda partitions, tenants: cancel_previous
+    partition = row(key).partition_id
+
+    async def claim() -> list:
+        conn = await connections.connect_async(database_url())
+        try:
+            return await claims._claim_in(
+                conn,
+                in_shard={partition: {tenant.id: 5}},
+                owner="test-claimer",
+                aging_seconds=claims.DEFAULT_AGING_SECONDS,
+                planner=planner,
+            )
+        finally:
+            await conn.close()
+
+    assert claimed_keys(asyncio.run(claim())) == {key}
+    assert row(key).status == "running"
