@@ -20,13 +20,13 @@ floor.**
   runs/execution/turns.py): per tenant, to the oldest slot of its open runs, capped by
   queries.FLOOR_CAP. It reads without a lock, in this order: the floors and their
   versions, the cap, then (on Citus) it waits for the transactions prepared on the
-  workers to end, then the open runs. It raises a floor
-  only where the version is still the one it read (compare-and-set): a writer that
-  opened an old run after the versions were read counted in the version, so that floor
-  is left alone; one that had committed on the coordinator but not yet on its worker has
-  ended by the time the open runs are read, so its run is seen; a writer that opened a
-  recent run without writing is above the cap. It lowers a floor found above an open run
-  whatever the version: whatever slipped past a writer is set right at the next upkeep.
+  workers to end, then the open runs. It raises a floor only where the version is still
+  the one it read (compare-and-set): a writer that opened an old run after the versions
+  were read counted in the version, so that floor is left alone; one that had committed
+  on the coordinator but not yet on its worker has ended by the time the open runs are
+  read, so its run is seen; a writer that opened a recent run without writing is above
+  the cap. It lowers a floor found above an open run whatever the version: whatever
+  slipped past a writer is set right at the next upkeep.
 """
 
 from __future__ import annotations
