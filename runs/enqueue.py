@@ -101,11 +101,16 @@ _INSERT = {
 _NEW_RUN_FIELDS = tuple(f.name for f in fields(NewRun))
 
 
-def _columns(runs: Sequence[NewRun]) -> list[list]:
-    # One array per column, bound server-side in binary. The batch used to travel as
-    # one JSON document for jsonb_to_recordset: encoding it (dataclass to dict, dates to
-    # ISO text) and quoting it into the SQL text client-side cost more than the insert.
-    return [[getattr(run, name) for run in runs] for name in _NEW_RUN_FIELDS]
+def _parameters(runs: Sequence[NewRun], *, citus: bool) -> list[list]:
+    """_INSERT[citus]'s parameters: one array per column of the runs, then the overlap
+    read's (_INSERT's comment)."""
+    # Bound server-side in binary. The batch used to travel as one JSON document for
+    # jsonb_to_recordset: encoding it (dataclass to dict, dates to ISO text) and quoting
+    # it into the SQL text client-side cost more than the insert.
+    columns = [[getattr(run, name) for run in runs] for name in _NEW_RUN_FIELDS]
+    if citus:
+        return [*columns, sorted({run.partition_id for run in runs})]
+    return [*columns, columns[0], sorted({run.tenant_id for run in runs})]
 
 
 def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
@@ -120,18 +125,12 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
         return []
     with connection.wrap_database_errors, raw_cursor(connection) as cursor:
         citus = citus_installed(cursor)
-        columns = _columns(runs)
-        # The overlap read's parameters (_INSERT's comment).
-        if citus:
-            columns.append(sorted({run.partition_id for run in runs}))
-        else:
-            columns += [columns[0], sorted({run.tenant_id for run in runs})]
         # Before the insert: on Citus a write of the reference table tenants is refused
         # after a statement that used several connections to one worker in the
         # transaction, as the insert of a batch over many shards does.
         open_floors.lower(cursor, ((run.tenant_id, run.scheduled_at) for run in runs))
         # binary: the RETURNING's timestamps load in C, not through Django's text loader.
-        cursor.execute(_INSERT[citus], columns, binary=True)
+        cursor.execute(_INSERT[citus], _parameters(runs, citus=citus), binary=True)
         return [InsertedRun(job_id=j, scheduled_at=at, status=st) for j, at, st in cursor.fetchall()]
 
 

@@ -54,9 +54,9 @@ def _overlap_read(runs) -> set[str]:
     with transaction.atomic(), connection.wrap_database_errors, raw_cursor(connection) as cursor:
         # As in a database whose day partitions hold runs: no sequential scan of them.
         cursor.execute("SET LOCAL enable_seqscan = off")
-        columns = enqueue._columns(runs)
-        columns += [columns[0], sorted({run.tenant_id for run in runs})]
-        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + enqueue._INSERT[False], columns)
+        cursor.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + enqueue._INSERT[False], enqueue._parameters(runs, citus=False)
+        )
         plan = cursor.fetchone()[0][0]["Plan"]
         transaction.set_rollback(True)
     return _scanned(plan)
