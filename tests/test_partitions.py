@@ -96,7 +96,6 @@ def test_new_day_partitions_keep_one_index_entry_per_run_version(tenant):
     executor_walks = {
         "(tenant_id, priority DESC, scheduled_at) WHERE ((status)::text = ANY",
         "(tenant_id, not_before) WHERE ((status)::text = ANY",
-        "(partition_id, tenant_id, priority DESC, scheduled_at) WHERE ((status)::text = ANY",
         "(tenant_id, lease_until) WHERE ((status)::text = 'running'::text)",
         "(job_id) WHERE ((status)::text = ANY",
     }
