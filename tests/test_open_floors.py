@@ -277,9 +277,7 @@ def no_turn_taken():
     set_turn(turns.OPEN_FLOORS, None)
 
 
-def test_one_executor_runs_the_upkeep_per_interval_whatever_their_number(
-    per_partition_forms, monkeypatch, no_turn_taken
-):
+def test_one_executor_runs_the_upkeep_per_interval_whatever_their_number(monkeypatch, no_turn_taken):
     # The upkeep reads every open run of every shard: each executor asks for the turn,
     # and only the first to ask once the interval has passed runs it.
     ran = []
