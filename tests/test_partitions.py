@@ -99,6 +99,11 @@ def test_new_day_partitions_keep_one_index_entry_per_run_version(tenant):
         "(tenant_id, lease_until) WHERE ((status)::text = 'running'::text)",
         "(job_id) WHERE ((status)::text = ANY",
     }
+    with connection.cursor() as cursor:
+        if citus_installed(cursor):  # the per-partition claim index (runs migration 0021)
+            executor_walks.add(
+                "(partition_id, tenant_id, priority DESC, scheduled_at) WHERE ((status)::text = ANY"
+            )
     for table in ("job_runs", attached, fresh):
         indexes = deduplicating(table)
         for prefix in executor_walks:
