@@ -35,7 +35,7 @@ class JobRun(PartitionKeyed):
     (a job's runs share its partition_id, so the two say the same; the database key must
     contain Citus's distribution column). `id` is a surrogate only because Django 5.2's
     admin cannot register models with a CompositePrimaryKey: the database's primary key
-    is (partition_id, id, scheduled_at) (see docs/decisions/0001-run-identity.md).
+    is (id, scheduled_at, partition_id) (see docs/decisions/0001-run-identity.md).
     The foreign keys carry no database constraint: runs outlive nothing but are
     deleted by the job service in bulk, and a partitioned table with millions of
     rows must not be scanned on every job delete.
