@@ -185,7 +185,11 @@ def _cancel_locked(run: JobRun, *, now: datetime, actor: str) -> None:
         changes["attempts"] = [*(run.attempts or []), _cancelled_entry(run, now=now, actor=actor)]
     # The row is locked; the status/attempt condition documents what the write assumes.
     JobRun.objects.filter(
-        id=run.id, scheduled_at=run.scheduled_at, status=run.status, attempt=run.attempt
+        partition_id=run.partition_id,
+        id=run.id,
+        scheduled_at=run.scheduled_at,
+        status=run.status,
+        attempt=run.attempt,
     ).update(**changes)
 
 

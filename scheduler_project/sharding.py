@@ -1,7 +1,7 @@
 """Models whose rows live in the shard of their `partition_id` (jobs, runs, misfires, ledger ranges).
 
-The database key of these tables starts with `partition_id`
-(docs/decisions/0001-run-identity.md); the Django model keeps a single-field key
+The database key of these tables holds `partition_id` (first, but for job_runs', led
+by the run id: docs/decisions/0001-run-identity.md); the Django model keeps a single-field key
 because the admin refuses CompositePrimaryKey. Django's save() of an existing row is
 `UPDATE ... SET <every column> WHERE id = %s`: on Citus that statement rewrites the
 distribution column (refused: "modifying the partition value of rows is not allowed")
