@@ -100,10 +100,11 @@ def test_new_day_partitions_keep_one_index_entry_per_run_version(tenant):
         "(job_id) WHERE ((status)::text = ANY",
     }
     with connection.cursor() as cursor:
-        if citus_installed(cursor):  # the per-partition claim index (runs migration 0021)
-            executor_walks.add(
-                "(partition_id, tenant_id, priority DESC, scheduled_at) WHERE ((status)::text = ANY"
-            )
+        citus = citus_installed(cursor)
+    if citus:  # the per-partition claim index (runs migration 0021)
+        executor_walks.add(
+            "(partition_id, tenant_id, priority DESC, scheduled_at) WHERE ((status)::text = ANY"
+        )
     for table in ("job_runs", attached, fresh):
         indexes = deduplicating(table)
         for prefix in executor_walks:
@@ -111,8 +112,8 @@ def test_new_day_partitions_keep_one_index_entry_per_run_version(tenant):
             assert matching == [False], (table, prefix, indexes)
         others = [on for d, on in indexes if not any(d.startswith(p) for p in executor_walks)]
         assert others and all(others), (table, indexes)
-    with connection.cursor() as cursor:
-        if citus_installed(cursor):
+    if citus:
+        with connection.cursor() as cursor:
             # On Citus the probes run in the shards. This test's own days are not committed,
             # so the workers' sessions cannot see them: today's shards (committed by the
             # migrations) carry the parameter, as the migration made them.
