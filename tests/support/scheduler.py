@@ -11,8 +11,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from django.db import connection
+from django.db.models import Max
+
 from jobs.dispatch.partition_leases import NAMESPACE
-from jobs.models import Job, JobTarget, Tenant
+from jobs.models import Job, JobTarget, Misfire, Tenant
 from jobs.services import partition_for
 from runs.models import JobRun
 
@@ -79,15 +82,65 @@ def wait_dispatched(jobs: list[Job], *, cutoff: datetime, timeout: float) -> Non
     expected = expected_interval_slots(jobs, cutoff=cutoff)
     ids = [job.id for job in jobs]
 
-    def dispatched() -> bool:
+    def missing() -> set[tuple[uuid.UUID, datetime]]:
         rows = JobRun.objects.filter(job_id__in=ids, scheduled_at__lte=cutoff).values_list(
             "job_id", "scheduled_at"
         )
-        return expected <= set(rows)
+        return expected - set(rows)
 
-    wait_until(
-        dispatched, timeout=timeout, interval=0.5, what=f"every slot up to {cutoff:%H:%M:%S} dispatched"
+    try:
+        wait_until(
+            lambda: not missing(),
+            timeout=timeout,
+            interval=0.5,
+            what=f"every slot up to {cutoff:%H:%M:%S} dispatched",
+        )
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}\n{undispatched_report(missing())}") from None
+
+
+def undispatched_report(missing: set[tuple[uuid.UUID, datetime]]) -> str:
+    """What a failed wait needs to tell a lost slot from a late or coalesced one: the
+    slots, their jobs' partitions, where each job's schedule stands and its misfires."""
+    job_ids = {job_id for job_id, _ in missing}
+    jobs = {job.id: job for job in Job.objects.filter(id__in=job_ids)}
+    newest = dict(
+        JobRun.objects.filter(job_id__in=job_ids)
+        .values("job_id")
+        .annotate(newest=Max("scheduled_at"))
+        .values_list("job_id", "newest")
     )
+    misfires = Counter(Misfire.objects.filter(job_id__in=job_ids).values_list("job_id", flat=True))
+    lines = [
+        f"{len(missing)} slot(s) of {len(job_ids)} job(s) have no run; now {datetime.now(UTC):%H:%M:%S.%f}",
+        f"partitions: {sorted(Counter(jobs[j].partition_id for j in job_ids if j in jobs).items())}",
+    ]
+    for job_id, slot in sorted(missing, key=lambda item: item[1])[:10]:
+        job = jobs.get(job_id)
+        lines.append(
+            f"  {job_id} slot {slot:%H:%M:%S.%f}: partition {job and job.partition_id}, "
+            f"next_run_at {job and job.next_run_at and f'{job.next_run_at:%H:%M:%S.%f}'}, "
+            f"newest run {newest.get(job_id) and f'{newest[job_id]:%H:%M:%S.%f}'}, "
+            f"misfires {misfires[job_id]}"
+        )
+    lines.append(f"partition leases: {lease_holders({jobs[j].partition_id for j in job_ids if j in jobs})}")
+    return "\n".join(lines)
+
+
+def lease_holders(partitions: set[int]) -> dict[int, str | None]:
+    """Which scheduler (its application_name) holds each partition's lease right now."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT l.objid::int, a.application_name FROM pg_locks l
+            JOIN pg_stat_activity a ON a.pid = l.pid
+            WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objsubid = 2 AND l.granted
+              AND l.objid::int = ANY(%s)
+            """,
+            [NAMESPACE, sorted(partitions)],
+        )
+        held = dict(cursor.fetchall())
+    return {partition: held.get(partition) for partition in sorted(partitions)}
 
 
 def locks_by_pid(cursor) -> dict[int, set[int]]:
