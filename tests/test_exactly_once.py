@@ -35,6 +35,7 @@ pytestmark = [pytest.mark.processes, pytest.mark.django_db(transaction=True)]
 
 LEASE = 3
 ENV = {"SCHEDULER_LEASE_SECONDS": str(LEASE)}
+SCHEDULED_TRIGGERS = {"schedule", "catch_up"}
 
 
 def make_jobs(tenant, http_target) -> list[Job]:
@@ -46,6 +47,12 @@ def make_jobs(tenant, http_target) -> list[Job]:
         retry_backoff_seconds=1,
         retry_backoff_cap_seconds=2,
         overlap_policy="allow",
+        # A job comes back once per dispatch round, so on a machine slow enough for a
+        # round to outlast a job's 2-4 s interval its slots fall behind; past the misfire
+        # threshold (60 s) the default policy would fire only the latest of them and
+        # the rest would read as lost here. Catch-up fires each one, late: a slot this
+        # test misses is then one the schedulers lost, whatever the machine's speed.
+        misfire_policy="catch_up",
     )
     fast_target = {"type": "http", "url": http_target.url("/fast"), "method": "POST", "timeout_seconds": 10}
     slow_target = {"type": "http", "url": http_target.url("/slow"), "method": "POST", "timeout_seconds": 10}
@@ -148,7 +155,8 @@ def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tena
     assert len(expected) > 3000
     assert expected - {(r[0], r[1]) for r in runs} == set(), "missing occurrences"
     assert result.extra == [], "occurrences that are not slots of their job"
-    assert set(result.triggers) == {"schedule"}
+    # Only the schedule fired them: on time, or late through catch-up (make_jobs).
+    assert set(result.triggers) <= SCHEDULED_TRIGGERS
 
     # Every run finished well, and its stored result is its final attempt's.
     assert result.statuses == {"succeeded": len(runs)}
@@ -162,4 +170,4 @@ def test_exactly_once_while_schedulers_and_executors_are_killed_and_stalled(tena
 
     # The target saw every final attempt under the run's idempotency key.
     assert result.final_attempt_not_at_target == []
-    assert not JobRun.objects.filter(Q(job_id__in=job_ids) & ~Q(trigger="schedule")).exists()
+    assert not JobRun.objects.filter(Q(job_id__in=job_ids) & ~Q(trigger__in=SCHEDULED_TRIGGERS)).exists()
