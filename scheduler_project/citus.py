@@ -24,6 +24,21 @@ from psycopg import sql
 SUPERUSER = "cronyard"
 
 
+# Run once per connection by the scheduler, outside a transaction
+# (docs/decisions/0083-dispatch-keeps-worker-connections.md). The run insert (an INSERT ...
+# SELECT, which Citus runs through the coordinator) copies its rows to each shard it
+# writes on a connection of that shard's own, and by default a session keeps one
+# connection per worker when the transaction ends: every batch opened the others again,
+# a backend started on the worker each time, about 4 ms per shard. 32 is Citus's default
+# shard count: one connection per shard of a worker, at most.
+KEEP_WORKER_CONNECTIONS = "SET citus.max_cached_conns_per_worker = 32"
+
+
+def keep_worker_connections(cursor) -> None:
+    """Let this session keep the worker connections its transactions open (Citus only)."""
+    cursor.execute(KEEP_WORKER_CONNECTIONS)
+
+
 def split_node(node: str) -> tuple[str, int]:
     """'host:port' -> (host, port)."""
     host, _, port = node.rpartition(":")

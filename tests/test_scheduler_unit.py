@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
+from psycopg.conninfo import make_conninfo
 
 from jobs.dispatch import fencing, partition_leases
 from jobs.dispatch.planning import run_for
 from jobs.models import Job, SchedulerNode
 from runs.enqueue import enqueue_runs
+from runs.execution.connections import database_conninfo
 from runs.models import JobRun
-from scheduler_project.citus import citus_installed
+from scheduler_project.citus import citus_installed, parse_workers, split_node
 from scheduler_project.db import raw_cursor
 from tests.conftest import database_url
 from tests.support.scheduler import in_process_schedulers, locks_by_pid, make_job
@@ -364,3 +367,39 @@ def test_a_job_whose_schedule_breaks_does_not_block_the_batch(tenant, make_sched
     assert runs_of(broken) == [] and len(runs_of(fine)) == 1
     broken.refresh_from_db()
     assert broken.next_run_at is None
+
+
+def _worker_connections_of_this_session() -> set[tuple[str, int]]:
+    """(worker, backend pid) of every connection the workers hold for this session's backend."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT citus_backend_gpid()")
+        (gpid,) = cursor.fetchone()
+    held = set()
+    for node in parse_workers(os.environ["CRONYARD_CITUS_WORKERS"]):
+        host, port = split_node(node)
+        conninfo = make_conninfo(database_conninfo(), host=host, port=port)
+        with psycopg.connect(conninfo, autocommit=True) as worker:
+            rows = worker.execute(
+                "SELECT pid FROM pg_stat_activity"
+                " WHERE datname = current_database() AND application_name = %s",
+                [f"citus_internal gpid={gpid}"],
+            )
+            held |= {(node, pid) for (pid,) in rows}
+    return held
+
+
+@pytest.mark.skipif(not os.environ.get("CRONYARD_CITUS_WORKERS"), reason="a make test-citus test")
+def test_on_citus_the_next_batch_writes_on_the_worker_connections_of_the_last(tenant, make_scheduler):
+    # The run insert writes each shard on a connection of its own. Citus kept one per
+    # worker after a transaction, so every batch started a backend per shard again on
+    # the workers (about 4 ms each); the scheduler's session now keeps them.
+    jobs = [make_job(tenant, next_run_at=T - timedelta(seconds=5)) for _ in range(40)]
+    sched = make_scheduler(node_id="n1")
+    sched.step()
+    assert JobRun.objects.filter(job_id__in=[job.id for job in jobs]).count() == 40
+    kept = _worker_connections_of_this_session()
+    assert len(kept) > len(parse_workers(os.environ["CRONYARD_CITUS_WORKERS"]))
+    Job.objects.filter(id__in=[job.id for job in jobs]).update(next_run_at=T - timedelta(seconds=2))
+    sched.step()
+    assert JobRun.objects.filter(job_id__in=[job.id for job in jobs]).count() == 80
+    assert _worker_connections_of_this_session() == kept

@@ -44,7 +44,7 @@ from runs import alerts, counters, day_partitions, open_floors
 from runs.enqueue import enqueue_runs, notify_executors, oldest_slot
 from runs.execution import breakers
 from scheduler_project import db, liveness
-from scheduler_project.citus import Placements, by_node, citus_installed
+from scheduler_project.citus import Placements, by_node, citus_installed, keep_worker_connections
 from scheduler_project.db import raw_cursor
 from scheduler_project.loop import Loop
 from scheduler_project.outage import is_outage, unreachable_worker
@@ -154,6 +154,9 @@ class Scheduler(Loop):
         self._next_due_mono: float | None = None
         # Which Citus worker holds each partition: batches are grouped by it.
         self.placements = Placements()
+        self._citus: bool | None = None  # asked at the first dispatch
+        # The connection keep_worker_connections was run on (a reconnect needs it again).
+        self._kept_on: object | None = None
 
     # -- Loop API ------------------------------------------------------------------
 
@@ -226,11 +229,14 @@ class Scheduler(Loop):
     def dispatch(self, snap: partition_leases.LeaseSnapshot) -> BatchResult:
         """One batch per worker holding owned partitions (one batch on plain PostgreSQL),
         so that a worker out of reach fails only its own partitions' batch."""
-        if not self.batch_size:
+        if self._citus is None:
             # Here, not at start: the database may be down when the process starts.
             with connection.cursor() as cursor:
-                citus = citus_installed(cursor)
-            self.batch_size = self.batch_limit = CITUS_BATCH_SIZE if citus else BATCH_SIZE
+                self._citus = citus_installed(cursor)
+        if not self.batch_size:
+            self.batch_size = self.batch_limit = CITUS_BATCH_SIZE if self._citus else BATCH_SIZE
+        if self._citus:
+            self._keep_worker_connections()
         now = self.clock() if self.clock else db.now()
         results: list[BatchResult] = []
         next_dues: list[datetime | None] = []
@@ -252,6 +258,16 @@ class Scheduler(Loop):
         nxt = min(known) if known else None
         self._next_due_mono = None if nxt is None else time.monotonic() + (nxt - now).total_seconds()
         return _sum(*results)
+
+    def _keep_worker_connections(self) -> None:
+        """Citus: let this session keep the worker connections a batch opens, once per
+        connection, outside any transaction (docs/decisions/0083-dispatch-keeps-worker-connections.md)."""
+        connection.ensure_connection()
+        if connection.connection is self._kept_on:
+            return
+        with connection.cursor() as cursor:
+            keep_worker_connections(cursor)
+        self._kept_on = connection.connection
 
     def _groups(self, owned: list[int]) -> dict[str, list[int]]:
         """The owned partitions by the Citus worker holding them ('': plain PostgreSQL,
