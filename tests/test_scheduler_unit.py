@@ -392,7 +392,9 @@ def _worker_connections_of_this_session() -> set[tuple[str, int]]:
 def test_on_citus_the_next_batch_writes_on_the_worker_connections_of_the_last(tenant, make_scheduler):
     # The run insert writes each shard on a connection of its own. Citus kept one per
     # worker after a transaction, so every batch started a backend per shard again on
-    # the workers (about 4 ms each); the scheduler's session now keeps them.
+    # the workers (about 6 ms each); the scheduler's session now keeps them.
+    # A new connection: none kept by earlier tests, and none recycled (CONN_MAX_AGE) between the steps.
+    connection.close()
     jobs = [make_job(tenant, next_run_at=T - timedelta(seconds=5)) for _ in range(40)]
     sched = make_scheduler(node_id="n1")
     sched.step()

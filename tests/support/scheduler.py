@@ -15,7 +15,7 @@ from django.db import connection
 from django.db.models import Max
 
 from jobs.dispatch.partition_leases import NAMESPACE
-from jobs.models import Job, JobTarget, Misfire, Tenant
+from jobs.models import Job, JobTarget, Misfire, SlotRange, Tenant
 from jobs.services import partition_for
 from runs.models import JobRun
 
@@ -111,6 +111,8 @@ def undispatched_report(missing: set[tuple[uuid.UUID, datetime]]) -> str:
         .values_list("job_id", "newest")
     )
     misfires = Counter(Misfire.objects.filter(job_id__in=job_ids).values_list("job_id", flat=True))
+    # The occurrence ledger's ranges: slots a plan left unfired on purpose, and why.
+    unfired = Counter(SlotRange.objects.filter(job_id__in=job_ids).values_list("job_id", "reason"))
     lines = [
         f"{len(missing)} slot(s) of {len(job_ids)} job(s) have no run; now {datetime.now(UTC):%H:%M:%S.%f}",
         f"partitions: {sorted(Counter(jobs[j].partition_id for j in job_ids if j in jobs).items())}",
@@ -121,7 +123,8 @@ def undispatched_report(missing: set[tuple[uuid.UUID, datetime]]) -> str:
             f"  {job_id} slot {slot:%H:%M:%S.%f}: partition {job and job.partition_id}, "
             f"next_run_at {job and job.next_run_at and f'{job.next_run_at:%H:%M:%S.%f}'}, "
             f"newest run {newest.get(job_id) and f'{newest[job_id]:%H:%M:%S.%f}'}, "
-            f"misfires {misfires[job_id]}"
+            f"misfires {misfires[job_id]}, "
+            f"unfired ranges {sorted((r, n) for (j, r), n in unfired.items() if j == job_id)}"
         )
     lines.append(f"partition leases: {lease_holders({jobs[j].partition_id for j in job_ids if j in jobs})}")
     return "\n".join(lines)
