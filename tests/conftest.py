@@ -42,7 +42,11 @@ def database_url() -> str:
 
 @pytest.fixture
 def child_env(transactional_db):
-    """Environment for manage.py child processes: same test database, short timings."""
+    """Environment for manage.py child processes: same test database, short timings.
+
+    Connections persist as the product's settings say (CONN_MAX_AGE): the processes under
+    test reconnect after an outage, and on Citus keep their worker connections, as users'
+    do."""
     env = dict(os.environ)
     env.update(
         DATABASE_URL=database_url(),
@@ -51,7 +55,6 @@ def child_env(transactional_db):
         SCHEDULER_POLL_SECONDS="0.2",
         EXECUTOR_POLL_SECONDS="0.2",
         SCHEDULER_ALLOW_PRIVATE_TARGETS="true",
-        CONN_MAX_AGE="0",
         EXECUTOR_TASK_MODULES="runs.builtin_tasks,tests.support.tasks",
     )
     return env
