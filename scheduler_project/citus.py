@@ -29,7 +29,7 @@ SUPERUSER = "cronyard"
 # SELECT, which Citus runs through the coordinator) copies its rows to each shard it
 # writes on a connection of that shard's own, and by default a session keeps one
 # connection per worker when the transaction ends: every batch opened the others again,
-# a backend started on the worker each time, about 4 ms per shard. 32 is Citus's default
+# a backend started on the worker each time, about 6 ms per shard. 32 is Citus's default
 # shard count: one connection per shard of a worker, at most.
 KEEP_WORKER_CONNECTIONS = "SET citus.max_cached_conns_per_worker = 32"
 

@@ -110,12 +110,13 @@ def undispatched_report(missing: set[tuple[uuid.UUID, datetime]]) -> str:
         .annotate(newest=Max("scheduled_at"))
         .values_list("job_id", "newest")
     )
+    partitions = Counter(jobs[j].partition_id for j in job_ids if j in jobs)
     misfires = Counter(Misfire.objects.filter(job_id__in=job_ids).values_list("job_id", flat=True))
     # The occurrence ledger's ranges: slots a plan left unfired on purpose, and why.
     unfired = Counter(SlotRange.objects.filter(job_id__in=job_ids).values_list("job_id", "reason"))
     lines = [
         f"{len(missing)} slot(s) of {len(job_ids)} job(s) have no run; now {datetime.now(UTC):%H:%M:%S.%f}",
-        f"partitions: {sorted(Counter(jobs[j].partition_id for j in job_ids if j in jobs).items())}",
+        f"partitions: {sorted(partitions.items())}",
     ]
     for job_id, slot in sorted(missing, key=lambda item: item[1])[:10]:
         job = jobs.get(job_id)
@@ -126,7 +127,7 @@ def undispatched_report(missing: set[tuple[uuid.UUID, datetime]]) -> str:
             f"misfires {misfires[job_id]}, "
             f"unfired ranges {sorted((r, n) for (j, r), n in unfired.items() if j == job_id)}"
         )
-    lines.append(f"partition leases: {lease_holders({jobs[j].partition_id for j in job_ids if j in jobs})}")
+    lines.append(f"partition leases: {lease_holders(set(partitions))}")
     return "\n".join(lines)
 
 
