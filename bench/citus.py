@@ -10,6 +10,7 @@ rows measure Citus's overhead per run, not scale-out. Without Citus installed th
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = [sys.executable, str(ROOT / "scripts" / "citus_cluster.py")]
 CITUS_JOBS = 20_000
 CITUS_RUNS = 5_000
+# bench/claims.py's rounds per engine, and its claims' size (the same on both engines).
+CLAIM_ROUNDS = 3
+CLAIM_BATCH = 100
 NOT_INSTALLED = "Citus rows skipped: citus.so not installed"
 
 
@@ -92,6 +96,19 @@ def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
                     },
                 }
             )
+        # Claim latency: the rounds alternate between the engines, as the machine's
+        # load drifts over minutes.
+        latency: dict[str, list[dict]] = {"citus": [], "plain": []}
+        out = bench.data / "citus_claims.json"
+        for _ in range(CLAIM_ROUNDS):
+            for side, env in (("citus", citus_env), ("plain", None)):
+                bench.run(
+                    "claims.py", "--runs", str(runs), "--batch", str(CLAIM_BATCH), "--json", str(out), env=env
+                )
+                latency[side].append(bench.json(out.name))
+        rows.append(
+            {"what": f"claims of {CLAIM_BATCH} runs, draining {runs:,} no-op runs", "latency": latency}
+        )
     return rows
 
 
@@ -115,6 +132,8 @@ def section(rows: list[dict] | None, *, skipped: str = NOT_INSTALLED) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        if "latency" in r:
+            continue
         limit = r["citus_limit"]
         cells = [
             r["what"],
@@ -125,7 +144,36 @@ def section(rows: list[dict] | None, *, skipped: str = NOT_INSTALLED) -> str:
             f"{r['citus'] / limit:.2f}" if limit else "n/a",
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines + cpu_section(rows))
+    return "\n".join(lines + cpu_section(rows) + latency_section(rows))
+
+
+def latency_section(rows: list[dict]) -> list[str]:
+    """Claim latency (bench/claims.py): per round, the median and p90 milliseconds of the
+    claims that returned runs, on each engine; the ratio of the medians of the rounds."""
+    lines = []
+    for r in rows:
+        if "latency" not in r:
+            continue
+        citus, plain = r["latency"]["citus"], r["latency"]["plain"]
+
+        def rounds(side: list[dict]) -> str:
+            return ", ".join(f"{x['median_ms']} ({x['p90_ms']})" for x in side)
+
+        def median(side: list[dict]) -> float:
+            return statistics.median(x["median_ms"] for x in side)
+
+        lines += [
+            "",
+            "Claim latency (`bench/claims.py`): one executor in the benchmark's process drains the"
+            " runs, every claim timed; median (p90) ms of the claims that returned runs, per round,"
+            " the rounds alternated between the engines:",
+            "",
+            "| what | Citus: median (p90) ms per round | plain PostgreSQL "
+            "| Citus / plain, median of the rounds |",
+            "|---|---|---|---:|",
+            f"| {r['what']} | {rounds(citus)} | {rounds(plain)} | {median(citus) / median(plain):.2f} |",
+        ]
+    return lines
 
 
 def cpu_section(rows: list[dict]) -> list[str]:

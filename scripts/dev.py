@@ -163,6 +163,7 @@ CITUS_TESTS = (
     "tests/test_dashboard_charts.py",
     "tests/test_executor_claims.py",
     "tests/test_claim_races.py",
+    "tests/test_spare_holds.py",
     "tests/test_open_floors.py",
     "tests/test_executor_cancel_previous.py",
     "tests/test_job_targets.py",
@@ -175,7 +176,7 @@ CITUS_TESTS = (
     "tests/test_chaos_citus.py",
     "tests/test_citus_worker_down.py",
 )
-# A short dispatch and execute run: enough to see Citus's overhead, not a benchmark.
+# A short dispatch, execute and claim latency run: enough to see Citus's overhead, not a benchmark.
 # The raw dispatch loop too (--with-limit): `make bench`'s Citus rows run it there.
 CITUS_BENCH = (
     (
@@ -189,6 +190,7 @@ CITUS_BENCH = (
         "cronyard_bench_dispatch",
     ),
     ("execute.py", "--runs", "2000", "--executors", "1", "--kinds", "task"),
+    ("claims.py", "--runs", "2000"),
 )
 
 

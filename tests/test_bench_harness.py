@@ -147,5 +147,21 @@ def test_the_citus_rows_give_both_sides_and_their_ratios_or_say_why_not():
         ("0.05", "n/a"),
     ]
     assert citus.verify(rows) == []
+    # Claim latency: its own table, the ratio of the rounds' medians (not of their means).
+    side = [{"median_ms": ms, "p90_ms": 2 * ms} for ms in (10.0, 30.0, 12.0)]
+    rows.append(
+        {"what": "claims", "latency": {"citus": side, "plain": [{"median_ms": 4.0, "p90_ms": 5.0}] * 3}}
+    )
+    text = citus.section(rows)
+    assert [r["what"] for r in parse_table(text.split("\n\n")[0])] == ["dispatch", "execution"]
+    latency = parse_table(text[text.index("| what | Citus: median (p90)") :])
+    assert latency == [
+        {
+            "what": "claims",
+            "Citus: median (p90) ms per round": "10.0 (20.0), 30.0 (60.0), 12.0 (24.0)",
+            "plain PostgreSQL": "4.0 (5.0), 4.0 (5.0), 4.0 (5.0)",
+            "Citus / plain, median of the rounds": "3.00",
+        }
+    ]
     rows[0]["checks"]["plain"] = (1, 2)
     assert citus.verify(rows) == ["dispatch on plain: 1 duplicates, 2 missing"]

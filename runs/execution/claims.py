@@ -123,16 +123,57 @@ class Holds:
     """This executor's runs per tenant in tenant_holds (Citus), which every claimer's
     grant counts against the tenants' caps. Every write is a delta, and all of them go
     through the claim connection, one at a time: a grant (`reserve`), the grants a claim
-    did not use, and the runs no longer in flight (`release`)."""
+    did not use, and the runs no longer in flight (`release`).
+
+    Spare holds: the holds of runs that finished, and grants a claim did not use, are
+    kept for the next claims of the same tenant instead of being given back and asked
+    for again, while the tenant's cap leaves ample room (`roomy`): a claim they cover
+    takes no grant round trip (`grant`). They still count against the cap in
+    tenant_holds, so a cap is never exceeded by them; what they cost is room other
+    executors cannot take meanwhile: at most one claim batch per tenant and executor,
+    and only where the last grant left at least that much (docs/decisions/0084-spare-holds.md)."""
 
     owner: str
     told: dict[int, int] = field(default_factory=dict)  # what tenant_holds holds for us
     hold_seconds: int = HOLD_SECONDS
+    # Per tenant, (its cap, the room beside every hold) as the last grant saw them.
+    room: dict[int, tuple[int, int]] = field(default_factory=dict)
     _refreshed_at: float = 0.0
 
     def excess(self, mine: dict[int, int]) -> dict[int, int]:
         """Held but no longer in flight (finished, deferred, fenced, handed back)."""
         return {t: n - mine.get(t, 0) for t, n in self.told.items() if n > mine.get(t, 0)}
+
+    def roomy(self, tenant: int, *, cap: int, keep: int) -> bool:
+        """Whether spare holds of `tenant`, up to `keep`, may be kept: the last grant left
+        at least `keep` beside every hold, under the cap the claimer reads now (a cap
+        changed since ends the spare: it is given back and asked for again)."""
+        cap_then, room = self.room.get(tenant, (None, 0))
+        return cap_then == cap and room >= keep
+
+    async def grant(
+        self, conn, want: dict[int, int], *, caps: dict[int, int], spare: dict[int, int], keep: int
+    ) -> dict[int, int]:
+        """Grants for `want` ({tenant_id: runs}): from `spare` (held, not in flight) where
+        the tenant is roomy, the rest from `reserve`. Spare not used now is kept up to
+        `keep` per roomy tenant and given back beyond, or at once for the others, in the
+        same round trip as the reserve if there is one. A claim whose grants all come
+        from spare writes nothing but the periodic `refresh`."""
+        use: Counter[int] = Counter()
+        release: dict[int, int] = {}
+        for tenant, n in spare.items():
+            roomy = tenant in caps and self.roomy(tenant, cap=caps[tenant], keep=keep)
+            use[tenant] = min(n, want.get(tenant, 0)) if roomy else 0
+            give_back = n - use[tenant] - (keep if roomy else 0)
+            if give_back > 0:
+                release[tenant] = give_back
+        need = {t: n - use[t] for t, n in want.items() if n > use[t]}
+        if need:
+            return dict(use + Counter(await self.reserve(conn, need, caps=caps, release=release)))
+        if release:
+            await self.release(conn, release)
+        await self.refresh(conn)
+        return dict(+use)
 
     async def reserve(
         self, conn, want: dict[int, int], *, caps: dict[int, int], release: dict[int, int]
@@ -157,10 +198,14 @@ class Holds:
                     },
                 )
                 await conn.execute("COMMIT")
-            granted = dict(await cursor.fetchall())
+            rows = await cursor.fetchall()
         except psycopg.Error:
             await _end_failed(conn)
             raise
+        granted = {tenant: n for tenant, n, _ in rows}
+        for tenant, _, room in rows:
+            if tenant in caps:
+                self.room[tenant] = (caps[tenant], room)
         for tenant in tenants:
             self._add(tenant, granted.get(tenant, 0) - release.get(tenant, 0))
         self._refreshed_at = time.monotonic()
@@ -213,15 +258,18 @@ async def _claim_by_node(
     2. The batch's places by fair share from the map (fair_share.allocate), ties going
        to the fullest shard: each shard is a claim statement.
     3. Grants under the tenants' caps from tenant_holds, on the coordinator only
-       (Holds.reserve, under the tenants' advisory locks): what every executor holds,
-       not a count of running runs over every shard. The runs this executor no longer
-       has in flight (`mine`: what it has) are given back in the same statement.
+       (Holds.grant, under the tenants' advisory locks): what every executor holds,
+       not a count of running runs over every shard. The holds of runs this executor no
+       longer has in flight (`mine`: what it has) are its spare: while the tenant's cap
+       leaves ample room they grant this claim without a round trip, and the rest are
+       given back in the grant's statement.
     4. Per shard, a transaction of the (tenant, partition) locks and one claim
        statement for its partitions of the batch (`_claim_in`), in one round trip and
        committed on that shard's worker alone; the shards' claims run side by side on
        `lanes`, the biggest first. The locks serialise claimers of one job, so that each
        sees the runs the other set running (overlap policies).
-    5. The grants the claims did not use are given back.
+    5. The grants the claims did not use are given back, or kept as spare while the
+       tenant is roomy.
     """
     mine = dict(mine or {})
     excess = holds.excess(mine)
@@ -253,7 +301,8 @@ async def _claim_by_node(
             await holds.refresh(conn)
         return []
     want = _per_tenant(places.values())
-    granted = await holds.reserve(conn, want, caps={t: limits[t].cap for t in want}, release=excess)
+    caps = {t: limits[t].cap for t in want}
+    granted = await holds.grant(conn, want, caps=caps, spare=excess, keep=limit)
     claimed: list[ClaimedRun] = []
     try:
         shards: dict[int, dict[int, dict[int, int]]] = {}  # shard -> partition -> tenant -> n
@@ -295,7 +344,12 @@ async def _claim_by_node(
             # raised, they would sit running, uncalled, until their leases ended.
             log.warning("a shard's claim failed (%s); the other shards' runs go on", first_line(failed))
     finally:
-        await holds.release(conn, Counter(granted) - Counter(run.tenant_id for run in claimed))
+        # Grants not used: spare while the tenant is roomy (the next claim's `excess`),
+        # given back otherwise.
+        unused = Counter(granted) - Counter(run.tenant_id for run in claimed)
+        await holds.release(
+            conn, {t: n for t, n in unused.items() if not holds.roomy(t, cap=caps[t], keep=limit)}
+        )
     claimed.sort(key=lambda run: (-run.priority, run.scheduled_at))
     return claimed
 

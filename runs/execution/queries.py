@@ -328,7 +328,9 @@ SELECT count(*) FROM (
 # On Citus, under the tenants' locks (claims.Holds.reserve): give back `release` runs per
 # tenant and grant this executor up to `want` more, as far as the tenant's cap allows
 # beside what every executor holds (tenant_holds, a coordinator table: no worker is
-# asked). Returns (tenant_id, granted). The caps are passed in (read with the work map):
+# asked). Returns (tenant_id, granted, room): room is what the cap leaves beside every
+# hold after the grant (claims.Holds keeps spare holds only where it is ample). The
+# caps are passed in (read with the work map):
 # a join of tenants (a reference table) would make this a distributed statement. Every
 # write of a hold is a delta, so the writes of one executor never overwrite each other.
 HOLDS_RESERVE = """
@@ -355,7 +357,8 @@ written AS (
     SELECT %(owner)s, g.tenant_id, g.kept + g.n, now() + make_interval(secs => %(hold)s) FROM granted g
     ON CONFLICT (tenant_id, owner) DO UPDATE SET running = excluded.running, held_until = excluded.held_until
 )
-SELECT tenant_id, n FROM granted
+SELECT g.tenant_id, g.n, a.cap - coalesce(h.others, 0) - g.kept - g.n AS room
+FROM granted g JOIN asked a ON a.tenant_id = g.tenant_id LEFT JOIN held h ON h.tenant_id = g.tenant_id
 """
 
 # Give back runs per tenant (claims.Holds.release): grants a claim did not use, and runs
