@@ -10,12 +10,13 @@ import asyncio
 import random
 from collections import Counter
 
+import psycopg
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from jobs.models import Tenant
 from jobs.tenant_services import create_tenant
-from runs.execution import claims, connections, fair_share
+from runs.execution import claims, connections, fair_share, queries
 from runs.models import JobRun
 from tests.support.executor import queue_runs, task_target
 
@@ -109,6 +110,63 @@ def test_spare_holds_beyond_a_batch_are_given_back():
     assert held("spare:1", tenant.id) == 10
 
 
+def test_grants_a_claim_could_not_use_stay_spare_up_to_a_batch():
+    tenant, claimer, first = first_claim("unused", cap=1000, queued=40, limit=20)
+    finish(first)
+    # The work map sees the other 20 runs; another session holds them locked, so the
+    # claim (SKIP LOCKED) takes none of the 10 its spare granted.
+    queued = JobRun.objects.filter(tenant_id=tenant.id, status="queued")
+    with transaction.atomic():
+        for partition in {run.partition_id for run in queued}:  # Citus locks rows one shard at a time
+            list(queued.filter(partition_id=partition).select_for_update())
+        assert claimer.claim_now(10) == []
+    assert claimer.reserved == [{tenant.id: 20}]
+    assert held("spare:1", tenant.id) == 10, "more than a batch of spare was kept"
+
+
+def test_spare_is_used_only_soon_after_a_grant_round_trip():
+    """A claim loop that stalled, or a tenant others may have filled since: the spare
+    is given back and the grants asked for."""
+    tenant, claimer, first = first_claim("stale", cap=1000)
+    finish(first)
+    cap, room, at = claimer.holds.room[tenant.id]
+    claimer.holds.room[tenant.id] = (cap, room, at - claims.HOLD_SECONDS / 3)
+
+    assert len(claimer.claim_now(10)) == 10
+    assert claimer.reserved == [{tenant.id: 10}, {tenant.id: 10}]
+    assert held("spare:1", tenant.id) == 10
+
+
+def test_after_a_failed_grant_no_spare_is_used_until_the_counts_are_read_back(monkeypatch):
+    tenant, claimer, first = first_claim("unsure", cap=1000)
+    finish(first[:4])
+    with monkeypatch.context() as broken, pytest.raises(psycopg.errors.DivisionByZero):
+        broken.setattr(queries, "HOLDS_RESERVE", "SELECT 1 / 0")
+        claimer.claim_now(10)  # 4 spare, 6 to ask for
+    finish(first)
+
+    assert len(claimer.claim_now(10)) == 10
+    assert claimer.reserved[-1] == {tenant.id: 10}, "spare was used while the counts were unsure"
+    assert held("spare:1", tenant.id) == 10
+
+
+def test_a_grant_round_trip_keeps_every_hold_of_the_executor_counting():
+    quiet, claimer, _ = first_claim("quiet", cap=1000, queued=5)
+    busy, _ = create_tenant(slug="busy", max_concurrency=1000)
+    queue_runs(busy, task_target("noop"), count=5)
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tenant_holds SET held_until = now() - interval '1 minute'")
+    # The quiet tenant's runs are still running; the claim asks for the busy one's only.
+    assert {r.tenant_id for r in claimer.claim_now(10)} == {busy.id}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tenant_id FROM tenant_holds"
+            " WHERE owner = 'spare:1' AND tenant_id = ANY(%s) AND held_until > now() ORDER BY 1",
+            [[quiet.id, busy.id]],
+        )
+        assert [row[0] for row in cursor.fetchall()] == sorted([quiet.id, busy.id])
+
+
 def test_where_the_cap_leaves_little_room_finished_runs_are_given_back_and_asked_for():
     tenant, claimer, first = first_claim("tight", cap=15)  # leaves 5 beside every hold: less than a batch
     finish(first)
@@ -124,8 +182,8 @@ def test_a_cap_lowered_since_the_grant_ends_the_spare():
 
     Tenant.objects.filter(id=tenant.id).update(max_concurrency=4)
     second = claimer.claim_now(10)
-    assert len(second) == 4, "the spare holds of the old cap let more runs start than the new one"
-    assert held("spare:1", tenant.id) == 4
+    assert len(second) == 4
+    assert held("spare:1", tenant.id) == 4, "the spare holds of the old cap were kept"
 
 
 def test_spare_holds_are_given_back_when_there_is_nothing_to_claim():

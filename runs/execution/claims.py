@@ -111,8 +111,9 @@ async def claim_runs(
     return claimed
 
 
-# A hold outlives its last write by this much; the claim loop writes it again every
-# HOLD_SECONDS / 3 while it holds runs (Holds.refresh). An executor that stops writing
+# A hold outlives its last write by this much; the claim loop writes every hold of its
+# executor again at least every HOLD_SECONDS / 3 while it holds runs (every grant
+# round trip does, and Holds.refresh when none came). An executor that stops writing
 # (crashed, stalled) stops counting against the tenants' caps about when its runs'
 # leases end and they become claimable again.
 HOLD_SECONDS = 30
@@ -121,66 +122,82 @@ HOLD_SECONDS = 30
 @dataclass
 class Holds:
     """This executor's runs per tenant in tenant_holds (Citus), which every claimer's
-    grant counts against the tenants' caps. Every write is a delta, and all of them go
-    through the claim connection, one at a time: a grant (`reserve`), the grants a claim
-    did not use, and the runs no longer in flight (`release`).
+    grant counts against the tenants' caps. All writes go through the claim connection,
+    one at a time: a grant (`reserve`), and holds given back (`release`).
 
     Spare holds: the holds of runs that finished, and grants a claim did not use, are
     kept for the next claims of the same tenant instead of being given back and asked
-    for again, while the tenant's cap leaves ample room (`roomy`): a claim they cover
-    takes no grant round trip (`grant`). They still count against the cap in
-    tenant_holds, so a cap is never exceeded by them; what they cost is room other
-    executors cannot take meanwhile: at most one claim batch per tenant and executor,
-    and only where the last grant left at least that much (docs/decisions/0084-spare-holds.md)."""
+    for again, while the tenant is `roomy`: a claim they cover takes no grant round
+    trip (`grant`). They count against the cap in tenant_holds like any hold; what they
+    cost is room other executors cannot take meanwhile, at most one claim batch per
+    tenant of the claim (`trim`), and only within seconds of a grant that left at least
+    that much (docs/decisions/0084-spare-holds.md)."""
 
     owner: str
     told: dict[int, int] = field(default_factory=dict)  # what tenant_holds holds for us
     hold_seconds: int = HOLD_SECONDS
-    # Per tenant, (its cap, the room beside every hold) as the last grant saw them.
-    room: dict[int, tuple[int, int]] = field(default_factory=dict)
-    _refreshed_at: float = 0.0
+    # Per tenant, (its cap, the room beside every hold, monotonic time) as the last
+    # grant round trip saw them.
+    room: dict[int, tuple[int, int, float]] = field(default_factory=dict)
+    _refreshed_at: float = 0.0  # monotonic time every hold was last written
 
     def excess(self, mine: dict[int, int]) -> dict[int, int]:
-        """Held but no longer in flight (finished, deferred, fenced, handed back)."""
+        """Held but no longer in flight (finished, deferred, fenced, handed back): spare."""
         return {t: n - mine.get(t, 0) for t, n in self.told.items() if n > mine.get(t, 0)}
 
     def roomy(self, tenant: int, *, cap: int, keep: int) -> bool:
-        """Whether spare holds of `tenant`, up to `keep`, may be kept: the last grant left
-        at least `keep` beside every hold, under the cap the claimer reads now (a cap
-        changed since ends the spare: it is given back and asked for again)."""
-        cap_then, room = self.room.get(tenant, (None, 0))
-        return cap_then == cap and room >= keep
+        """Whether spare holds of `tenant`, up to `keep`, may be kept and used: a grant
+        round trip less than HOLD_SECONDS / 3 ago found at least `keep` of room beside
+        every hold, under the cap the claimer reads now. So a stalled claim loop, a
+        tenant others have filled since, and a cap changed by an operator each end the
+        spare at the next claim, which asks for its grants and gives the spare back."""
+        cap_then, room, at = self.room.get(tenant, (None, 0, 0.0))
+        fresh = time.monotonic() - at < self.hold_seconds / 3
+        return cap_then == cap and room >= keep and fresh
+
+    def _keep(self, tenant: int, *, caps: dict[int, int], keep: int) -> int:
+        """How much spare of `tenant` may stay: `keep` if it is a tenant of this claim
+        (in `caps`) and roomy, else none."""
+        return keep if tenant in caps and self.roomy(tenant, cap=caps[tenant], keep=keep) else 0
 
     async def grant(
         self, conn, want: dict[int, int], *, caps: dict[int, int], spare: dict[int, int], keep: int
     ) -> dict[int, int]:
         """Grants for `want` ({tenant_id: runs}): from `spare` (held, not in flight) where
-        the tenant is roomy, the rest from `reserve`. Spare not used now is kept up to
-        `keep` per roomy tenant and given back beyond, or at once for the others, in the
-        same round trip as the reserve if there is one. A claim whose grants all come
-        from spare writes nothing but the periodic `refresh`."""
+        the tenant may keep it, the rest from `reserve`. Spare not used now stays up to
+        `keep` per such tenant and is given back beyond, and all of it for the others,
+        in the same round trip as the reserve if there is one. A claim whose grants all
+        come from spare writes nothing unless spare is given back or the holds are due
+        a refresh."""
         use: Counter[int] = Counter()
         release: dict[int, int] = {}
         for tenant, n in spare.items():
-            roomy = tenant in caps and self.roomy(tenant, cap=caps[tenant], keep=keep)
-            use[tenant] = min(n, want.get(tenant, 0)) if roomy else 0
-            give_back = n - use[tenant] - (keep if roomy else 0)
-            if give_back > 0:
-                release[tenant] = give_back
+            kept = self._keep(tenant, caps=caps, keep=keep)
+            use[tenant] = min(n, want.get(tenant, 0)) if kept else 0
+            if n - use[tenant] > kept:
+                release[tenant] = n - use[tenant] - kept
         need = {t: n - use[t] for t, n in want.items() if n > use[t]}
         if need:
             return dict(use + Counter(await self.reserve(conn, need, caps=caps, release=release)))
-        if release:
-            await self.release(conn, release)
+        await self.release(conn, release)
         await self.refresh(conn)
         return dict(+use)
+
+    async def trim(self, conn, mine: dict[int, int], *, caps: dict[int, int], keep: int) -> None:
+        """After a claim (`mine`: the runs in flight now, its own included): give back the
+        spare beyond what each tenant may keep (`_keep`): grants the claim did not use."""
+        await self.release(
+            conn, {t: n - self._keep(t, caps=caps, keep=keep) for t, n in self.excess(mine).items()}
+        )
 
     async def reserve(
         self, conn, want: dict[int, int], *, caps: dict[int, int], release: dict[int, int]
     ) -> dict[int, int]:
         """Give back `release` and hold up to `want` more runs per tenant, as far as its cap
         allows beside what every executor holds: {tenant_id: granted}. One transaction
-        on the coordinator, one round trip: BEGIN, the tenants' locks, the grant, COMMIT."""
+        on the coordinator, one round trip: BEGIN, the tenants' locks, the grant, COMMIT.
+        It writes every hold of this executor, and its count of each tenant it names
+        becomes what the row holds."""
         tenants = sorted(set(want) | set(release))
         try:
             async with conn.pipeline():
@@ -200,16 +217,16 @@ class Holds:
                 await conn.execute("COMMIT")
             rows = await cursor.fetchall()
         except psycopg.Error:
+            self._unsure()
             await _end_failed(conn)
             raise
-        granted = {tenant: n for tenant, n, _ in rows}
-        for tenant, _, room in rows:
+        now = time.monotonic()
+        for tenant, _, room, held in rows:
+            self._add(tenant, held - self.told.get(tenant, 0))
             if tenant in caps:
-                self.room[tenant] = (caps[tenant], room)
-        for tenant in tenants:
-            self._add(tenant, granted.get(tenant, 0) - release.get(tenant, 0))
-        self._refreshed_at = time.monotonic()
-        return granted
+                self.room[tenant] = (caps[tenant], room, now)
+        self._refreshed_at = now
+        return {tenant: n for tenant, n, _, _ in rows}
 
     async def release(self, conn, counts: dict[int, int]) -> None:
         """Give back `counts` runs per tenant."""
@@ -217,12 +234,22 @@ class Holds:
         if not counts:
             return
         tenants = sorted(counts)
-        await conn.execute(
-            queries.HOLDS_RELEASE,
-            {"owner": self.owner, "tenants": tenants, "counts": [counts[t] for t in tenants]},
-        )
+        try:
+            await conn.execute(
+                queries.HOLDS_RELEASE,
+                {"owner": self.owner, "tenants": tenants, "counts": [counts[t] for t in tenants]},
+            )
+        except psycopg.Error:
+            self._unsure()
+            raise
         for tenant in tenants:
             self._add(tenant, -counts[tenant])
+
+    def _unsure(self) -> None:
+        """A write failed, perhaps after it committed: this executor's counts may differ
+        from the rows until a grant round trip reads them back, so no spare is used
+        before one (a count above the row would start runs no hold records)."""
+        self.room.clear()
 
     async def refresh(self, conn) -> None:
         """Keep the holds counting while their runs are in flight and no claim writes them."""
@@ -260,16 +287,16 @@ async def _claim_by_node(
     3. Grants under the tenants' caps from tenant_holds, on the coordinator only
        (Holds.grant, under the tenants' advisory locks): what every executor holds,
        not a count of running runs over every shard. The holds of runs this executor no
-       longer has in flight (`mine`: what it has) are its spare: while the tenant's cap
-       leaves ample room they grant this claim without a round trip, and the rest are
-       given back in the grant's statement.
+       longer has in flight (`mine`: what it has) are its spare: while the tenant is
+       roomy they grant this claim without a round trip, and spare beyond a batch, or
+       of other tenants, is given back in the grant's statement.
     4. Per shard, a transaction of the (tenant, partition) locks and one claim
        statement for its partitions of the batch (`_claim_in`), in one round trip and
        committed on that shard's worker alone; the shards' claims run side by side on
        `lanes`, the biggest first. The locks serialise claimers of one job, so that each
        sees the runs the other set running (overlap policies).
-    5. The grants the claims did not use are given back, or kept as spare while the
-       tenant is roomy.
+    5. The grants the claims did not use are given back, or kept as spare (up to a
+       batch per tenant) while the tenant is roomy.
     """
     mine = dict(mine or {})
     excess = holds.excess(mine)
@@ -344,11 +371,9 @@ async def _claim_by_node(
             # raised, they would sit running, uncalled, until their leases ended.
             log.warning("a shard's claim failed (%s); the other shards' runs go on", first_line(failed))
     finally:
-        # Grants not used: spare while the tenant is roomy (the next claim's `excess`),
-        # given back otherwise.
-        unused = Counter(granted) - Counter(run.tenant_id for run in claimed)
-        await holds.release(
-            conn, {t: n for t, n in unused.items() if not holds.roomy(t, cap=caps[t], keep=limit)}
+        # Grants not used: spare up to a batch while the tenant is roomy, given back otherwise.
+        await holds.trim(
+            conn, dict(Counter(mine) + Counter(run.tenant_id for run in claimed)), caps=caps, keep=limit
         )
     claimed.sort(key=lambda run: (-run.priority, run.scheduled_at))
     return claimed

@@ -328,11 +328,14 @@ SELECT count(*) FROM (
 # On Citus, under the tenants' locks (claims.Holds.reserve): give back `release` runs per
 # tenant and grant this executor up to `want` more, as far as the tenant's cap allows
 # beside what every executor holds (tenant_holds, a coordinator table: no worker is
-# asked). Returns (tenant_id, granted, room): room is what the cap leaves beside every
-# hold after the grant (claims.Holds keeps spare holds only where it is ample). The
-# caps are passed in (read with the work map):
-# a join of tenants (a reference table) would make this a distributed statement. Every
-# write of a hold is a delta, so the writes of one executor never overwrite each other.
+# asked). Returns (tenant_id, granted, room, held): room is what the cap leaves beside
+# every hold after the grant (claims.Holds keeps spare holds only where it is ample),
+# held what the row holds for this executor now (its own count follows it). The caps
+# are passed in (read with the work map): a join of tenants (a reference table) would
+# make this a distributed statement. Every write of a hold is a delta, so the writes of
+# one executor never overwrite each other. The executor's other rows are kept counting
+# in the same statement (`alive`): a claim writes every hold it has, not only those it
+# asks for.
 HOLDS_RESERVE = """
 WITH asked AS (
     SELECT * FROM unnest(%(tenants)s::bigint[], %(want)s::int[], %(release)s::int[], %(caps)s::int[])
@@ -345,20 +348,24 @@ held AS (
     FROM tenant_holds h WHERE h.tenant_id = ANY(%(tenants)s::bigint[])
     GROUP BY h.tenant_id
 ),
-granted AS (
-    SELECT a.tenant_id,
-           greatest(0, coalesce(h.mine, 0) - a.release) AS kept,
-           greatest(0, least(a.want, a.cap - coalesce(h.others, 0)
-                                     - greatest(0, coalesce(h.mine, 0) - a.release))) AS n
+kept AS (
+    SELECT a.tenant_id, a.want, a.cap, coalesce(h.others, 0) AS others,
+           greatest(0, coalesce(h.mine, 0) - a.release) AS kept
     FROM asked a LEFT JOIN held h ON h.tenant_id = a.tenant_id
+),
+granted AS (
+    SELECT k.*, greatest(0, least(k.want, k.cap - k.others - k.kept)) AS n FROM kept k
 ),
 written AS (
     INSERT INTO tenant_holds (owner, tenant_id, running, held_until)
     SELECT %(owner)s, g.tenant_id, g.kept + g.n, now() + make_interval(secs => %(hold)s) FROM granted g
     ON CONFLICT (tenant_id, owner) DO UPDATE SET running = excluded.running, held_until = excluded.held_until
+),
+alive AS (
+    UPDATE tenant_holds SET held_until = now() + make_interval(secs => %(hold)s)
+    WHERE owner = %(owner)s AND running > 0 AND tenant_id <> ALL(%(tenants)s::bigint[])
 )
-SELECT g.tenant_id, g.n, a.cap - coalesce(h.others, 0) - g.kept - g.n AS room
-FROM granted g JOIN asked a ON a.tenant_id = g.tenant_id LEFT JOIN held h ON h.tenant_id = g.tenant_id
+SELECT tenant_id, n, cap - others - kept - n AS room, kept + n AS held FROM granted
 """
 
 # Give back runs per tenant (claims.Holds.release): grants a claim did not use, and runs
