@@ -123,7 +123,8 @@ HOLD_SECONDS = 30
 class Holds:
     """This executor's runs per tenant in tenant_holds (Citus), which every claimer's
     grant counts against the tenants' caps. All writes go through the claim connection,
-    one at a time: a grant (`reserve`), and holds given back (`release`).
+    one at a time: a grant (`reserve`), and holds given back (`release`); each is a
+    delta of the row as it is, so no write undoes another.
 
     Spare holds: the holds of runs that finished, and grants a claim did not use, are
     kept for the next claims of the same tenant instead of being given back and asked

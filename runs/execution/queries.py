@@ -326,16 +326,11 @@ SELECT count(*) FROM (
 """
 
 # On Citus, under the tenants' locks (claims.Holds.reserve): give back `release` runs per
-# tenant and grant this executor up to `want` more, as far as the tenant's cap allows
-# beside what every executor holds (tenant_holds, a coordinator table: no worker is
-# asked). Returns (tenant_id, granted, room, held): room is what the cap leaves beside
-# every hold after the grant (claims.Holds keeps spare holds only where it is ample),
-# held what the row holds for this executor now (its own count follows it). The caps
-# are passed in (read with the work map): a join of tenants (a reference table) would
-# make this a distributed statement. Every write of a hold is a delta, so the writes of
-# one executor never overwrite each other. The executor's other rows are kept counting
-# in the same statement (`alive`): a claim writes every hold it has, not only those it
-# asks for.
+# tenant and grant up to `want` more, as far as the cap allows beside every executor's
+# holds (tenant_holds, a coordinator table). Returns (tenant_id, granted, room left
+# under the cap, what the row now holds); `alive` keeps this executor's other rows
+# counting. The caps come in (read with the work map): a join of tenants, a reference
+# table, would make this a distributed statement.
 HOLDS_RESERVE = """
 WITH asked AS (
     SELECT * FROM unnest(%(tenants)s::bigint[], %(want)s::int[], %(release)s::int[], %(caps)s::int[])
@@ -353,9 +348,7 @@ kept AS (
            greatest(0, coalesce(h.mine, 0) - a.release) AS kept
     FROM asked a LEFT JOIN held h ON h.tenant_id = a.tenant_id
 ),
-granted AS (
-    SELECT k.*, greatest(0, least(k.want, k.cap - k.others - k.kept)) AS n FROM kept k
-),
+granted AS (SELECT k.*, greatest(0, least(k.want, k.cap - k.others - k.kept)) AS n FROM kept k),
 written AS (
     INSERT INTO tenant_holds (owner, tenant_id, running, held_until)
     SELECT %(owner)s, g.tenant_id, g.kept + g.n, now() + make_interval(secs => %(hold)s) FROM granted g
