@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 from django.db import connection
-from psycopg.conninfo import make_conninfo
 
 from jobs.tenant_services import create_tenant
 from runs import open_floors, services
@@ -22,6 +21,7 @@ from runs.execution import claims, connections, fair_share, queries, turns
 from runs.execution.executor import Executor
 from runs.models import JobRun
 from scheduler_project.citus import by_node
+from tests.support import citus_workers
 from tests.support.executor import queue_runs, set_turn, task_target
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -251,9 +251,7 @@ def test_the_upkeep_raises_no_floor_while_a_transaction_is_prepared_on_a_worker(
     slot = _days_ago(6)
     with connection.cursor() as cursor:
         open_floors.lower(cursor, [(tenant.id, slot)])
-    host, port = os.environ["CRONYARD_CITUS_WORKERS"].split(",")[0].split(":")
-    conninfo = make_conninfo(connections.database_conninfo(), host=host, port=port)
-    worker = psycopg.connect(conninfo, autocommit=True)
+    worker = citus_workers.connect(citus_workers.workers()[0])
     try:
         worker.execute("BEGIN")
         worker.execute("SELECT txid_current()")

@@ -9,17 +9,16 @@ import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
-from psycopg.conninfo import make_conninfo
 
 from jobs.dispatch import fencing, partition_leases
 from jobs.dispatch.planning import run_for
 from jobs.models import Job, SchedulerNode
 from runs.enqueue import enqueue_runs
-from runs.execution.connections import database_conninfo
 from runs.models import JobRun
-from scheduler_project.citus import citus_installed, parse_workers, split_node
+from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
 from tests.conftest import database_url
+from tests.support import citus_workers
 from tests.support.scheduler import in_process_schedulers, locks_by_pid, make_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -375,10 +374,8 @@ def _worker_connections_of_this_session() -> set[tuple[str, int]]:
         cursor.execute("SELECT citus_backend_gpid()")
         (gpid,) = cursor.fetchone()
     held = set()
-    for node in parse_workers(os.environ["CRONYARD_CITUS_WORKERS"]):
-        host, port = split_node(node)
-        conninfo = make_conninfo(database_conninfo(), host=host, port=port)
-        with psycopg.connect(conninfo, autocommit=True) as worker:
+    for node in citus_workers.workers():
+        with citus_workers.connect(node) as worker:
             rows = worker.execute(
                 "SELECT pid FROM pg_stat_activity"
                 " WHERE datname = current_database() AND application_name = %s",
@@ -400,7 +397,7 @@ def test_on_citus_the_next_batch_writes_on_the_worker_connections_of_the_last(te
     sched.step()
     assert JobRun.objects.filter(job_id__in=[job.id for job in jobs]).count() == 40
     kept = _worker_connections_of_this_session()
-    assert len(kept) > len(parse_workers(os.environ["CRONYARD_CITUS_WORKERS"]))
+    assert len(kept) > len(citus_workers.workers())
     Job.objects.filter(id__in=[job.id for job in jobs]).update(next_run_at=T - timedelta(seconds=2))
     sched.step()
     assert JobRun.objects.filter(job_id__in=[job.id for job in jobs]).count() == 80
