@@ -15,6 +15,7 @@ from datetime import UTC, datetime, time, timedelta
 import pytest
 from django.db import connection
 
+from runs.day_partitions import maintain
 from runs.execution import queries, table_statistics, turns
 from runs.execution.table_statistics import keep_statistics
 from tests.support.executor import on_executor_connection, queue_runs, task_target, wait_for
@@ -25,8 +26,17 @@ pytestmark = [
 ]
 
 # Days no other test in this database writes runs into: their shards start never analyzed.
+# Past days: queuing a run there lowers its tenant's open floor, so the turn reads the day.
+AGO_25_DAYS = datetime.combine(datetime.now(UTC).date() - timedelta(days=25), time(6), tzinfo=UTC)
+AGO_24_DAYS = AGO_25_DAYS + timedelta(days=1)
+AGO_23_DAYS = AGO_25_DAYS + timedelta(days=2)
 IN_3_DAYS = datetime.combine(datetime.now(UTC).date() + timedelta(days=3), time(6), tzinfo=UTC)
-IN_4_DAYS = IN_3_DAYS + timedelta(days=1)
+
+
+@pytest.fixture(autouse=True)
+def past_days():
+    """The past days' partitions (a test database starts with today's and those ahead)."""
+    maintain(days_ahead=2, retention_days=3650, today=AGO_25_DAYS.date())
 
 
 def table_of(day: datetime) -> str:
@@ -63,6 +73,12 @@ def shards(table: str) -> dict[str, tuple[float, int]]:
         return found
 
 
+def set_floors(floor: datetime) -> None:
+    """Every tenant's open floor at `floor`: the turn's days start at the lowest."""
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE tenants SET open_floor = %s", [floor])
+
+
 def keep() -> tuple[str, ...]:
     """keep_statistics in a turn of its own: the turn is made due first (seconds 0 sets
     the next one to now), so that the call reads the workers whatever ran before."""
@@ -87,13 +103,14 @@ def fill(tenant, day: datetime, count: int) -> set[str]:
 
 
 def test_shards_whose_statistics_describe_no_row_are_analyzed_once_they_hold_rows(tenant):
-    table = table_of(IN_3_DAYS)
+    table = table_of(AGO_25_DAYS)
     with autovacuum_off(table):
+        set_floors(AGO_25_DAYS)
         assert shards(table), f"no shard of {table} found on the workers"
         assert all(rows_then == -1 for rows_then, _ in shards(table).values())  # never analyzed
         assert table not in keep()  # no rows: nothing to describe
 
-        holding = fill(tenant, IN_3_DAYS, 300)
+        holding = fill(tenant, AGO_25_DAYS, 300)
         assert table in keep()
         after = shards(table)
         assert all(after[shard][0] > 0 for shard in holding), after  # each has a histogram now
@@ -116,13 +133,33 @@ def test_shards_whose_statistics_describe_no_row_are_analyzed_once_they_hold_row
 def test_a_shard_vacuumed_before_its_first_analyze_still_counts_as_undescribed(tenant):
     """VACUUM (and CREATE INDEX, as when Citus moves a shard) set a shard's row count
     without writing a histogram: the turn reads "never analyzed" from the views."""
-    table = table_of(IN_4_DAYS)
+    table = table_of(AGO_24_DAYS)
     with autovacuum_off(table):
-        holding = fill(tenant, IN_4_DAYS, 200)
+        holding = fill(tenant, AGO_24_DAYS, 200)
         sql(f"VACUUM {table}")
         assert table in keep()
         assert all(shards(table)[shard][0] > 0 for shard in holding)
         assert table not in keep()
+
+
+def test_the_turn_reads_the_days_from_the_lowest_open_floor_to_a_day_ahead(tenant):
+    """Shards of other days hold no run a hot statement reads (runs/open_floors.py): the
+    turn neither reads nor analyzes them, whatever their statistics say."""
+    past, ahead = table_of(AGO_23_DAYS), table_of(IN_3_DAYS)
+    with autovacuum_off(past), autovacuum_off(ahead):
+        holding = fill(tenant, AGO_23_DAYS, 200)  # lowers the tenant's floor to the day
+        sql(f"UPDATE job_runs SET status = 'succeeded' WHERE tenant_id = {tenant.id}")
+        set_floors(datetime.now(UTC) - timedelta(days=1))  # as the upkeep raises them
+        assert not shards(past)
+        assert past not in keep()
+
+        set_floors(AGO_23_DAYS)  # as a replay of one of them lowers it
+        assert set(shards(past)) >= holding
+        assert past in keep()
+
+        queue_runs(tenant, task_target("noop"), count=50, start=IN_3_DAYS, spacing=timedelta(0))
+        assert not shards(ahead)
+        assert ahead not in keep()
 
 
 def test_one_executor_reads_the_workers_per_turn(tenant, monkeypatch):

@@ -951,33 +951,37 @@ STATS_ANALYZED_AT = "SELECT pg_stat_get_last_analyze_time(%s::regclass)"
 # filled in as a psycopg `sql.Identifier` ({}).
 STATS_ANALYZE = "ANALYZE (SKIP_LOCKED) {}"
 
-# Citus: the watched shards' statistics and live row counts on every worker, one JSON
-# text per worker, [[schema, shard, reltuples, relpages, n_live_tup, pages now], ...];
-# table_statistics._keep_shard_statistics runs it. A shard is named `<table>_<shard id>`:
-# the shards of `jobs`, `job_targets` and job_runs' day partitions (not the default
-# partition's, as on plain PostgreSQL). run_command_on_workers' sessions on the workers
-# see the shards (other sessions there have them hidden by Citus).
-# - reltuples is -1 for a shard never analyzed, whatever pg_class says: VACUUM and CREATE
-#   INDEX set reltuples without writing a histogram (a shard moved or split arrives so).
-# - The pages now (the file's size, which does not trail the inserts as the views do) only
-#   where the statistics describe no row.
+# Citus: per worker, one JSON text [[schema, shard, reltuples, relpages, n_live_tup, pages now (the
+# file's size: the views trail inserts)], ...] of the shards of `jobs`, `job_targets` and the day
+# partitions from the lowest open floor's day to AHEAD (%1$L, %2$L: STATS_SHARDS), the only days hot
+# statements read (runs/open_floors.py); table_statistics._keep_shard_statistics runs it. Each shard
+# named costs its worker a file size in a session new each turn, and pg_stat_user_tables a row of
+# every relation: 43 ms a worker with 38 days of 16 shards, 12 ms so. Only sessions of
+# run_command_on_workers see the shards on a worker (Citus hides them from the others).
 STATS_SHARDS_ON_WORKER = rf"""
 SELECT coalesce(json_agg(json_build_array(
-           w.nspname, w.relname, w.reltuples, w.relpages, w.n_live_tup,
+           w.nspname, w.relname, w.reltuples, w.relpages, pg_stat_get_live_tuples(w.oid),
            CASE WHEN w.reltuples <= 0 THEN pg_relation_size(w.oid) / current_setting('block_size')::int END
        )), '[]')
 FROM (
-    SELECT c.oid, n.nspname, c.relname, c.relpages, s.n_live_tup,
-           CASE WHEN s.last_analyze IS NULL AND s.last_autoanalyze IS NULL THEN -1 ELSE c.reltuples END
-             AS reltuples
-    FROM pg_class c
-    JOIN pg_namespace n ON n.oid = c.relnamespace
-    JOIN pg_stat_user_tables s ON s.relid = c.oid
-    WHERE c.relname ~ '^(jobs|job_targets|{day_partitions.NAME_PATTERN})_[0-9]+$'
-      AND pg_has_role(c.relowner, 'USAGE')
+    -- -1: never analyzed, whatever reltuples says (VACUUM and CREATE INDEX set it, no histogram)
+    SELECT c.oid, n.nspname, c.relname, c.relpages,
+           CASE WHEN coalesce(pg_stat_get_last_analyze_time(c.oid), pg_stat_get_last_autoanalyze_time(c.oid))
+                IS NULL THEN -1 ELSE c.reltuples END AS reltuples
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.relkind = 'r' AND pg_has_role(c.relowner, 'USAGE')
+      AND (c.relname ~ '^(jobs|job_targets)_[0-9]+$'
+           OR (c.relname ~ '^{day_partitions.NAME_PATTERN}_[0-9]+$'
+               AND substring(c.relname FROM '^{day_partitions.NAME_PATTERN}_') BETWEEN %1$L AND %2$L))
 ) w
 """
-STATS_SHARDS = "SELECT nodename, nodeport, success, result FROM run_command_on_workers(%s)"
+# The days as YYYYMMDD ('' for no lower bound), on the database's clock.
+STATS_SHARDS = f"""
+SELECT nodename, nodeport, success, result FROM run_command_on_workers(format(%s,
+    (SELECT CASE WHEN min(open_floor) > '-infinity'
+                 THEN to_char(min(open_floor) AT TIME ZONE 'UTC', 'YYYYMMDD') ELSE '' END FROM tenants),
+    to_char((now() + interval '{AHEAD.days} day') AT TIME ZONE 'UTC', 'YYYYMMDD')))
+"""
 
 # Citus: one command per worker (its shards' ANALYZE), all workers at once. A worker
 # that refuses the connection answers `success` false and holds up none of the others;
