@@ -134,7 +134,6 @@ def child_env(pg: PrivatePg) -> dict:
         SCHEDULER_POLL_SECONDS="0.2",
         EXECUTOR_POLL_SECONDS="0.2",
         SCHEDULER_LEASE_SECONDS="3",
-        CONN_MAX_AGE="0",
     )
     env.pop("TEST_DB_SUFFIX", None)
     return env

@@ -441,7 +441,6 @@ def run(params: Params, *, workdir: Path, report: Path | None) -> int:
             # Far above every outage: a late slot must fire late, not become a misfire.
             SCHEDULER_MISFIRE_THRESHOLD_SECONDS="3600",
             SCHEDULER_ALLOW_PRIVATE_TARGETS="true",
-            CONN_MAX_AGE="0",
         )
         pg.migrate(env)
         os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="scheduler_project.settings")

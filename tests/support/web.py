@@ -37,8 +37,6 @@ class WebServer:
             "DATABASE_URL": database_url,
             "DEBUG": "false",
             "STATIC_ROOT": str(workdir / "static"),
-            # Tests truncate tables between cases: no idle connection should linger.
-            "CONN_MAX_AGE": "0",
             "PYTHONUNBUFFERED": "1",
             # The registry the test executors load (tests/conftest.py child_env): the admin's
             # kwargs form is driven with the test tasks too.
