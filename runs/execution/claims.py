@@ -161,22 +161,24 @@ class Holds:
         (in `caps`) and roomy, else none."""
         return keep if tenant in caps and self.roomy(tenant, cap=caps[tenant], keep=keep) else 0
 
+    def _beyond(self, spare: dict[int, int], *, caps: dict[int, int], keep: int) -> dict[int, int]:
+        """The spare to give back: beyond what each tenant may keep (`_keep`)."""
+        beyond = {t: n - self._keep(t, caps=caps, keep=keep) for t, n in spare.items()}
+        return {t: n for t, n in beyond.items() if n > 0}
+
     async def grant(
-        self, conn, want: dict[int, int], *, caps: dict[int, int], spare: dict[int, int], keep: int
+        self, conn, want: dict[int, int], *, caps: dict[int, int], mine: dict[int, int], keep: int
     ) -> dict[int, int]:
-        """Grants for `want` ({tenant_id: runs}): from `spare` (held, not in flight) where
-        the tenant may keep it, the rest from `reserve`. Spare not used now stays up to
-        `keep` per such tenant and is given back beyond, and all of it for the others,
-        in the same round trip as the reserve if there is one. A claim whose grants all
-        come from spare writes nothing unless spare is given back or the holds are due
-        a refresh."""
-        use: Counter[int] = Counter()
-        release: dict[int, int] = {}
-        for tenant, n in spare.items():
-            kept = self._keep(tenant, caps=caps, keep=keep)
-            use[tenant] = min(n, want.get(tenant, 0)) if kept else 0
-            if n - use[tenant] > kept:
-                release[tenant] = n - use[tenant] - kept
+        """Grants for `want` ({tenant_id: runs}): from spare (held, not in flight: `mine`
+        is what is) where the tenant may keep it, the rest from `reserve`. Spare not used
+        now is given back beyond what the tenant may keep (`_beyond`), in the same round
+        trip as the reserve if there is one. A claim whose grants all come from spare
+        writes nothing unless spare is given back or the holds are due a refresh."""
+        spare = self.excess(mine)
+        use = Counter(
+            {t: min(n, want.get(t, 0)) for t, n in spare.items() if self._keep(t, caps=caps, keep=keep)}
+        )
+        release = self._beyond({t: n - use[t] for t, n in spare.items()}, caps=caps, keep=keep)
         need = {t: n - use[t] for t, n in want.items() if n > use[t]}
         if need:
             return dict(use + Counter(await self.reserve(conn, need, caps=caps, release=release)))
@@ -186,10 +188,8 @@ class Holds:
 
     async def trim(self, conn, mine: dict[int, int], *, caps: dict[int, int], keep: int) -> None:
         """After a claim (`mine`: the runs in flight now, its own included): give back the
-        spare beyond what each tenant may keep (`_keep`): grants the claim did not use."""
-        await self.release(
-            conn, {t: n - self._keep(t, caps=caps, keep=keep) for t, n in self.excess(mine).items()}
-        )
+        spare beyond what each tenant may keep: grants the claim did not use."""
+        await self.release(conn, self._beyond(self.excess(mine), caps=caps, keep=keep))
 
     async def reserve(
         self, conn, want: dict[int, int], *, caps: dict[int, int], release: dict[int, int]
@@ -330,7 +330,7 @@ async def _claim_by_node(
         return []
     want = _per_tenant(places.values())
     caps = {t: limits[t].cap for t in want}
-    granted = await holds.grant(conn, want, caps=caps, spare=excess, keep=limit)
+    granted = await holds.grant(conn, want, caps=caps, mine=mine, keep=limit)
     claimed: list[ClaimedRun] = []
     try:
         shards: dict[int, dict[int, dict[int, int]]] = {}  # shard -> partition -> tenant -> n
