@@ -675,7 +675,7 @@ def main() -> None:
         + 3
         + (0 if args.smoke else 1)
         + (1 if args.full else 0)
-        + (0 if skip_citus else 4 + 2 * citus.CLAIM_ROUNDS)
+        + (0 if skip_citus else 2 + 2 * citus.EXECUTE_ROUNDS + 2 * citus.CLAIM_ROUNDS)
     )
     bench = Bench(data=args.data, steps=steps)
     dispatch = dispatch_part(

@@ -2,9 +2,10 @@
 coordinator + 2 workers (scripts/citus_cluster.py, under var/citus/), each round right
 beside the same round on the plain PostgreSQL of the rest of the run.
 
-Modest sizes (CITUS_JOBS realistic jobs; CITUS_RUNS runs, no-op task and HTTP, with 1
-and 2 executors): three PostgreSQL nodes share the machine with the benchmark, so the
-rows measure Citus's overhead per run, not scale-out. Without Citus installed the report says so in one line.
+Modest sizes (CITUS_JOBS realistic jobs; EXECUTE_RUNS runs, no-op task and HTTP, with 1
+and 2 executors, EXECUTE_ROUNDS rounds alternated between the engines): three PostgreSQL
+nodes share the machine with the benchmark, so the rows measure Citus's overhead per run,
+not scale-out. Without Citus installed the report says so in one line.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -21,6 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = [sys.executable, str(ROOT / "scripts" / "citus_cluster.py")]
 CITUS_JOBS = 20_000
 CITUS_RUNS = 5_000
+# Execution: rounds per engine, alternated, and their size. One round of 5,000 runs drained
+# in well under a second on plain PostgreSQL, and a single round's ratio moved by a fifth
+# between runs of the same code.
+EXECUTE_ROUNDS = 3
+EXECUTE_RUNS = 10_000
 # bench/claims.py's rounds per engine, and its claims' size (the same on both engines).
 CLAIM_ROUNDS = 3
 CLAIM_BATCH = 100
@@ -50,10 +56,11 @@ def cluster(*, db: str, scratch: str) -> Iterator[dict[str, str]]:
 
 def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
     """Dispatch (with the raw loop on Citus, interleaved by bench/dispatch.py
-    --with-limit), then plain PostgreSQL; execution on Citus, then plain PostgreSQL.
+    --with-limit), then plain PostgreSQL; execution and claims in rounds alternated
+    between Citus and plain PostgreSQL (`runs` is the claims' drain).
     `bench` is bench.__main__.Bench; `db` names the dispatch scratch database on both."""
     dispatch = ["--jobs", str(jobs), "--schedulers", "1", "--workload", "realistic", "--db", db]
-    execute = ["--kinds", "task", "http", "--executors", "1", "2", "--runs", str(runs)]
+    execute = ["--kinds", "task", "http", "--executors", "1", "2", "--runs", str(EXECUTE_RUNS)]
     with cluster(db="cronyard_bench_citus", scratch=db) as citus_env:
         out = bench.data / "citus_dispatch.json"
         bench.run("dispatch.py", *dispatch, "--with-limit", "--json", str(out), env=citus_env)
@@ -72,27 +79,35 @@ def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
                 },
             }
         ]
+        # Execution: the rounds alternate between the engines, as the machine's load drifts
+        # over minutes; each row gives every round and the median.
         out = bench.data / "citus_execute.json"
-        bench.run("execute.py", *execute, "--json", str(out), env=citus_env)
-        on_citus = bench.json(out.name)
-        bench.run("execute.py", *execute, "--json", str(out))
-        on_plain = {(r["kind"], r["executors"]): r for r in bench.json(out.name)}
+        rounds: dict[tuple[str, int], dict[str, list[dict]]] = {}
+        for _ in range(EXECUTE_ROUNDS):
+            for side, env in (("citus", citus_env), ("plain", None)):
+                bench.run("execute.py", *execute, "--json", str(out), env=env)
+                for r in bench.json(out.name):
+                    rounds.setdefault((r["kind"], r["executors"]), {"citus": [], "plain": []})[side].append(r)
         what = {"task": "no-op task runs", "http": "HTTP runs (a no-op server on 127.0.0.1)"}
-        for r in on_citus:
-            executors = f"{r['executors']} executor" + ("s" if r["executors"] > 1 else "")
-            plain = on_plain[(r["kind"], r["executors"])]
+        for (kind, executors), sides in rounds.items():
+            citus, plain = sides["citus"], sides["plain"]
             rows.append(
                 {
-                    "what": f"execution, {runs:,} {what[r['kind']]}, {executors}",
-                    "citus": r["runs_per_s"],
-                    "plain": plain["runs_per_s"],
+                    "what": f"execution, {EXECUTE_RUNS:,} {what[kind]}, {executors} executor"
+                    + ("s" if executors > 1 else ""),
+                    "citus": statistics.median(r["runs_per_s"] for r in citus),
+                    "plain": statistics.median(r["runs_per_s"] for r in plain),
+                    "rounds": {
+                        "citus": [r["runs_per_s"] for r in citus],
+                        "plain": [r["runs_per_s"] for r in plain],
+                    },
                     "citus_limit": None,
                     "cpu": {
-                        "executor": r["executor_cpu_ms_per_run"],
-                        "coordinator": r["postgres_cpu_ms_per_run"],
-                        "workers": r["worker_cpu_ms_per_run"],
-                        "plain_executor": plain["executor_cpu_ms_per_run"],
-                        "plain_postgres": plain["postgres_cpu_ms_per_run"],
+                        "executor": _mean(r["executor_cpu_ms_per_run"] for r in citus),
+                        "coordinator": _mean(r["postgres_cpu_ms_per_run"] for r in citus),
+                        "workers": _mean(r["worker_cpu_ms_per_run"] for r in citus),
+                        "plain_executor": _mean(r["executor_cpu_ms_per_run"] for r in plain),
+                        "plain_postgres": _mean(r["postgres_cpu_ms_per_run"] for r in plain),
                     },
                 }
             )
@@ -112,6 +127,10 @@ def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
     return rows
 
 
+def _mean(values: Iterable[float]) -> float:
+    return round(statistics.fmean(values), 3)
+
+
 def verify(rows: list[dict] | None) -> list[str]:
     """Dispatch on either side: no duplicate, no missing run."""
     problems = []
@@ -126,7 +145,15 @@ def section(rows: list[dict] | None, *, skipped: str = NOT_INSTALLED) -> str:
     """The report's Citus paragraph: the table, or the one line saying why not."""
     if rows is None:
         return skipped
-    lines = [
+    lines = []
+    several = max((len(r["rounds"]["citus"]) for r in rows if "rounds" in r), default=1)
+    if several > 1:
+        lines += [
+            f"Execution ran {several} rounds on each engine, alternated: a cell gives the median"
+            " runs/s, then each round's; the ratio is of the medians.",
+            "",
+        ]
+    lines += [
         "| what | Cronyard on Citus runs/s | Cronyard on plain PostgreSQL runs/s | Citus / plain "
         "| raw limit on Citus runs/s | Cronyard / limit on Citus |",
         "|---|---:|---:|---:|---:|---:|",
@@ -137,14 +164,22 @@ def section(rows: list[dict] | None, *, skipped: str = NOT_INSTALLED) -> str:
         limit = r["citus_limit"]
         cells = [
             r["what"],
-            r["citus"],
-            r["plain"],
+            _with_rounds(r, "citus"),
+            _with_rounds(r, "plain"),
             f"{r['citus'] / r['plain']:.2f}" if r["plain"] else "n/a",
             limit or "n/a",
             f"{r['citus'] / limit:.2f}" if limit else "n/a",
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines + cpu_section(rows) + latency_section(rows))
+
+
+def _with_rounds(row: dict, side: str) -> str:
+    """A side's runs/s: the median, and every round after it where there were several."""
+    value = f"{row[side]:g}"
+    if "rounds" not in row:
+        return value
+    return f"{value} ({', '.join(f'{x:g}' for x in row['rounds'][side])})"
 
 
 def latency_section(rows: list[dict]) -> list[str]:

@@ -165,3 +165,21 @@ def test_the_citus_rows_give_both_sides_and_their_ratios_or_say_why_not():
     ]
     rows[0]["checks"]["plain"] = (1, 2)
     assert citus.verify(rows) == ["dispatch on plain: 1 duplicates, 2 missing"]
+
+
+def test_citus_execution_rounds_give_the_median_then_each_round_and_the_ratio_of_the_medians():
+    rows = [
+        {
+            "what": "execution",
+            "citus": 2000,
+            "plain": 5000,
+            "rounds": {"citus": [1000, 2000, 2500], "plain": [5000, 9000, 4000]},
+            "citus_limit": None,
+        }
+    ]
+    text = citus.section(rows)
+    assert text.startswith("Execution ran 3 rounds on each engine, alternated")
+    (row,) = parse_table(text.split("\n\n", 1)[1])
+    assert row["Cronyard on Citus runs/s"] == "2000 (1000, 2000, 2500)"
+    assert row["Cronyard on plain PostgreSQL runs/s"] == "5000 (5000, 9000, 4000)"
+    assert row["Citus / plain"] == "0.40"
