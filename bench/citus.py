@@ -176,10 +176,10 @@ def section(rows: list[dict] | None, *, skipped: str = NOT_INSTALLED) -> str:
 
 def _with_rounds(row: dict, side: str) -> str:
     """A side's runs/s: the median, and every round after it where there were several."""
-    value = f"{row[side]:g}"
+    value = str(round(row[side]))
     if "rounds" not in row:
         return value
-    return f"{value} ({', '.join(f'{x:g}' for x in row['rounds'][side])})"
+    return f"{value} ({', '.join(str(round(x)) for x in row['rounds'][side])})"
 
 
 def latency_section(rows: list[dict]) -> list[str]:
@@ -212,7 +212,7 @@ def latency_section(rows: list[dict]) -> list[str]:
 
 
 def cpu_section(rows: list[dict]) -> list[str]:
-    """Where an execution round's CPU went, per run: on Citus the executor, the coordinator
+    """Where an execution's CPU went, per run, the mean of its rounds: on Citus the executor, the coordinator
     and the workers together; on plain PostgreSQL the executor and the server. The
     workers' part is what more workers (on machines of their own) would share; the
     coordinator's is not: one coordinator core allows 1,000 / its milliseconds runs/s."""
@@ -221,7 +221,7 @@ def cpu_section(rows: list[dict]) -> list[str]:
         return []
     lines = [
         "",
-        "Where an execution round's CPU went, ms per run (from /proc: every process of each"
+        "Where an execution's CPU went, ms per run, the mean of its rounds (from /proc: every process of each"
         " node, and the executors). The workers' part is what more workers, on machines of"
         " their own, would share; the coordinator's is not, and bounds one coordinator core"
         " at 1,000 / its ms runs/s:",

@@ -160,6 +160,8 @@ def test_the_turn_reads_the_days_from_the_lowest_open_floor_to_a_day_ahead(tenan
         queue_runs(tenant, task_target("noop"), count=50, start=IN_3_DAYS, spacing=timedelta(0))
         assert not shards(ahead)
         assert ahead not in keep()
+        # A day ahead is in: a run may be claimed up to then (queries.AHEAD).
+        assert shards(table_of(datetime.now(UTC) + timedelta(days=1)))
 
 
 def test_one_executor_reads_the_workers_per_turn(tenant, monkeypatch):

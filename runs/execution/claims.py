@@ -161,10 +161,15 @@ class Holds:
         (in `caps`) and roomy, else none."""
         return keep if tenant in caps and self.roomy(tenant, cap=caps[tenant], keep=keep) else 0
 
-    def _beyond(self, spare: dict[int, int], *, caps: dict[int, int], keep: int) -> dict[int, int]:
-        """The spare to give back: beyond what each tenant may keep (`_keep`)."""
-        beyond = {t: n - self._keep(t, caps=caps, keep=keep) for t, n in spare.items()}
-        return {t: n for t, n in beyond.items() if n > 0}
+    def _kept(self, spare: dict[int, int], *, caps: dict[int, int], keep: int) -> dict[int, int]:
+        """Per tenant of `spare`, how much of it may stay (`_keep`), read once: `roomy`
+        reads the clock."""
+        return {t: self._keep(t, caps=caps, keep=keep) for t in spare}
+
+    @staticmethod
+    def _beyond(spare: dict[int, int], kept: dict[int, int]) -> dict[int, int]:
+        """The spare to give back: beyond what each tenant may keep (`kept`)."""
+        return {t: n - kept[t] for t, n in spare.items() if n > kept[t]}
 
     async def grant(
         self, conn, want: dict[int, int], *, caps: dict[int, int], mine: dict[int, int], keep: int
@@ -175,10 +180,9 @@ class Holds:
         trip as the reserve if there is one. A claim whose grants all come from spare
         writes nothing unless spare is given back or the holds are due a refresh."""
         spare = self.excess(mine)
-        use = Counter(
-            {t: min(n, want.get(t, 0)) for t, n in spare.items() if self._keep(t, caps=caps, keep=keep)}
-        )
-        release = self._beyond({t: n - use[t] for t, n in spare.items()}, caps=caps, keep=keep)
+        kept = self._kept(spare, caps=caps, keep=keep)
+        use = Counter({t: min(n, want.get(t, 0)) for t, n in spare.items() if kept[t]})
+        release = self._beyond({t: n - use[t] for t, n in spare.items()}, kept)
         need = {t: n - use[t] for t, n in want.items() if n > use[t]}
         if need:
             return dict(use + Counter(await self.reserve(conn, need, caps=caps, release=release)))
@@ -189,7 +193,8 @@ class Holds:
     async def trim(self, conn, mine: dict[int, int], *, caps: dict[int, int], keep: int) -> None:
         """After a claim (`mine`: the runs in flight now, its own included): give back the
         spare beyond what each tenant may keep: grants the claim did not use."""
-        await self.release(conn, self._beyond(self.excess(mine), caps=caps, keep=keep))
+        spare = self.excess(mine)
+        await self.release(conn, self._beyond(spare, self._kept(spare, caps=caps, keep=keep)))
 
     async def reserve(
         self, conn, want: dict[int, int], *, caps: dict[int, int], release: dict[int, int]

@@ -953,11 +953,11 @@ STATS_ANALYZE = "ANALYZE (SKIP_LOCKED) {}"
 
 # Citus: per worker, one JSON text [[schema, shard, reltuples, relpages, n_live_tup, pages now (the
 # file's size: the views trail inserts)], ...] of the shards of `jobs`, `job_targets` and the day
-# partitions from the lowest open floor's day to AHEAD (%1$L, %2$L: STATS_SHARDS), the only days hot
-# statements read (runs/open_floors.py); table_statistics._keep_shard_statistics runs it. Each shard
-# named costs its worker a file size in a session new each turn, and pg_stat_user_tables a row of
-# every relation: 43 ms a worker with 38 days of 16 shards, 12 ms so. Only sessions of
-# run_command_on_workers see the shards on a worker (Citus hides them from the others).
+# partitions from the lowest open floor's day to AHEAD (%1$L, %2$L: STATS_SHARDS): the days that
+# can hold open runs (runs/open_floors.py), which hot statements read; autovacuum keeps the rest.
+# table_statistics._keep_shard_statistics runs it. A shard without statistics costs its worker a
+# file size in a session new each turn, and pg_stat_user_tables a row of every relation: 43 ms a
+# worker with 38 days of 16 shards, 12 ms so. Only run_command_on_workers' sessions see the shards.
 STATS_SHARDS_ON_WORKER = rf"""
 SELECT coalesce(json_agg(json_build_array(
            w.nspname, w.relname, w.reltuples, w.relpages, pg_stat_get_live_tuples(w.oid),
