@@ -79,15 +79,19 @@ def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
                 },
             }
         ]
-        # Execution: the rounds alternate between the engines, as the machine's load drifts
-        # over minutes; each row gives every round and the median.
-        out = bench.data / "citus_execute.json"
+        # Execution: each row gives every round and the median.
         rounds: dict[tuple[str, int], dict[str, list[dict]]] = {}
-        for _ in range(EXECUTE_ROUNDS):
-            for side, env in (("citus", citus_env), ("plain", None)):
-                bench.run("execute.py", *execute, "--json", str(out), env=env)
-                for r in bench.json(out.name):
-                    rounds.setdefault((r["kind"], r["executors"]), {"citus": [], "plain": []})[side].append(r)
+        outputs = _alternate(
+            bench,
+            "execute.py",
+            *execute,
+            out=bench.data / "citus_execute.json",
+            env=citus_env,
+            rounds=EXECUTE_ROUNDS,
+        )
+        for side, results in outputs.items():
+            for r in (r for result in results for r in result):
+                rounds.setdefault((r["kind"], r["executors"]), {"citus": [], "plain": []})[side].append(r)
         what = {"task": "no-op task runs", "http": "HTTP runs (a no-op server on 127.0.0.1)"}
         for (kind, executors), sides in rounds.items():
             citus, plain = sides["citus"], sides["plain"]
@@ -111,20 +115,31 @@ def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
                     },
                 }
             )
-        # Claim latency: the rounds alternate between the engines, as the machine's
-        # load drifts over minutes.
-        latency: dict[str, list[dict]] = {"citus": [], "plain": []}
-        out = bench.data / "citus_claims.json"
-        for _ in range(CLAIM_ROUNDS):
-            for side, env in (("citus", citus_env), ("plain", None)):
-                bench.run(
-                    "claims.py", "--runs", str(runs), "--batch", str(CLAIM_BATCH), "--json", str(out), env=env
-                )
-                latency[side].append(bench.json(out.name))
+        latency = _alternate(
+            bench,
+            "claims.py",
+            *("--runs", str(runs), "--batch", str(CLAIM_BATCH)),
+            out=bench.data / "citus_claims.json",
+            env=citus_env,
+            rounds=CLAIM_ROUNDS,
+        )
         rows.append(
             {"what": f"claims of {CLAIM_BATCH} runs, draining {runs:,} no-op runs", "latency": latency}
         )
     return rows
+
+
+def _alternate(
+    bench, script: str, *args: str, out: Path, env: dict[str, str], rounds: int
+) -> dict[str, list]:
+    """`script` run `rounds` times on each engine, Citus (`env`) then plain PostgreSQL, the
+    rounds alternated as the machine's load drifts over minutes: each side's JSON outputs."""
+    outputs: dict[str, list] = {"citus": [], "plain": []}
+    for _ in range(rounds):
+        for side, side_env in (("citus", env), ("plain", None)):
+            bench.run(script, *args, "--json", str(out), env=side_env)
+            outputs[side].append(bench.json(out.name))
+    return outputs
 
 
 def _mean(values: Iterable[float]) -> float:

@@ -47,8 +47,8 @@ minute costs most. So on Citus a third rule joins the two above, "undescribed"
 (`undescribed`). Once a second one executor (turns.STATISTICS) reads every worker's
 shard statistics (STATS_SHARDS: one catalog read per worker, none of the shards' rows),
 of the days from the lowest open floor to a day ahead, those that can hold open runs
-(autovacuum keeps the rest), and analyzes the shards a rule picks on their own workers (STATS_ON_WORKERS), all
-workers at once. A worker that refuses the connection is left for a later turn; one
+(autovacuum keeps the rest), and analyzes the shards a rule picks on their own workers
+(STATS_ON_WORKERS), all workers at once. A worker that refuses the connection is left for a later turn; one
 that does not answer holds the turn up for WORKER_TIMEOUT_MS. There is no check before
 a claim: it would put a read of every worker on the claim path.
 """
