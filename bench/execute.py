@@ -75,6 +75,7 @@ def clear(tenants: list[int]) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM job_runs WHERE tenant_id = ANY(%s)", [tenants])
+        cursor.execute("DELETE FROM run_history WHERE tenant_id = ANY(%s)", [tenants])
         cursor.execute(
             "DELETE FROM job_targets t USING jobs j WHERE j.partition_id = t.partition_id"
             " AND j.id = t.job_id AND j.tenant_id = ANY(%s)",
@@ -163,7 +164,7 @@ def finished(tenants: list[int], *, slot: datetime | None = None) -> tuple[int, 
         cursor.execute(
             "SELECT count(*) FILTER (WHERE status IN ('succeeded', 'dead', 'cancelled', 'skipped')),"
             " count(*) FILTER (WHERE status <> 'succeeded' AND status IN ('dead', 'cancelled', 'skipped'))"
-            " FROM job_runs WHERE tenant_id = ANY(%(tenants)s)" + _IN_SLOT,
+            " FROM runs WHERE tenant_id = ANY(%(tenants)s)" + _IN_SLOT,
             {"tenants": tenants, "slot": slot},
         )
         return cursor.fetchone()
@@ -189,7 +190,7 @@ def last_finished(tenants: list[int], *, slot: datetime | None = None) -> dateti
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT max(finished_at) FROM job_runs WHERE tenant_id = ANY(%(tenants)s)" + _IN_SLOT,
+            "SELECT max(finished_at) FROM runs WHERE tenant_id = ANY(%(tenants)s)" + _IN_SLOT,
             {"tenants": tenants, "slot": slot},
         )
         return cursor.fetchone()[0]

@@ -128,7 +128,7 @@ def main() -> None:
         args.json.write_text(json.dumps(rows, indent=2))
     with psycopg.connect(url, autocommit=True) as conn:
         # A million rows left behind would have autovacuum compete with the rounds after.
-        conn.execute("TRUNCATE job_runs, job_misfires, job_slot_ranges, jobs")
+        conn.execute("TRUNCATE job_runs, run_history, job_misfires, job_slot_ranges, jobs")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def reset_jobs(*, n: int, target: dict, interval_seconds: int) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "TRUNCATE job_runs, job_misfires, job_slot_ranges, scheduler_nodes, executor_nodes, jobs"
+            "TRUNCATE job_runs, run_history, job_misfires, job_slot_ranges, scheduler_nodes, executor_nodes,"
+            " jobs"
         )
     tenant, _ = Tenant.objects.get_or_create(
         slug="bench-lag",
@@ -148,7 +149,7 @@ def stage_percentiles(*, since: datetime, until: datetime) -> dict:
                        (ORDER BY extract(epoch FROM created_at - scheduled_at)),
                    percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP
                        (ORDER BY extract(epoch FROM started_at - created_at))
-            FROM job_runs WHERE scheduled_at >= %s AND scheduled_at < %s AND started_at IS NOT NULL
+            FROM runs WHERE scheduled_at >= %s AND scheduled_at < %s AND started_at IS NOT NULL
             """,
             [since, until],
         )

@@ -5,8 +5,9 @@
 
 Each worker is one process with one connection doing, until the queue is empty:
 claim `batch` runs (`FOR UPDATE SKIP LOCKED` on the claim index, mark them running
-with attempt+1 and a lease, one statement, one commit), then mark them succeeded
-(fenced on attempt and status, one statement, one commit). No tenant limits, no
+with attempt+1 and a lease, one statement, one commit), then move them to run_history
+as succeeded, as Cronyard's outcome statement does (fenced on attempt and status, one
+statement, one commit). No tenant limits, no
 overlap policies, no calls, no history entries: what PostgreSQL alone allows on this
 machine, to read next to bench/execute.py's numbers. The runs are the same rows
 bench/execute.py makes (same tenant, same INSERT), so table and indexes match.
@@ -46,11 +47,20 @@ RETURNING r.partition_id, r.id, r.scheduled_at, r.attempt
 """
 
 DONE_SQL = """
-UPDATE job_runs r SET status = 'succeeded', finished_at = now(), lease_until = NULL, result_code = 200
-FROM unnest(%s::smallint[], %s::bigint[], %s::timestamptz[], %s::integer[])
-    AS d(partition_id, id, scheduled_at, attempt)
-WHERE r.partition_id = d.partition_id AND r.id = d.id AND r.scheduled_at = d.scheduled_at
-  AND r.attempt = d.attempt AND r.status = 'running'
+WITH done AS (
+    DELETE FROM job_runs r
+    USING unnest(%s::smallint[], %s::bigint[], %s::timestamptz[], %s::integer[])
+        AS d(partition_id, id, scheduled_at, attempt)
+    WHERE r.partition_id = d.partition_id AND r.id = d.id AND r.scheduled_at = d.scheduled_at
+      AND r.attempt = d.attempt AND r.status = 'running'
+    RETURNING r.*
+)
+INSERT INTO run_history
+SELECT id, job_id, scheduled_at, tenant_id, partition_id, 'succeeded', "trigger", priority, attempt,
+       not_before, NULL, owner, target, job_name, overlap_policy, max_attempts, retry_backoff_seconds,
+       retry_backoff_cap_seconds, lease_seconds, created_at, started_at, now(), 200, last_error,
+       attempts, deferrals, deferred_since, rate_limited_to, target_version
+FROM done
 """
 
 

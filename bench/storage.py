@@ -11,9 +11,11 @@ and two `run_executor` processes fire and execute them against the no-op server
 (bench/noop_server.py) until every run has succeeded. Then a plain `VACUUM` of the run
 partitions, and:
 
-    heap + TOAST   pg_table_size of every job_runs partition (with its TOAST, FSM, VM)
-    indexes        pg_indexes_size of every partition
-    row            avg(pg_column_size(job_runs.*)): the live tuple alone
+    heap + TOAST   pg_table_size of every partition of job_runs and run_history (with
+                   its TOAST, FSM, VM): a success moves its row from the first, where it
+                   was queued, claimed and run, to the second, where it stays
+    indexes        pg_indexes_size of every partition of both
+    row            avg(pg_column_size(run_history.*)): the live tuple alone
 
 each divided by the runs. The same again in `--waves` waves (one_round says why), and both
 with a target under `/fail-twice`, which answers 503 twice per run key: runs that needed
@@ -101,7 +103,7 @@ def seed(*, n: int, url: str) -> None:
 def wait_done(conn: psycopg.Connection, n: int, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        done = conn.execute("SELECT count(*) FROM job_runs WHERE status = 'succeeded'").fetchone()[0]
+        done = conn.execute("SELECT count(*) FROM runs WHERE status = 'succeeded'").fetchone()[0]
         if done >= n:
             return
         time.sleep(1)
@@ -109,15 +111,16 @@ def wait_done(conn: psycopg.Connection, n: int, timeout: float = 900) -> None:
 
 
 def measure(conn: psycopg.Connection) -> dict:
-    conn.execute("VACUUM job_runs")
+    conn.execute("VACUUM job_runs, run_history")
     runs, row, attempts = conn.execute(
-        "SELECT count(*), avg(pg_column_size(r.*)), avg(r.attempt) FROM job_runs AS r"
+        "SELECT count(*), avg(pg_column_size(r.*)), avg(r.attempt) FROM run_history AS r"
     ).fetchone()
     heap, indexes, index_count = conn.execute(
         """
         SELECT sum(pg_table_size(relid)), sum(pg_indexes_size(relid)),
-               (SELECT count(*) FROM pg_indexes WHERE tablename = 'job_runs')
-        FROM pg_partition_tree('job_runs') WHERE isleaf
+               (SELECT count(*) FROM pg_indexes WHERE tablename IN ('job_runs', 'run_history'))
+        FROM (SELECT relid FROM pg_partition_tree('job_runs') WHERE isleaf
+              UNION ALL SELECT relid FROM pg_partition_tree('run_history') WHERE isleaf) AS leaves
         """
     ).fetchone()
     heap, indexes = int(heap), int(indexes)
@@ -174,7 +177,7 @@ def one_round(base: str, *, db: str, n: int, path: str, expect_attempts: int, wa
             for wave in range(1, waves + 1):
                 seed(n=n // waves, url=server.url.replace("/noop", path))
                 wait_done(conn, wave * (n // waves))
-                conn.execute("VACUUM job_runs")
+                conn.execute("VACUUM job_runs, run_history")
         finally:
             procs.stop_all()
         row = measure(conn)

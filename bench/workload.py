@@ -75,7 +75,10 @@ def create_jobs(url: str, *, n: int, workload: str, later: datetime, seed: int =
     if workload not in WORKLOADS:
         raise ValueError(f"workload must be one of {WORKLOADS}")
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE job_runs, job_misfires, job_slot_ranges, scheduler_nodes, job_targets, jobs")
+        conn.execute(
+            "TRUNCATE job_runs, run_history, job_misfires, job_slot_ranges, scheduler_nodes, job_targets,"
+            " jobs"
+        )
     tenant, _ = Tenant.objects.get_or_create(
         slug="bench", defaults={"name": "bench", "max_concurrency": 1000, "signing_secret": new_secret()}
     )

@@ -26,6 +26,7 @@ from jobs.dispatch import planning
 from jobs.dispatch.planning import latest_slot, next_slot, run_for, slots_between
 from jobs.models import AuditAction, Job, JobTarget, Tenant
 from jobs.rules import edits
+from runs import services as run_services
 from runs.enqueue import enqueue_runs, notify_executors, oldest_slot
 from runs.models import JobRun
 from scheduler_project import db
@@ -211,8 +212,8 @@ def delete_job(*, job: Job, actor: str = audit.SYSTEM) -> None:
     # Lock the job first: a scheduler batch holding it may be inserting a run right
     # now, which a runs DELETE issued before that batch commits would not see.
     Job.objects.select_for_update().filter(partition_id=job.partition_id, pk=job.pk).first()
-    # Runs have no database FK (the table is partitioned); remove them in one statement.
-    JobRun.objects.filter(partition_id=job.partition_id, job_id=job.pk)._raw_delete(JobRun.objects.db)
+    # Runs have no database FK (the tables are partitioned); one statement per table.
+    run_services.delete_job_runs(partition_id=job.partition_id, job_id=job.pk)
     job.misfires.all().delete()
     JobTarget.objects.filter(partition_id=job.partition_id, job_id=job.pk).delete()
     if Job.objects.filter(partition_id=job.partition_id, pk=job.pk).delete()[0]:

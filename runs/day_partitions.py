@@ -1,8 +1,11 @@
-"""Day partitions of job_runs: creating them ahead, retention, the one-maintainer lock.
+"""Day partitions of job_runs and run_history: creating them ahead, retention, the
+one-maintainer lock.
 
-job_runs is `PARTITION BY RANGE (scheduled_at)` with one partition per UTC day
-(`job_runs_pYYYYMMDD`) plus `job_runs_default`, which catches backfills into days
-that were already dropped or not created yet. Retention drops whole days, which is
+Both tables are `PARTITION BY RANGE (scheduled_at)` with one partition per UTC day
+(`job_runs_pYYYYMMDD`, `run_history_pYYYYMMDD`) plus a default partition
+(`job_runs_default`, `run_history_default`), which catches backfills into days
+that were already dropped or not created yet. The two keep the same days: a success
+moves its row from one to the other within its day. Retention drops whole days, which is
 instant and leaves no bloat, instead of DELETEing millions of rows. The table itself,
 its keys and indexes belong to runs/migrations: a new partition copies the parent's,
 so nothing here names them.
@@ -23,11 +26,12 @@ log = logging.getLogger(__name__)
 
 PARENT = "job_runs"
 DEFAULT = "job_runs_default"
+# Succeeded runs (docs/decisions/0085-run-history.md): no run in it is open.
+HISTORY = "run_history"
 ACTIVE_SQL = "(" + ", ".join(f"'{status}'" for status in ACTIVE_STATUSES) + ")"
 # A day partition's name, its day captured: a regular expression that Python and
 # PostgreSQL read alike (partition_name writes it).
 NAME_PATTERN = "job_runs_p([0-9]{8})"
-_NAME = re.compile(f"^{NAME_PATTERN}$")
 # The same in SQL: the start (UTC midnight) of every day partition, as `day_start` rows.
 DAY_STARTS_SQL = f"""
 SELECT to_date(substring(c.relname FROM '^{NAME_PATTERN}$'), 'YYYYMMDD')::timestamp
@@ -45,11 +49,11 @@ class MaintenanceReport:
     skipped: bool = False  # wait=False found another maintainer at work: nothing done
 
 
-def partition_name(day: date) -> str:
-    return f"job_runs_p{day:%Y%m%d}"
+def partition_name(day: date, parent: str = PARENT) -> str:
+    return f"{parent}_p{day:%Y%m%d}"
 
 
-def existing_days(cursor) -> list[date]:
+def existing_days(cursor, parent: str = PARENT) -> list[date]:
     cursor.execute(
         """
         SELECT c.relname FROM pg_inherits i
@@ -57,38 +61,39 @@ def existing_days(cursor) -> list[date]:
         JOIN pg_class p ON p.oid = i.inhparent
         WHERE p.relname = %s
         """,
-        [PARENT],
+        [parent],
     )
     days = []
     for (name,) in cursor.fetchall():
-        match = _NAME.match(name)
+        match = re.match(rf"^{parent}_p([0-9]{{8}})$", name)
         if match:
             days.append(datetime.strptime(match.group(1), "%Y%m%d").date())
     return sorted(days)
 
 
-def _create_day(cursor, day: date) -> int:
+def _create_day(cursor, day: date, parent: str = PARENT) -> int:
     """Create one day partition, first moving that day's rows out of the default partition.
 
     PostgreSQL refuses to create a partition whose range already has rows in the
     default partition, so the rows are moved into a plain table that is then attached.
     """
-    name = partition_name(day)
+    name = partition_name(day, parent)
+    default = f"{parent}_default"
     lower = datetime(day.year, day.month, day.day, tzinfo=UTC)
     upper = lower + timedelta(days=1)
     cursor.execute(
-        f"SELECT 1 FROM {DEFAULT} WHERE scheduled_at >= %s AND scheduled_at < %s LIMIT 1", [lower, upper]
+        f"SELECT 1 FROM {default} WHERE scheduled_at >= %s AND scheduled_at < %s LIMIT 1", [lower, upper]
     )
     if cursor.fetchone() is None:
         cursor.execute(
-            f"CREATE TABLE {name} PARTITION OF {PARENT} FOR VALUES FROM (%s) TO (%s)", [lower, upper]
+            f"CREATE TABLE {name} PARTITION OF {parent} FOR VALUES FROM (%s) TO (%s)", [lower, upper]
         )
         return 0
-    cursor.execute(f"CREATE TABLE {name} (LIKE {PARENT} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
+    cursor.execute(f"CREATE TABLE {name} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")
     cursor.execute(
         f"""
         WITH moved AS (
-            DELETE FROM {DEFAULT} WHERE scheduled_at >= %s AND scheduled_at < %s RETURNING *
+            DELETE FROM {default} WHERE scheduled_at >= %s AND scheduled_at < %s RETURNING *
         )
         INSERT INTO {name} SELECT * FROM moved
         """,
@@ -96,7 +101,7 @@ def _create_day(cursor, day: date) -> int:
     )
     moved = cursor.rowcount
     cursor.execute(
-        f"ALTER TABLE {PARENT} ATTACH PARTITION {name} FOR VALUES FROM (%s) TO (%s)", [lower, upper]
+        f"ALTER TABLE {parent} ATTACH PARTITION {name} FOR VALUES FROM (%s) TO (%s)", [lower, upper]
     )
     return moved
 
@@ -137,19 +142,32 @@ def maintain(
             if not cursor.fetchone()[0]:
                 return MaintenanceReport(created=[], dropped=[], moved_rows=0, skipped=True)
         have = set(existing_days(cursor))
-        for offset in range(days_ahead + 1):
-            day = today + timedelta(days=offset)
-            if day not in have:
-                moved += _create_day(cursor, day)
-                created.append(partition_name(day))
+        for parent in (PARENT, HISTORY):
+            days = have if parent == PARENT else set(existing_days(cursor, HISTORY))
+            for offset in range(days_ahead + 1):
+                day = today + timedelta(days=offset)
+                if day not in days:
+                    moved += _create_day(cursor, day, parent)
+                    created.append(partition_name(day, parent))
         oldest_kept = today - timedelta(days=retention_days)
         for day in sorted(have):
             if day < oldest_kept and _drop_day_if_idle(cursor, partition_name(day), lock_timeout_ms):
                 dropped.append(partition_name(day))
+        # A history day goes once its job_runs day has: a run that day kept open (a long
+        # retry chain) still finds its history day when it succeeds.
+        kept = set(existing_days(cursor))
+        for day in existing_days(cursor, HISTORY):
+            name = partition_name(day, HISTORY)
+            if day < oldest_kept and day not in kept and _drop_if_granted(cursor, name, lock_timeout_ms):
+                dropped.append(name)
         # Row by row, so no table lock is needed: a replay that commits first leaves its
         # row queued, and DELETE re-checks the status of a row it waited for.
         cursor.execute(
             f"DELETE FROM {DEFAULT} WHERE scheduled_at < %s AND status NOT IN {ACTIVE_SQL}",
+            [datetime(oldest_kept.year, oldest_kept.month, oldest_kept.day, tzinfo=UTC)],
+        )
+        cursor.execute(
+            f"DELETE FROM {HISTORY}_default WHERE scheduled_at < %s",
             [datetime(oldest_kept.year, oldest_kept.month, oldest_kept.day, tzinfo=UTC)],
         )
         # The occurrence ledger's unfired ranges follow the runs' retention: the ledger
@@ -159,7 +177,7 @@ def maintain(
             [datetime(oldest_kept.year, oldest_kept.month, oldest_kept.day, tzinfo=UTC)],
         )
     if created or dropped:
-        log.info("job_runs partitions: created %s, dropped %s, moved %d rows", created, dropped, moved)
+        log.info("run partitions: created %s, dropped %s, moved %d rows", created, dropped, moved)
     return MaintenanceReport(created=created, dropped=dropped, moved_rows=moved)
 
 
@@ -182,13 +200,19 @@ def _drop_day_if_idle(cursor, name: str, lock_timeout_ms: int) -> bool:
     """
     if _has_active(cursor, name):
         return False  # cheap first look without a lock: most old days are simply busy or idle
+    return _drop_if_granted(cursor, name, lock_timeout_ms, recheck=True)
+
+
+def _drop_if_granted(cursor, name: str, lock_timeout_ms: int, *, recheck: bool = False) -> bool:
+    """DROP one day partition under a lock granted within `lock_timeout_ms`, else keep it
+    until next time; `recheck`: not if it holds an active run under the lock."""
     cursor.execute("SELECT current_setting('lock_timeout')")
     (previous,) = cursor.fetchone()
     try:
         with transaction.atomic():  # a savepoint: a lock timeout undoes only this day
             cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{int(lock_timeout_ms)}ms"])
             cursor.execute(f"LOCK TABLE {name} IN SHARE ROW EXCLUSIVE MODE")
-            if _has_active(cursor, name):
+            if recheck and _has_active(cursor, name):
                 return False
             cursor.execute(f"DROP TABLE {name}")
             return True
@@ -196,7 +220,7 @@ def _drop_day_if_idle(cursor, name: str, lock_timeout_ms: int) -> bool:
         if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
             raise
         log.warning(
-            "job_runs retention: %s is busy (no lock within %d ms); kept until next run",
+            "run retention: %s is busy (no lock within %d ms); kept until next run",
             name,
             lock_timeout_ms,
         )

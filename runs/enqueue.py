@@ -66,7 +66,26 @@ SELECT job_id, scheduled_at, tenant_id, partition_id, status, "trigger", priorit
 FROM decided
 ORDER BY position
 ON CONFLICT DO NOTHING
-RETURNING job_id, scheduled_at, status
+RETURNING partition_id, job_id, scheduled_at, status
+"""
+
+# Undo the inserts of occurrences that already succeeded: their rows moved to run_history,
+# beyond job_runs' unique key (docs/decisions/0085-run-history.md). A statement of its
+# own, after the insert: its snapshot is newer than any success the insert waited for.
+# The keys in a WITH: on Citus a join of run_history with a function is refused, with an
+# intermediate result it runs in each shard.
+_UNDO_SUCCEEDED = """
+WITH k AS (
+    SELECT * FROM unnest(%b::smallint[], %b::uuid[], %b::timestamptz[])
+        AS k(partition_id, job_id, scheduled_at)
+),
+succeeded AS (
+    SELECT h.partition_id, h.job_id, h.scheduled_at FROM run_history h
+    JOIN k ON h.partition_id = k.partition_id AND h.job_id = k.job_id AND h.scheduled_at = k.scheduled_at
+)
+DELETE FROM job_runs q USING succeeded s
+WHERE q.partition_id = s.partition_id AND q.job_id = s.job_id AND q.scheduled_at = s.scheduled_at
+RETURNING q.job_id, q.scheduled_at
 """
 
 
@@ -116,8 +135,10 @@ def _parameters(runs: Sequence[NewRun], *, citus: bool) -> list[list]:
 def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
     """Insert occurrences; an existing (job_id, scheduled_at) is left alone.
 
-    The unique key is the last line of defence against a double fire: whatever
-    races above it, the second insert of an occurrence is a no-op. Returns the rows
+    The run key is the last line of defence against a double fire: whatever races above
+    it, the second insert of an occurrence is a no-op. job_runs' unique key says it for
+    every run but a success, which has moved to run_history; the inserted rows found
+    there are deleted again, before anyone can see them. Returns the rows
     actually inserted (queued or skipped by the overlap policy). Old slots lower their
     tenants' open floors in the same transaction (runs/open_floors.py).
     """
@@ -131,7 +152,14 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
         open_floors.lower(cursor, ((run.tenant_id, run.scheduled_at) for run in runs))
         # binary: the RETURNING's timestamps load in C, not through Django's text loader.
         cursor.execute(_INSERT[citus], _parameters(runs, citus=citus), binary=True)
-        return [InsertedRun(job_id=j, scheduled_at=at, status=st) for j, at, st in cursor.fetchall()]
+        inserted = cursor.fetchall()
+        if not inserted or citus:  # on Citus no success moves (queries.COMPLETE says why)
+            return [InsertedRun(job_id=j, scheduled_at=at, status=st) for _, j, at, st in inserted]
+        keys = [list(column) for column in zip(*inserted, strict=True)][:3]
+        cursor.execute(_UNDO_SUCCEEDED, keys, binary=True)
+        gone = set(cursor.fetchall())
+        kept = [(j, at, st) for _, j, at, st in inserted if (j, at) not in gone]
+        return [InsertedRun(job_id=j, scheduled_at=at, status=st) for j, at, st in kept]
 
 
 def notify_executors(*, oldest: datetime | None = None) -> None:

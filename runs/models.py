@@ -27,25 +27,14 @@ class RunTrigger(models.TextChoices):
     CATCH_UP = "catch_up", "Catch-up"
 
 
-class JobRun(PartitionKeyed):
-    """One occurrence of a job: the outbox row and the execution record at once.
-
-    The table is range-partitioned by scheduled_at (migration 0001 creates it by hand).
-    Its identity is (job_id, scheduled_at), enforced as (partition_id, job_id, scheduled_at)
-    (a job's runs share its partition_id, so the two say the same; the database key must
-    contain Citus's distribution column). `id` is a surrogate only because Django 5.2's
-    admin cannot register models with a CompositePrimaryKey: the database's primary key
-    is (id, scheduled_at, partition_id) (see docs/decisions/0001-run-identity.md).
-    The foreign keys carry no database constraint: runs outlive nothing but are
-    deleted by the job service in bulk, and a partitioned table with millions of
-    rows must not be scanned on every job delete.
-    """
+class RunColumns(models.Model):
+    """The columns of a run, as job_runs and run_history both hold them (runs migration 0023)."""
 
     id = models.BigAutoField(primary_key=True)
-    job = models.ForeignKey("jobs.Job", on_delete=models.DO_NOTHING, db_constraint=False, related_name="runs")
+    job = models.ForeignKey("jobs.Job", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
     scheduled_at = models.DateTimeField()
     tenant = models.ForeignKey(
-        "jobs.Tenant", on_delete=models.DO_NOTHING, db_constraint=False, related_name="runs"
+        "jobs.Tenant", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
     )
     partition_id = models.PositiveSmallIntegerField()
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
@@ -87,16 +76,7 @@ class JobRun(PartitionKeyed):
     rate_limited_to = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
-        db_table = "job_runs"
-        # "Runs" on the console's home, in titles and counts: Django's default is "job runs".
-        verbose_name = "run"
-        verbose_name_plural = "runs"
-        ordering = ["-scheduled_at"]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["partition_id", "job", "scheduled_at"], name="job_runs_job_scheduled_uniq"
-            ),
-        ]
+        abstract = True
 
     def __str__(self) -> str:
         # Page titles, breadcrumbs and the admin log: the job's name reads, its id does not.
@@ -112,6 +92,61 @@ class JobRun(PartitionKeyed):
         from runs.keys import run_key
 
         return run_key(self.job_id, self.scheduled_at)
+
+
+class JobRun(RunColumns):
+    """One occurrence of a job, wherever its row is: every reader's model (read-only).
+
+    A run's row lives in job_runs while it is open, and there for good when it ends any
+    other way than a success (dead, cancelled, skipped); on plain PostgreSQL a success
+    moves it to run_history, written once (docs/decisions/0085-run-history.md; on Citus
+    it stays). This model reads
+    the view `runs`, their union (runs migration 0023); writers name the tables:
+    JobRunRow for the services' locked writes, SQL for everything else.
+
+    Its identity is (job_id, scheduled_at), enforced per table as (partition_id, job_id,
+    scheduled_at) (a job's runs share its partition_id, so the two say the same; the
+    database key must contain Citus's distribution column), and across the two tables by
+    runs.enqueue. `id` is a surrogate only because Django 5.2's admin cannot register
+    models with a CompositePrimaryKey (see docs/decisions/0001-run-identity.md).
+    The foreign keys carry no database constraint: runs outlive nothing but are
+    deleted by the job service in bulk, and a partitioned table with millions of
+    rows must not be scanned on every job delete.
+    """
+
+    job = models.ForeignKey("jobs.Job", on_delete=models.DO_NOTHING, db_constraint=False, related_name="runs")
+    tenant = models.ForeignKey(
+        "jobs.Tenant", on_delete=models.DO_NOTHING, db_constraint=False, related_name="runs"
+    )
+
+    class Meta:
+        managed = False
+        db_table = "runs"
+        # "Runs" on the console's home, in titles and counts: Django's default is "job runs".
+        verbose_name = "run"
+        verbose_name_plural = "runs"
+        ordering = ["-scheduled_at"]
+
+
+class RunHistoryRow(PartitionKeyed, RunColumns):
+    """A row of the table run_history: a succeeded run, written once by the outcome
+    statement (runs/execution/queries.py, COMPLETE). Only deleted, with its job."""
+
+    class Meta:
+        db_table = "run_history"
+
+
+class JobRunRow(PartitionKeyed, RunColumns):
+    """A row of the table job_runs: a run not succeeded (yet), for the services that lock
+    and change one (cancel, replay). Readers take JobRun."""
+
+    class Meta:
+        db_table = "job_runs"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["partition_id", "job", "scheduled_at"], name="job_runs_job_scheduled_uniq"
+            ),
+        ]
 
 
 class TargetHost(models.Model):

@@ -11,14 +11,14 @@ floor.**
 - **Opening a run lowers the floor in the same transaction** (`lower`): the run insert
   (runs/enqueue.py: dispatch, backfills, catch-ups, manual triggers) and replays
   (runs/services.py). Only for a slot older than RECENT: no floor is ever later than a
-  day before now (the upkeep's cap, queries.FLOOR_CAP, and a new tenant's default).
+  day before now (the upkeep's cap, FLOOR_CAP, and a new tenant's default).
   Each such write also counts in `open_floor_version`, even where the floor is lower
   already: see the upkeep.
 - **A run stays open with its slot unchanged** through claims, retries, deferrals and
   hand-backs: none of these touches a floor.
 - **The upkeep raises floors** (`keep`, by one executor once per UPKEEP_SECONDS:
   runs/execution/turns.py): per tenant, to the oldest slot of its open runs, capped by
-  queries.FLOOR_CAP. It reads without a lock, in this order: the floors and their
+  FLOOR_CAP. It reads without a lock, in this order: the floors and their
   versions, the cap, then (on Citus) it waits for the transactions prepared on the
   workers to end, then the open runs. It raises a floor only where the version is still
   the one it read (compare-and-set): a writer that opened an old run after the versions
@@ -36,11 +36,10 @@ import time
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
-from runs.execution import queries
 from scheduler_project.citus import citus_installed_async
 
 # A writer lowers floors only for slots older than this. The upkeep's cap is at least
-# 24 hours before any transaction it could miss began (queries.FLOOR_CAP), so a run of a
+# 24 hours before any transaction it could miss began (FLOOR_CAP), so a run of a
 # newer slot is above every floor even with 12 hours between the writer's clock and the
 # database's.
 RECENT = timedelta(hours=12)
@@ -57,6 +56,62 @@ SET open_floor = least(t.open_floor, x.slot), open_floor_version = t.open_floor_
 FROM unnest(%s::bigint[], %s::timestamptz[]) AS x(tenant_id, slot)
 WHERE t.id = x.tenant_id
 """
+
+# --- the upkeep's statements (the executor runs them: `lowest`, `keep`) ---------------------
+
+# The lowest floor of all, NULL for none: the day windows of reads of every tenant's
+# open runs start there (open_floors.lowest: the work map's full reads, the reaper's).
+LOWEST_FLOOR = "SELECT nullif(min(open_floor), '-infinity') FROM tenants"
+
+# Step 1: every tenant's floor version and floor (NULL for none), before anything else is
+# read.
+FLOOR_VERSIONS = "SELECT id, open_floor_version, nullif(open_floor, '-infinity') FROM tenants"
+
+# Step 2: the highest floor the upkeep may set. The start of yesterday (UTC), and a day
+# before the oldest transaction open on this database (a writer of a recent
+# run that has not committed yet, whose run step 3 cannot see, opened it at or after its
+# transaction began). On Citus every writer's transaction is on the coordinator, where
+# this runs. A session of another role shows no transaction start: such writers are
+# covered by the day cap alone (docs/decisions/0078-open-floors.md).
+FLOOR_CAP = """
+SELECT least(
+    date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '24 hours',
+    coalesce((SELECT min(a.xact_start) FROM pg_stat_activity a
+              WHERE a.datname = current_database() AND a.backend_type = 'client backend'), now())
+        - interval '24 hours')
+"""
+
+# Between steps 2 and 3, on Citus: the transactions prepared on each worker (two-phase
+# commit), as (worker, reached, their gids joined by commas); open_floors._prepared_ended
+# waits for them to end.
+PREPARED_ON_WORKERS = """
+SELECT nodename || ':' || nodeport, success, CASE WHEN success THEN result ELSE '' END
+FROM run_command_on_workers($$
+    SELECT coalesce(string_agg(gid, ','), '') FROM pg_prepared_xacts WHERE database = current_database()
+$$)
+"""
+
+# Step 3: the oldest slot of each tenant's open runs, over every shard and day.
+OLDEST_OPEN_PER_TENANT = """
+SELECT r.tenant_id, min(r.scheduled_at) FROM job_runs r
+WHERE r.status IN ('queued', 'retrying', 'running')
+GROUP BY r.tenant_id
+"""
+
+# Step 4: the floors that change. One found above an open run (`lower`) is lowered
+# whatever its version, if it is still above the new one; the others are raised only
+# where no writer lowered them since step 1 (the version is the one read then), and
+# never lowered: an upkeep that read before another one raised the floor must not
+# lower it again.
+SET_FLOORS = """
+UPDATE tenants t SET open_floor = x.floor
+FROM unnest(%(tenants)s::bigint[], %(floors)s::timestamptz[], %(versions)s::bigint[], %(lower)s::boolean[])
+     AS x(id, floor, version, lower)
+WHERE t.id = x.id
+  AND CASE WHEN x.lower THEN x.floor < t.open_floor
+           ELSE x.floor > t.open_floor AND t.open_floor_version = x.version END
+"""
+
 
 # How long the upkeep waits for the transactions it found prepared on the workers to
 # end (`keep`); past that it only lowers floors, and raises them at its next round.
@@ -94,7 +149,7 @@ def lower(cursor, slots: Iterable[tuple[int, datetime]]) -> int:
 
 async def lowest(conn) -> datetime | None:
     """The lowest floor of all tenants, None for none: no open run of any tenant is older."""
-    cursor = await conn.execute(queries.LOWEST_FLOOR)
+    cursor = await conn.execute(LOWEST_FLOOR)
     (floor,) = await cursor.fetchone()
     return floor
 
@@ -115,12 +170,12 @@ async def keep(conn) -> int:
     the transactions then prepared on the Citus workers have ended (`_prepared_ended`);
     it is lowered whenever it is above an open run, and only then. Returns the floors
     changed."""
-    cursor = await conn.execute(queries.FLOOR_VERSIONS)
+    cursor = await conn.execute(FLOOR_VERSIONS)
     read = {tenant: (version, floor) for tenant, version, floor in await cursor.fetchall()}
-    cursor = await conn.execute(queries.FLOOR_CAP)
+    cursor = await conn.execute(FLOOR_CAP)
     (cap,) = await cursor.fetchone()
     may_raise = await _prepared_ended(conn)
-    cursor = await conn.execute(queries.OLDEST_OPEN_PER_TENANT)
+    cursor = await conn.execute(OLDEST_OPEN_PER_TENANT)
     oldest = dict(await cursor.fetchall())
     changes = []
     for tenant, (version, floor) in sorted(read.items()):
@@ -137,7 +192,7 @@ async def keep(conn) -> int:
         return 0
     tenants, floors, versions, lower = (list(column) for column in zip(*changes, strict=True))
     cursor = await conn.execute(
-        queries.SET_FLOORS, {"tenants": tenants, "floors": floors, "versions": versions, "lower": lower}
+        SET_FLOORS, {"tenants": tenants, "floors": floors, "versions": versions, "lower": lower}
     )
     return cursor.rowcount
 
@@ -168,7 +223,7 @@ async def _prepared_ended(conn) -> bool:
 async def _prepared(conn) -> set[tuple[str, str]] | None:
     """(worker, gid) of every transaction prepared on the workers; None if one is out of
     reach."""
-    cursor = await conn.execute(queries.PREPARED_ON_WORKERS)
+    cursor = await conn.execute(PREPARED_ON_WORKERS)
     rows = await cursor.fetchall()
     if not all(ok for _, ok, _ in rows):
         return None

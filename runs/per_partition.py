@@ -72,6 +72,11 @@ class Forms:
     def of(cls, template: str) -> Forms:
         return cls(_fill(template, ONE), _fill(template, EVERY), _fill(template, IN_SHARD))
 
+    @classmethod
+    def per_engine(cls, *, plain: str, citus: str) -> Forms:
+        """A statement whose Citus forms differ from the plain PostgreSQL one."""
+        return cls(_fill(citus, ONE), _fill(plain, EVERY), _fill(citus, IN_SHARD))
+
 
 # ... on Citus, several partitions of one shard: Citus prunes `= ANY(...)` on the
 # distribution column to the shards the values hash to, so the statement still goes to

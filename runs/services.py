@@ -5,6 +5,10 @@ operators replaying the same dead run at once queue it once, because the second
 UPDATE waits for the first's row lock, re-checks the status and matches nothing.
 Cancel locks the row, then writes; a running attempt it cuts short is fenced off,
 since every executor write requires `status = 'running' AND attempt = n`.
+
+Both write the table job_runs (JobRunRow), which holds every run they may change: a
+run leaves it only when it succeeds (docs/decisions/0085-run-history.md). They read
+through JobRun, every run, to say why a run is refused.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from runs import open_floors, selectors
 from runs.attempts import AttemptRecord
 from runs.enqueue import notify_executors, oldest_slot
 from runs.keys import run_key
-from runs.models import JobRun, RunStatus, RunTrigger
+from runs.models import JobRun, JobRunRow, RunHistoryRow, RunStatus, RunTrigger
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,14 @@ class RunConflict(Exception):
         self.status = status
         self.allowed = tuple(str(s) for s in allowed)
         super().__init__(f"cannot {operation} a {status} run (allowed for: {', '.join(self.allowed)})")
+
+
+def delete_job_runs(*, partition_id: int, job_id: UUID) -> None:
+    """Every run of a job, in the caller's transaction (jobs.services.delete_job, which
+    holds the job's row lock). job_runs first: a success moving a run meanwhile commits
+    before that DELETE goes on, and the next statement sees its row in run_history."""
+    for model in (JobRunRow, RunHistoryRow):
+        model.objects.filter(partition_id=partition_id, job_id=job_id)._raw_delete(model.objects.db)
 
 
 @dataclass(frozen=True)
@@ -83,17 +95,17 @@ def _cancel_changes(now: datetime, actor: str) -> dict:
     }
 
 
-def _keyed(job_id: UUID, scheduled_at: datetime, tenant_id: int | None):
-    qs = selectors.of_job(JobRun.objects.filter(scheduled_at=scheduled_at), job_id=job_id)
+def _keyed(job_id: UUID, scheduled_at: datetime, tenant_id: int | None, *, model=JobRun):
+    qs = selectors.of_job(model.objects.filter(scheduled_at=scheduled_at), job_id=job_id)
     return qs.filter(tenant_id=tenant_id) if tenant_id is not None else qs
 
 
-def _lock_by_ids(ids: list[int], *, statuses: Iterable[str], only: tuple[str, ...] = ()) -> list[JobRun]:
+def _lock_by_ids(ids: list[int], *, statuses: Iterable[str], only: tuple[str, ...] = ()) -> list[JobRunRow]:
     """The runs among `ids` in `statuses`, row-locked one partition_id at a time (in
     order, so two bulk actions never deadlock): on Citus, FOR UPDATE runs only inside
     one shard. The ids are those of one admin page, so the statements are few."""
-    eligible = JobRun.objects.filter(id__in=ids, status__in=statuses)
-    rows: list[JobRun] = []
+    eligible = JobRunRow.objects.filter(id__in=ids, status__in=statuses)
+    rows: list[JobRunRow] = []
     for partition_id in sorted(set(eligible.values_list("partition_id", flat=True))):
         qs = eligible.filter(partition_id=partition_id).select_for_update().order_by("id")
         rows += qs.only(*only) if only else qs
@@ -143,7 +155,7 @@ def replay_run(
 ) -> JobRun:
     """Re-queue a dead or cancelled run under the same key. Raises RunNotFound, RunConflict."""
     qs = _keyed(job_id, scheduled_at, tenant_id)
-    replayable = qs.filter(status__in=REPLAYABLE)
+    replayable = _keyed(job_id, scheduled_at, tenant_id, model=JobRunRow).filter(status__in=REPLAYABLE)
     # Before the update (see _opened), and whatever the run's status now: the update reads
     # afresh, and a run that was running here and dead there would be reopened with its
     # floor left above it. Lowering for a run the update then refuses does no harm.
@@ -179,12 +191,12 @@ def _cancelled_entry(run: JobRun, *, now: datetime, actor: str) -> list:
     ).to_stored()
 
 
-def _cancel_locked(run: JobRun, *, now: datetime, actor: str) -> None:
+def _cancel_locked(run: JobRunRow, *, now: datetime, actor: str) -> None:
     changes = _cancel_changes(now, actor)
     if run.status == RunStatus.RUNNING:
         changes["attempts"] = [*(run.attempts or []), _cancelled_entry(run, now=now, actor=actor)]
     # The row is locked; the status/attempt condition documents what the write assumes.
-    JobRun.objects.filter(
+    JobRunRow.objects.filter(
         partition_id=run.partition_id,
         id=run.id,
         scheduled_at=run.scheduled_at,
@@ -210,11 +222,15 @@ def cancel_run(
     """
     now = now or timezone.now()
     qs = _keyed(job_id, scheduled_at, tenant_id)
+    rows = _keyed(job_id, scheduled_at, tenant_id, model=JobRunRow)
     # The row lock names the run's partition_id: on Citus, FOR UPDATE runs only inside one shard.
     partition_id = qs.values_list("partition_id", flat=True).first()
-    run = None if partition_id is None else qs.filter(partition_id=partition_id).select_for_update().first()
+    run = None if partition_id is None else rows.filter(partition_id=partition_id).select_for_update().first()
     if run is None:
-        raise RunNotFound(run_key(job_id, scheduled_at))
+        current = qs.values_list("status", flat=True).first()  # a success: in run_history
+        if current is None:
+            raise RunNotFound(run_key(job_id, scheduled_at))
+        raise RunConflict(operation="cancel", status=current, allowed=CANCELLABLE)
     if run.status not in CANCELLABLE:
         raise RunConflict(operation="cancel", status=run.status, allowed=CANCELLABLE)
     _cancel_locked(run, now=now, actor=actor)
@@ -237,7 +253,7 @@ def replay_runs(*, ids: Iterable[int], actor: str, now: datetime | None = None) 
     locked = [run.id for run in rows]
     if locked:
         _opened(rows)  # before the update, which spans shards (see _opened)
-        JobRun.objects.filter(id__in=locked, status__in=REPLAYABLE).update(
+        JobRunRow.objects.filter(id__in=locked, status__in=REPLAYABLE).update(
             **_replay_changes(now or timezone.now())
         )
         notify_executors(oldest=oldest_slot(rows))

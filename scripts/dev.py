@@ -173,6 +173,7 @@ CITUS_TESTS = (
     "tests/test_citus_statistics.py",
     "tests/test_exactly_once.py",
     "tests/test_job_health.py",
+    "tests/test_run_history.py",
     "tests/test_chaos_citus.py",
     "tests/test_citus_worker_down.py",
 )

@@ -18,7 +18,7 @@ from jobs.dispatch.planning import run_for
 from jobs.models import Job
 from runs.enqueue import enqueue_runs
 from runs.keys import format_utc, parse_utc
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from runs.selectors import target_of
 from tests.support import clock
 
@@ -310,7 +310,7 @@ def test_backfill_fills_only_the_gap_and_a_dry_run_writes_nothing(api):
         job = create(api, cron="* * * * *", overlap_policy="skip")
     ran = [parse_utc("2026-01-01T10:00:00Z") + timedelta(minutes=k) for k in range(20) if not 5 <= k < 15]
     enqueue_runs([run_for(Job.objects.get(pk=job["id"]), scheduled_at=t, trigger="schedule") for t in ran])
-    JobRun.objects.filter(job_id=job["id"]).update(status="succeeded")
+    JobRunRow.objects.filter(job_id=job["id"]).update(status="succeeded")
     window = {"start": "2026-01-01T10:00:00Z", "end": "2026-01-01T10:19:00Z"}
     gap = [f"2026-01-01T10:{m:02d}:00Z" for m in range(5, 15)]
     with travel("2026-01-02T00:00:00Z"):

@@ -14,7 +14,7 @@ from django.db import connection
 from runs import attempts
 from runs.api.serializers import RunDetailSerializer
 from runs.keys import format_utc
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from runs.services import cancel_run
 from tests.support.executor import (
     claim_now,
@@ -104,7 +104,7 @@ def test_the_array_is_smaller_than_the_object_it_replaces(db):
 
 def test_an_operator_cancel_writes_the_shared_shape(tenant):
     (key,) = queue_runs(tenant, task_target("noop"))
-    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
         status="running", attempt=1, owner="w:1", started_at=WHOLE_SECOND, lease_until=datetime.now(UTC)
     )
     cancel_run(job_id=key[0], scheduled_at=key[1], actor="ops", now=WHOLE_SECOND + timedelta(seconds=2))
@@ -128,7 +128,7 @@ def test_a_cancel_by_a_newer_run_writes_the_shared_shape_with_its_duration(tenan
         tenant, task_target("noop"), count=2, job_id=job, overlap_policy="cancel_previous"
     )
     set_running(older)
-    JobRun.objects.filter(job_id=older[0], scheduled_at=older[1]).update(
+    JobRunRow.objects.filter(job_id=older[0], scheduled_at=older[1]).update(
         started_at=datetime.now(UTC) - timedelta(seconds=3)
     )
     assert [r.scheduled_at for r in claim_now()] == [newer[1]]
@@ -143,7 +143,9 @@ def test_entries_stored_in_older_shapes_still_render(tenant):
     # later version) read by position.
     short = [2, "w:1", 1772953200000000, None, None, "retry"]
     long = [3, "w:2", None, None, None, "dead", 500, "HTTP 500", None, "a later field"]
-    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(attempts=[old, "garbage", short, long])
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+        attempts=[old, "garbage", short, long]
+    )
     shown = RunDetailSerializer(row(key)).data["attempts"]
     assert [tuple(e) for e in shown] == [attempts.FIELDS] * 3
     assert shown[0]["started_at"] == "2026-03-08T07:00:00Z" and shown[0]["retry_in_s"] is None
@@ -246,7 +248,7 @@ def test_a_reaped_run_that_then_succeeds_keeps_the_expiry_and_the_success(api, s
     reaped = row(key)
     assert [stored(a)["outcome"] for a in reaped.attempts] == ["lease expired"]
     assert detail(api, key)["attempts"] == attempts.history(reaped)
-    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(not_before=datetime.now(UTC))
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(not_before=datetime.now(UTC))
     run_once(steps())
     run = row(key)
     assert run.status == "succeeded"
@@ -262,7 +264,7 @@ def test_a_success_stored_before_the_rule_reads_as_stored(tenant):
     # Its duration differs from its columns' (12.34 vs 20 ms): what is shown is what is
     # stored, as an object (the shape of those rows).
     success = a_success(took_ms=20, duration_ms=12.34).to_display()
-    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
         status="succeeded", attempt=1, owner="w:1", started_at=WHOLE_SECOND, attempts=[success]
     )
     assert attempts.history(row(key)) == [success]

@@ -12,7 +12,7 @@ from jobs.dispatch.planning import run_for
 from jobs.services import create_job
 from runs.day_partitions import maintain, partition_name
 from runs.enqueue import enqueue_runs
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from scheduler_project.citus import citus_installed
 
 pytestmark = pytest.mark.django_db
@@ -61,7 +61,7 @@ def test_an_old_day_is_dropped_and_a_busy_one_kept(tenant):
     enqueue_runs(
         [run_for(job, scheduled_at=t, trigger="backfill", overlap_check=False) for t in (done, busy)]
     )
-    JobRun.objects.filter(job=job, scheduled_at=done).update(status="succeeded")
+    JobRunRow.objects.filter(job=job, scheduled_at=done).update(status="succeeded")
 
     report = maintain(days_ahead=0, retention_days=30, today=today + timedelta(days=32))
 

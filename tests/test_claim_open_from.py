@@ -11,7 +11,8 @@ from django.db import connection
 
 from runs.day_partitions import maintain, partition_name
 from runs.execution import claims, fair_share, queries
-from tests.support.executor import on_executor_connection, queue_runs, row, set_running, task_target
+from runs.models import JobRunRow
+from tests.support.executor import on_executor_connection, queue_runs, set_running, task_target
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -47,7 +48,7 @@ def test_the_bound_is_the_oldest_day_with_an_open_run_and_yesterday_at_the_lates
     assert read_open_from() == day_start(3)
     set_running(queued)
     assert read_open_from() == day_start(3)  # a running run may still be retried
-    type(row(queued)).objects.filter(job_id=queued[0]).update(status="succeeded")
+    JobRunRow.objects.filter(job_id=queued[0]).update(status="succeeded")
     assert read_open_from() == day_start(1)
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from jobs.tenant_services import create_tenant
 from runs.execution import claims, connections, executor, fair_share, queries
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from runs.services import replay_run
 from tests.support.executor import on_executor_connection, queue_runs, task_target
 
@@ -44,7 +44,7 @@ def claim(planner: fair_share.Planner, *, limit: int) -> list:
         return await claims.claim_runs(conn, owner="me:1", limit=limit, planner=planner)
 
     claimed = on_executor_connection(go)
-    JobRun.objects.filter(job_id__in=[r.job_id for r in claimed]).update(status="succeeded")
+    JobRunRow.objects.filter(job_id__in=[r.job_id for r in claimed]).update(status="succeeded")
     return claimed
 
 
@@ -199,7 +199,7 @@ def test_a_replay_announces_the_slot_of_the_run_it_queues_again():
     tenant, _ = create_tenant(slug="replayed", max_concurrency=10)
     week_ago = datetime.now(UTC).replace(microsecond=0) - timedelta(days=7)
     [(job_id, slot)] = queue_runs(tenant, task_target("noop"), start=week_ago)
-    JobRun.objects.filter(job_id=job_id).update(status="dead")
+    JobRunRow.objects.filter(job_id=job_id).update(status="dead")
     with psycopg.connect(connections.database_conninfo(), autocommit=True) as listener:
         listener.execute(f"LISTEN {queries.NOTIFY_CHANNEL}")
         replay_run(job_id=job_id, scheduled_at=slot, actor="test")

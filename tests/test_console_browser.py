@@ -22,7 +22,7 @@ from jobs.dispatch import planning
 from jobs.models import AuditEntry, Job, SchedulerNode, Tenant
 from runs.enqueue import enqueue_runs
 from runs.keys import format_utc
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from tests.support import browser as b
 from tests.support import nodes
 
@@ -300,7 +300,7 @@ def test_dead_letter_queue_bulk_replay(signed_in, acme):
         tenant=acme, fields=dict(name="flaky export", interval_seconds=3600, target=HOOK)
     )
     dead, waiting = enqueue(job, *minutes_ago(5, 4))
-    JobRun.objects.filter(pk=dead.pk).update(
+    JobRunRow.objects.filter(pk=dead.pk).update(
         status="dead",
         attempt=3,
         result_code=500,
@@ -336,7 +336,7 @@ def test_dead_letter_queue_replay_from_the_row(signed_in, acme):
         tenant=acme, fields=dict(name="nightly sync", interval_seconds=3600, target=HOOK)
     )
     first, second = enqueue(job, *minutes_ago(9, 8))
-    JobRun.objects.filter(pk__in=[first.pk, second.pk]).update(
+    JobRunRow.objects.filter(pk__in=[first.pk, second.pk]).update(
         status="dead", attempt=5, result_code=503, last_error="HTTP 503", finished_at=timezone.now()
     )
     page.goto("/admin/runs/deadrun/")
@@ -377,12 +377,12 @@ def test_dashboard_numbers_for_a_known_state(signed_in, acme, request):
     Job.objects.filter(pk=paused.pk).update(next_run_at=now - timedelta(seconds=900))
 
     _queued, _queued_too, running = enqueue(late, *minutes_ago(3, 2, 1))
-    JobRun.objects.filter(pk=running.pk).update(
+    JobRunRow.objects.filter(pk=running.pk).update(
         status="running", attempt=1, owner="exec-1", started_at=now, lease_until=now + timedelta(seconds=30)
     )
     _queued_urgent, dead, done = enqueue(urgent, *minutes_ago(6, 5, 4))
-    JobRun.objects.filter(pk=dead.pk).update(status="dead", attempt=5, finished_at=now)
-    JobRun.objects.filter(pk=done.pk).update(status="succeeded", attempt=1, finished_at=now)
+    JobRunRow.objects.filter(pk=dead.pk).update(status="dead", attempt=5, finished_at=now)
+    JobRunRow.objects.filter(pk=done.pk).update(status="succeeded", attempt=1, finished_at=now)
     SchedulerNode.objects.create(
         node_id="node-a",
         hostname="box1",
@@ -708,7 +708,7 @@ def test_runs_list_fits_1280_pixels_and_shows_one_moment_format(signed_in, acme)
     )
     (run,) = enqueue(job, *minutes_ago(3))
     started = timezone.now() - timedelta(minutes=2)
-    JobRun.objects.filter(pk=run.pk).update(
+    JobRunRow.objects.filter(pk=run.pk).update(
         status="succeeded", attempt=1, started_at=started, finished_at=started + timedelta(seconds=1)
     )
     page.set_viewport_size({"width": 1280, "height": 800})
@@ -984,7 +984,7 @@ def test_status_strip_counts_and_links_for_everyone_and_for_one_tenant(signed_in
     Job.objects.filter(pk=held.pk).update(next_run_at=now - timedelta(hours=2))
     (mine,) = enqueue(wobbly, *minutes_ago(5))
     (theirs,) = enqueue(theirs_failing, *minutes_ago(6))
-    JobRun.objects.filter(pk__in=[mine.pk, theirs.pk]).update(status="dead", attempt=5, finished_at=now)
+    JobRunRow.objects.filter(pk__in=[mine.pk, theirs.pk]).update(status="dead", attempt=5, finished_at=now)
 
     for home in ("/admin/", "/admin/runs/jobrun/dashboard/?refresh=0"):
         page.goto(home)
@@ -1033,7 +1033,7 @@ def test_status_strip_counts_only_what_the_user_may_list(page, web_server, trans
     failing = services.create_job(tenant=acme, fields=dict(name="failing", interval_seconds=60, target=HOOK))
     Job.objects.filter(pk=failing.pk).update(consecutive_failures=5)
     (run,) = enqueue(failing, *minutes_ago(2))
-    JobRun.objects.filter(pk=run.pk).update(status="dead")
+    JobRunRow.objects.filter(pk=run.pk).update(status="dead")
     b.log_in(page, web_server.url, "viewer", "password")
     assert strip_counts(page) == {"failing": "1", "overdue": "0", "paused": "0"}
 
@@ -1158,7 +1158,7 @@ def test_backfill_from_the_job_page_previews_then_creates_exactly_those_runs(sig
     top = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     slots = [top - timedelta(hours=h) for h in range(6, 0, -1)]  # six past hourly slots
     ran = enqueue(job, slots[1], slots[3])
-    JobRun.objects.filter(pk__in=[r.pk for r in ran]).update(status="succeeded", attempt=1)
+    JobRunRow.objects.filter(pk__in=[r.pk for r in ran]).update(status="succeeded", attempt=1)
     missing = [z(s) for s in slots if s not in (slots[1], slots[3])]
 
     page.goto(f"/admin/jobs/job/{job.pk}/change/")

@@ -228,8 +228,8 @@ def test_an_objects_page_reads_its_object_once(admin_client, console):
     pages = {
         f"/admin/jobs/job/{console['alpha'].pk}/edit/": ("jobs", console["alpha"].pk.hex),
         f"/admin/jobs/tenant/{console['other'].pk}/change/": ("tenants", console["other"].pk),
-        f"/admin/runs/jobrun/{console['dead'].pk}/change/": ("job_runs", console["dead"].pk),
-        f"/admin/runs/deadrun/{console['dead'].pk}/change/": ("job_runs", console["dead"].pk),
+        f"/admin/runs/jobrun/{console['dead'].pk}/change/": ("runs", console["dead"].pk),
+        f"/admin/runs/deadrun/{console['dead'].pk}/change/": ("runs", console["dead"].pk),
         f"/admin/jobs/auditentry/{entry.pk}/change/": ("audit_entries", entry.pk),
     }
     loads = {}

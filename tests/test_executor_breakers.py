@@ -12,7 +12,7 @@ import pytest
 from runs.execution import breaker_rules as rules
 from runs.execution import breakers
 from runs.execution.breaker_rules import Candidate, HostState, Policy, apply_outcomes, decide_admission
-from runs.models import ExecutorNode, JobRun, TargetHost
+from runs.models import ExecutorNode, JobRun, JobRunRow, TargetHost
 from tests.support.executor import http_spec, queue_runs, row, wait_for
 from tests.support.http_target import Reply
 
@@ -325,7 +325,7 @@ def test_only_retries_after_the_host_failed_a_call_spend_its_retry_budget(tenant
     def ended(key, outcome: str, status: str, *, as_object: bool = False) -> None:
         record = AttemptRecord(1, "x:1", now, now, 5.0, outcome, 503, "HTTP 503", None)
         entry = record.to_display() if as_object else record.to_stored()
-        JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+        JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
             status=status, attempt=1, attempts=[entry], not_before=now, finished_at=now
         )
 

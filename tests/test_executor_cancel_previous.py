@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from runs.execution import claims, connections, fair_share
-from runs.models import JobRun
+from runs.models import JobRunRow
 from tests.conftest import database_url
 from tests.support.executor import claim_now, queue_runs, row, set_running, task_target
 
@@ -35,7 +35,7 @@ def pair(transactional_db, tenant):
 
 
 def set_status(key, status: str, **fields) -> None:
-    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(status=status, **fields)
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(status=status, **fields)
 
 
 def claimed_keys(claimed) -> set:

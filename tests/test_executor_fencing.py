@@ -12,7 +12,7 @@ import pytest
 
 from runs.attempts import history
 from runs.keys import format_utc, run_key
-from runs.models import JobRun
+from runs.models import JobRunRow
 from tests.support.executor import http_spec, queue_runs, row, task_target, wait_for, wait_log, wait_status
 from tests.support.http_target import Reply
 
@@ -61,7 +61,7 @@ def test_cancel_through_the_table_stops_the_call_at_the_next_heartbeat(processes
     proc = processes.start("run_executor")
     wait_status(key, "running")
     # What the runs API's cancel does: the row leaves 'running'.
-    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
         status="cancelled", finished_at=datetime.now(UTC), last_error="cancelled by operator"
     )
     wait_log(processes, proc, f"fenced: attempt 1 of {run_key(*key)} is no longer ours", timeout=5)
@@ -104,7 +104,7 @@ def test_sigterm_hand_back_with_no_attempts_left_is_dead_not_retrying(processes,
     (last,) = queue_runs(tenant, task_target("sleep", seconds=60), max_attempts=2)
     (spare,) = queue_runs(tenant, task_target("sleep", seconds=60), max_attempts=2)
     # `last` already used attempt 1 (a lease expiry, say); its claim now makes attempt 2 of 2.
-    JobRun.objects.filter(job_id=last[0], scheduled_at=last[1]).update(status="retrying", attempt=1)
+    JobRunRow.objects.filter(job_id=last[0], scheduled_at=last[1]).update(status="retrying", attempt=1)
     proc = processes.start("run_executor", "--grace-seconds", "1")
     wait_status(last, "running")
     wait_status(spare, "running")

@@ -27,7 +27,7 @@ from jobs.tenant_services import create_tenant
 from runs import per_partition, rows
 from runs.attempts import AttemptRecord
 from runs.execution import breaker_rules, breakers, claims, connections, outcomes, run_leases
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from scheduler_project.citus import Placements, citus_installed_async
 from tests.conftest import database_url
 from tests.support.executor import http_spec, queue_runs, set_running, task_target
@@ -134,7 +134,7 @@ def test_every_write_and_row_lock_of_the_executor_addresses_one_partition(per_pa
     # cancel_previous with an older run still running: the claim cancels it.
     newer_job = jobs[0]
     older_key = queue_for(newer_job, minutes_ago=9)
-    JobRun.objects.filter(job_id=newer_job.id).update(overlap_policy="cancel_previous")
+    JobRunRow.objects.filter(job_id=newer_job.id).update(overlap_policy="cancel_previous")
     set_running(older_key, owner="old:1")
     # An orphan to reap, in another partition.
     orphan_key = queue_for(jobs[1], minutes_ago=20)

@@ -17,7 +17,7 @@ from jobs.tenant_services import create_tenant
 from runs import attempts
 from runs.attempts import history
 from runs.execution.inflight import Written
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from tests.support.executor import http_spec, queue_runs, row, set_running, task_target
 from tests.support.http_target import Reply
 
@@ -76,7 +76,7 @@ def test_write_outcomes_once_refuses_a_fenced_write(steps, tenant, http_target):
     s.run(s.executor.claim_once())
     s.calls_done()
     # Meanwhile our lease lapsed and another executor claimed the run as attempt 2.
-    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(attempt=2, owner="other:1")
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(attempt=2, owner="other:1")
 
     written = s.run(s.executor.write_outcomes_once())
 
@@ -93,8 +93,8 @@ def test_heartbeat_once_extends_held_leases_and_drops_lost_runs(steps, tenant, h
     s = steps()
     assert len(s.run(s.executor.claim_once()).claimed) == 2
     soon = datetime.now(UTC) + timedelta(seconds=2)
-    JobRun.objects.filter(status="running").update(lease_until=soon)
-    JobRun.objects.filter(job_id=cancelled[0], scheduled_at=cancelled[1]).update(status="cancelled")
+    JobRunRow.objects.filter(status="running").update(lease_until=soon)
+    JobRunRow.objects.filter(job_id=cancelled[0], scheduled_at=cancelled[1]).update(status="cancelled")
 
     beat = s.run(s.executor.heartbeat_once())
 

@@ -84,7 +84,7 @@ def test_the_preview_reads_the_windows_runs_once(admin_client, hourly):
     the present slots, linked to their runs, without reading the runs again."""
     with travel(NOW), CaptureQueriesContext(connection) as queries:
         page = admin_client.get(url(hourly), {**WINDOW, "preview": "Preview"}).content.decode()
-    reads = [q["sql"] for q in queries if q["sql"].startswith('SELECT "job_runs".')]
+    reads = [q["sql"] for q in queries if q["sql"].startswith('SELECT "runs".')]
     assert len(reads) == 1, reads
     runs = dict(JobRun.objects.filter(job_id=hourly.pk).values_list("scheduled_at", "pk"))
     for at in PRESENT:

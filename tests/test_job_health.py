@@ -24,7 +24,7 @@ from runs import enqueue, rows
 from runs.attempts import AttemptRecord
 from runs.execution import connections
 from runs.execution.outcomes import complete_runs
-from runs.models import JobRun
+from runs.models import JobRunRow
 from scheduler_project.citus import citus_installed
 from tests.conftest import database_url
 from tests.support.scheduler import make_job
@@ -48,7 +48,7 @@ def finish(job: Job, outcomes: list[str], *, handed_back: bool = False, first_sl
     enqueue.enqueue_runs(
         [run_for(job, scheduled_at=t, trigger="schedule", overlap_check=False) for t in slots]
     )
-    JobRun.objects.filter(job_id=job.id, scheduled_at__in=slots).update(status="running", attempt=1)
+    JobRunRow.objects.filter(job_id=job.id, scheduled_at__in=slots).update(status="running", attempt=1)
     completions = [
         rows.Completion(
             job_id=job.id,
@@ -96,13 +96,13 @@ def test_health_after_success_failure_and_recovery(api, tenant):
     assert (first["last_outcome"], first["consecutive_failures"]) == ("succeeded", 0)
     assert first["last_success_at"] and first["last_failure_at"] is None
 
-    finish(job, ["retrying", "dead"])
+    finish(job, ["retrying", "dead"], first_slot=1)
     failing = health(api, job)
     assert (failing["last_outcome"], failing["consecutive_failures"]) == ("dead", 2)
     assert failing["last_success_at"] == first["last_success_at"] and failing["last_failure_at"]
 
     # One batch, success newest: the streak ends; failures before it do not count.
-    finish(job, ["retrying", "succeeded"])
+    finish(job, ["retrying", "succeeded"], first_slot=3)
     recovered = health(api, job)
     assert (recovered["last_outcome"], recovered["consecutive_failures"]) == ("succeeded", 0)
 
@@ -136,7 +136,7 @@ def test_a_success_of_a_healthy_job_writes_no_job_row(api, tenant):
 
     # A success of an older slot than one recorded (a replay, a backfill, a late retry)
     # is not the newest slot's: it is written to the row, and shown.
-    finish(job, ["succeeded"], first_slot=0)
+    finish(job, ["succeeded"], first_slot=-1)
     late = row_version(job)
     assert late[0] != written[0]
     assert health(api, job)["last_success_at"] > second["last_success_at"]
@@ -216,7 +216,7 @@ def test_failing_streak_alerts_once_and_again_after_recovery(tenant, settings):
     finish(job, ["retrying"])
     assert job_health.sweep() == []  # same streak
     finish(job, ["succeeded"])
-    finish(job, ["retrying", "retrying"])
+    finish(job, ["retrying", "retrying"], first_slot=1)
     assert [a.type for a in job_health.sweep()] == ["job.failing"]
 
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 from jobs import services
 from jobs.admin.display import in_zone
 from jobs.models import Job
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 
 HOOK = {"type": "http", "url": "https://example.com/hook"}
 NY = ZoneInfo("America/New_York")
@@ -93,7 +93,7 @@ def test_pause_and_trigger_from_the_job_page_then_runs_show_inline(admin_client,
     assert admin_client.post(f"/admin/jobs/job/{job.pk}/operate/trigger/").status_code == 302
     run = JobRun.objects.get(job_id=job.pk)
     assert run.trigger == "manual"
-    JobRun.objects.filter(pk=run.pk).update(
+    JobRunRow.objects.filter(pk=run.pk).update(
         status="dead",
         attempt=3,
         started_at=run.scheduled_at,

@@ -23,7 +23,7 @@ from tests.support.runsapi import make_job, make_run
 
 
 def job_run_scans(sql: str) -> list[str]:
-    """The plan's scans of job_runs partitions, each with the lines that follow it."""
+    """The plan's scans of job_runs and run_history partitions, each with the lines that follow it."""
     with transaction.atomic(), connection.cursor() as cursor:
         if citus_installed(cursor):
             cursor.execute("SET LOCAL citus.propagate_set_commands = 'local'")
@@ -33,7 +33,7 @@ def job_run_scans(sql: str) -> list[str]:
     return [
         "\n".join(lines[i : i + 3]).strip()
         for i, line in enumerate(lines)
-        if " on job_runs" in line and "Scan" in line
+        if (" on job_runs" in line or " on run_history" in line) and "Scan" in line
     ]
 
 
@@ -67,7 +67,7 @@ def test_reads_of_a_jobs_runs_name_its_partition(job):
         assert runs
         dead = newest.scheduled_at - timedelta(hours=3)
         assert services.plan_replay(job_id=job.id, scheduled_at=dead).status == "dead"
-    reads = [q["sql"] for q in captured.captured_queries if "job_runs" in q["sql"]]
+    reads = [q["sql"] for q in captured.captured_queries if '"runs"' in q["sql"]]
     assert len(reads) >= 6
     for sql in reads:
         scans = job_run_scans(sql)

@@ -14,7 +14,7 @@ import pytest
 
 from jobs.models import JobTarget
 from jobs.services import create_job, delete_job, trigger_job, update_job
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from runs.services import replay_run
 from tests.support.executor import claim_now, http_spec
 
@@ -48,11 +48,11 @@ def test_a_run_its_retry_and_its_replay_execute_the_version_it_was_created_with(
     assert claimed_target(job.id) == v1
 
     # Dead, then replayed under the same key after the edit: still the version it was made with.
-    JobRun.objects.filter(pk=run.pk).update(status="dead", lease_until=None, finished_at=datetime.now(UTC))
+    JobRunRow.objects.filter(pk=run.pk).update(status="dead", lease_until=None, finished_at=datetime.now(UTC))
     replay_run(job_id=job.id, scheduled_at=first, actor="test")
     assert claimed_target(job.id) == v1
 
-    JobRun.objects.filter(pk=run.pk).update(status="succeeded", lease_until=None)
+    JobRunRow.objects.filter(pk=run.pk).update(status="succeeded", lease_until=None)
     trigger_job(job=job)
     assert claimed_target(job.id) == v2
 
@@ -68,7 +68,7 @@ def test_a_run_written_before_target_versions_executes_its_own_copy(tenant):
     """What the upgrade leaves (runs migration 0018): old runs keep their copy and no version."""
     job = create_job(tenant=tenant, fields={"name": "hook", "interval_seconds": 3600, "target": V2})
     at = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
-    JobRun.objects.create(
+    JobRunRow.objects.create(
         job_id=job.id, tenant=tenant, partition_id=job.partition_id, scheduled_at=at, not_before=at,
         target=V1, target_version=None, job_name=job.name,
     )  # fmt: skip

@@ -16,7 +16,7 @@ from django.db import connection
 from jobs.dispatch.scheduler import Scheduler
 from jobs.models import Job
 from runs.keys import format_utc
-from runs.models import JobRun
+from runs.models import JobRunRow
 from tests.conftest import database_url
 from tests.support.scheduler import make_job
 
@@ -158,7 +158,7 @@ def test_overlap_skip_and_buffer_full_come_from_the_run_rows(api, tenant):
         job = make_job(tenant, next_run_at=now + MINUTE, overlap_policy=policy)
         backdate(job, base - MINUTE)
         enqueue_runs([run_for(job, scheduled_at=base, trigger="schedule")])
-        JobRun.objects.filter(job_id=job.id).update(status="running")
+        JobRunRow.objects.filter(job_id=job.id).update(status="running")
         # buffer_one keeps one waiting run; the next one is the buffer that is full.
         for k in (1, 2):
             enqueue_runs([run_for(job, scheduled_at=base + k * MINUTE, trigger="schedule")])

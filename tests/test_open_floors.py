@@ -17,9 +17,9 @@ from django.db import connection
 
 from jobs.tenant_services import create_tenant
 from runs import open_floors, services
-from runs.execution import claims, connections, fair_share, queries, turns
+from runs.execution import claims, connections, fair_share, turns
 from runs.execution.executor import Executor
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from scheduler_project.citus import by_node
 from tests.support import citus_workers
 from tests.support.executor import queue_runs, set_turn, task_target
@@ -56,7 +56,7 @@ def _keep() -> int:
 
 def _cap() -> datetime:
     with connection.cursor() as cursor:
-        cursor.execute(queries.FLOOR_CAP)
+        cursor.execute(open_floors.FLOOR_CAP)
         return cursor.fetchone()[0]
 
 
@@ -78,7 +78,7 @@ def test_replays_lower_the_floor_even_below_it():
     tenant, _ = create_tenant(slug="floors-replay")
     [(job_a, slot_a)] = queue_runs(tenant, task_target("noop"), start=_days_ago(6))
     [(job_b, slot_b)] = queue_runs(tenant, task_target("noop"), start=_days_ago(7))
-    JobRun.objects.filter(tenant_id=tenant.id).update(status="dead")
+    JobRunRow.objects.filter(tenant_id=tenant.id).update(status="dead")
     _keep()  # nothing open: raised to the cap
     assert _floor(tenant)[0] == _cap()
     services.replay_run(job_id=job_a, scheduled_at=slot_a, actor="test")
@@ -97,7 +97,7 @@ def test_the_upkeep_sets_each_floor_to_its_oldest_open_run_at_most_the_cap():
     slot = _days_ago(5)
     queue_runs(old_runs, task_target("noop"), start=slot)
     queue_runs(old_runs, task_target("noop"), start=_days_ago(8))
-    JobRun.objects.filter(tenant_id=old_runs.id, scheduled_at__lt=slot).update(status="succeeded")
+    JobRunRow.objects.filter(tenant_id=old_runs.id, scheduled_at__lt=slot).update(status="succeeded")
     queue_runs(recent_runs, task_target("noop"), count=3)
     queue_runs(new, task_target("noop"), count=3)
     _set_floor(old_runs, datetime.now(UTC))  # above its open run: set right, not left
@@ -125,7 +125,7 @@ class _WriterBetween:
 
     async def execute(self, sql, params=None):
         cursor = await self.conn.execute(sql, params)
-        if sql == queries.OLDEST_OPEN_PER_TENANT:
+        if sql == open_floors.OLDEST_OPEN_PER_TENANT:
             self.reopen()
         return cursor
 
@@ -136,7 +136,7 @@ class _WriterBetween:
 def test_the_upkeep_leaves_a_floor_a_writer_lowered_after_its_reads():
     tenant, _ = create_tenant(slug="floors-race")
     [(job_id, slot)] = queue_runs(tenant, task_target("noop"), start=_days_ago(10))
-    JobRun.objects.filter(tenant_id=tenant.id).update(status="dead")
+    JobRunRow.objects.filter(tenant_id=tenant.id).update(status="dead")
     below = _days_ago(20)
     _set_floor(tenant, below)  # the upkeep would raise it to the cap: nothing is open
 
@@ -202,7 +202,7 @@ def test_a_stale_claimer_never_runs_a_second_run_of_a_skip_job(per_partition_for
     job_id = uuid.uuid4()
     skip = {"job_id": job_id, "overlap_policy": "skip"}
     [(_, old)] = queue_runs(tenant, task_target("noop"), start=_days_ago(5), **skip)
-    JobRun.objects.filter(job_id=job_id).update(status="dead")
+    JobRunRow.objects.filter(job_id=job_id).update(status="dead")
     queue_runs(tenant, task_target("noop"), **skip)
 
     async def race() -> tuple[list, list]:

@@ -17,7 +17,7 @@ from jobs.dispatch.planning import run_for
 from jobs.models import Job
 from jobs.services import create_job, pause_job
 from runs.enqueue import enqueue_runs
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from scheduler_project.citus import citus_installed
 from scheduler_project.sharding import PartitionKeyed
 
@@ -108,7 +108,7 @@ def test_the_run_key_still_refuses_a_second_run_of_a_slot(tenant):
     assert enqueue_runs([run_for(job, scheduled_at=slot, trigger="manual", overlap_check=False)]) == []
     first = JobRun.objects.get(job=job, scheduled_at=slot)
     with pytest.raises(IntegrityError), transaction.atomic():
-        JobRun.objects.create(
+        JobRunRow.objects.create(
             job=job,
             tenant=tenant,
             partition_id=job.partition_id,

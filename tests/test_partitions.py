@@ -13,7 +13,7 @@ from jobs.dispatch.planning import run_for
 from jobs.services import create_job
 from runs.day_partitions import MAINTAINER_LOCK, maintain, partition_name
 from runs.enqueue import enqueue_runs
-from runs.models import JobRun
+from runs.models import JobRunRow
 from scheduler_project import db
 from scheduler_project.citus import citus_installed
 
@@ -133,7 +133,7 @@ def test_retention_drops_old_days_and_old_default_rows(tenant):
     old = datetime(today.year, today.month, today.day, tzinfo=UTC) - timedelta(days=45)
     enqueue_runs([run_for(job, scheduled_at=old, trigger="backfill", overlap_check=False)])
     assert partition_of(job.id, old) == "job_runs_default"
-    JobRun.objects.filter(job_id=job.id).update(status="succeeded")  # final: retention may drop it
+    JobRunRow.objects.filter(job_id=job.id).update(status="succeeded")  # final: retention may drop it
 
     later = today + timedelta(days=31)
     report = maintain(days_ahead=0, retention_days=30, today=later)

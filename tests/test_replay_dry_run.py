@@ -10,7 +10,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.messages import get_messages
 
 from jobs.models import AuditEntry
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from tests.support.runsapi import attempt_entry, make_dead_run, make_job, make_run
 
 pytestmark = pytest.mark.django_db
@@ -69,7 +69,7 @@ def test_attempts_past_max_attempts_are_explained(api, admin_client, tenant):
     )
 
     # The executor claims it: attempt 6 of 5, and it says why.
-    JobRun.objects.filter(pk=run.pk).update(status="running", attempt=6)
+    JobRunRow.objects.filter(pk=run.pk).update(status="running", attempt=6)
     body = api.get(path(run)).json()
     assert (body["attempt"], body["attempt_note"]) == (6, "replayed after 5 attempts")
     listed = api.get("/api/v1/runs/").json()["results"][0]
@@ -78,9 +78,11 @@ def test_attempts_past_max_attempts_are_explained(api, admin_client, tenant):
     assert "6 / 5 (replayed after 5 attempts)" in page
 
     # Dead again at 6 and replayed once more: the note follows the latest replay.
-    JobRun.objects.filter(pk=run.pk).update(status="dead", attempts=[*run.attempts, attempt_entry(6, "dead")])
+    JobRunRow.objects.filter(pk=run.pk).update(
+        status="dead", attempts=[*run.attempts, attempt_entry(6, "dead")]
+    )
     assert api.post(path(run) + "replay").status_code == 200
-    JobRun.objects.filter(pk=run.pk).update(status="running", attempt=7)
+    JobRunRow.objects.filter(pk=run.pk).update(status="running", attempt=7)
     assert api.get(path(run)).json()["attempt_note"] == "replayed after 6 attempts"
 
 

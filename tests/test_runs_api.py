@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from runs import attempts, services
 from runs.keys import format_utc, run_key
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from runs.selectors import target_of
 from tests.support.runsapi import make_dead_run, make_job, make_run, minute_slots
 
@@ -350,7 +350,7 @@ def test_the_attempt_a_cancel_cut_short_is_fenced(tenant):
     job = make_job(tenant, "fenced")
     run = make_run(job, minute_slots(1)[0], status="running", attempt=1, owner="exec-1")
     services.cancel_run(job_id=run.job_id, scheduled_at=run.scheduled_at, actor="ops")
-    late = JobRun.objects.filter(pk=run.pk, status="running", attempt=1).update(status="succeeded")
+    late = JobRunRow.objects.filter(pk=run.pk, status="running", attempt=1).update(status="succeeded")
     assert late == 0 and JobRun.objects.get(pk=run.pk).status == "cancelled"
 
 

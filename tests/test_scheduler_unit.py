@@ -14,7 +14,7 @@ from jobs.dispatch import fencing, partition_leases
 from jobs.dispatch.planning import run_for
 from jobs.models import Job, SchedulerNode
 from runs.enqueue import enqueue_runs
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
 from tests.conftest import database_url
@@ -127,7 +127,7 @@ def test_overlap_buffer_one_keeps_one_waiting(tenant, make_scheduler):
         tenant, interval_seconds=10, next_run_at=T - timedelta(seconds=25), overlap_policy="buffer_one"
     )
     enqueue_runs([run_for(job, scheduled_at=T - timedelta(minutes=1), trigger="schedule")])
-    JobRun.objects.filter(job_id=job.id).update(status="running")
+    JobRunRow.objects.filter(job_id=job.id).update(status="running")
     sched = make_scheduler(node_id="n1")
     assert sched.step() is True  # two more slots are already due
     sched.step()

@@ -20,7 +20,7 @@ from jobs.dispatch import planning
 from jobs.models import Job
 from runs import day_partitions as partitions
 from runs.enqueue import enqueue_runs
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from scheduler_project import db
 
 TARGET = {"type": "task", "name": "noop", "kwargs": {}}
@@ -113,7 +113,7 @@ def test_retention_keeps_days_and_rows_that_still_have_active_runs(tenant):
             ),
         ]
     )
-    JobRun.objects.filter(job_id=job.pk, scheduled_at=old).update(status="succeeded")
+    JobRunRow.objects.filter(job_id=job.pk, scheduled_at=old).update(status="succeeded")
 
     report = partitions.maintain(days_ahead=0, retention_days=30, today=today + timedelta(days=31))
 
@@ -176,7 +176,7 @@ def test_retention_does_not_drop_a_day_whose_run_is_being_replayed(tenant):
     today = datetime.now(UTC).date()
     slot = datetime(today.year, today.month, today.day, 1, tzinfo=UTC)
     enqueue_runs([planning.run_for(job, scheduled_at=slot, trigger="backfill", overlap_check=False)])
-    JobRun.objects.filter(job_id=job.pk).update(status="dead")
+    JobRunRow.objects.filter(job_id=job.pk).update(status="dead")
     later = today + timedelta(days=31)
     # That day's partition exists already: creating it would itself wait for the replay
     # (CREATE ... PARTITION OF locks job_runs) and hide the race being tested.
@@ -223,7 +223,7 @@ def test_retention_gives_up_on_a_busy_day_instead_of_blocking_job_runs(tenant):
     today = datetime.now(UTC).date()
     slot = datetime(today.year, today.month, today.day, 1, tzinfo=UTC)
     enqueue_runs([planning.run_for(job, scheduled_at=slot, trigger="backfill", overlap_check=False)])
-    JobRun.objects.filter(job_id=job.pk).update(status="succeeded")
+    JobRunRow.objects.filter(job_id=job.pk).update(status="succeeded")
     later = today + timedelta(days=31)
     partitions.maintain(days_ahead=0, retention_days=10_000, today=later)
     reader = psycopg.connect(db.conninfo(connection.settings_dict))

@@ -17,7 +17,7 @@ from django.db import connection, transaction
 from jobs.models import Tenant
 from jobs.tenant_services import create_tenant
 from runs.execution import claims, connections, fair_share, queries
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from tests.support.executor import queue_runs, task_target
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("per_partition_forms")]
@@ -59,7 +59,7 @@ class Claimer:
 
 
 def finish(runs) -> None:
-    JobRun.objects.filter(job_id__in=[r.job_id for r in runs]).update(status="succeeded", lease_until=None)
+    JobRunRow.objects.filter(job_id__in=[r.job_id for r in runs]).update(status="succeeded", lease_until=None)
 
 
 def held(owner: str, tenant_id: int) -> int:
@@ -115,7 +115,7 @@ def test_grants_a_claim_could_not_use_stay_spare_up_to_a_batch():
     finish(first)
     # The work map sees the other 20 runs; another session holds them locked, so the
     # claim (SKIP LOCKED) takes none of the 10 its spare granted.
-    queued = JobRun.objects.filter(tenant_id=tenant.id, status="queued")
+    queued = JobRunRow.objects.filter(tenant_id=tenant.id, status="queued")
     with transaction.atomic():
         for partition in {run.partition_id for run in queued}:  # Citus locks rows one shard at a time
             list(queued.filter(partition_id=partition).select_for_update())

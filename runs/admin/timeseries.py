@@ -9,7 +9,7 @@ from django.db import connection
 
 _PER_MINUTE_SQL = """
 SELECT date_bin('1 minute', scheduled_at, %(origin)s) AS bucket, status, count(*)
-FROM job_runs WHERE scheduled_at >= %(since)s AND scheduled_at < %(until)s
+FROM runs WHERE scheduled_at >= %(since)s AND scheduled_at < %(until)s
 GROUP BY 1, 2
 """
 
@@ -19,7 +19,7 @@ SELECT date_bin(make_interval(secs => %(step)s), scheduled_at, %(origin)s) AS bu
        percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM started_at - scheduled_at)),
        percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM started_at - scheduled_at)),
        count(*)
-FROM job_runs
+FROM runs
 WHERE scheduled_at >= %(since)s AND scheduled_at < %(until)s AND started_at IS NOT NULL
 GROUP BY 1
 """

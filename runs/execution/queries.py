@@ -228,11 +228,7 @@ SELECT CASE
     END
 """
 
-# --- open floors (runs/open_floors.py, the upkeep) ---------------------------------------------
-
-# The lowest floor of all, NULL for none: the day windows of reads of every tenant's
-# open runs start there (open_floors.lowest: the work map's full reads, the reaper's).
-LOWEST_FLOOR = "SELECT nullif(min(open_floor), '-infinity') FROM tenants"
+# --- upkeep turns (runs/execution/turns.py) ---------------------------------------------------
 
 # This executor's turn at a periodic task, if no executor took one in the last `seconds`
 # (runs/execution/turns.py): a row back if it is. On the coordinator only. A turn set
@@ -244,55 +240,6 @@ INSERT INTO upkeep_turns AS u (task, next_at) VALUES (%(task)s, now() + make_int
 ON CONFLICT (task) DO UPDATE SET next_at = EXCLUDED.next_at
 WHERE u.next_at <= now() OR u.next_at > EXCLUDED.next_at + make_interval(secs => %(seconds)s)
 RETURNING u.task
-"""
-
-# Step 1: every tenant's floor version and floor (NULL for none), before anything else is
-# read.
-FLOOR_VERSIONS = "SELECT id, open_floor_version, nullif(open_floor, '-infinity') FROM tenants"
-
-# Step 2: the highest floor the upkeep may set. The start of yesterday (UTC), and a day
-# before the oldest transaction open on this database (a writer of a recent
-# run that has not committed yet, whose run step 3 cannot see, opened it at or after its
-# transaction began). On Citus every writer's transaction is on the coordinator, where
-# this runs. A session of another role shows no transaction start: such writers are
-# covered by the day cap alone (docs/decisions/0078-open-floors.md).
-FLOOR_CAP = """
-SELECT least(
-    date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '24 hours',
-    coalesce((SELECT min(a.xact_start) FROM pg_stat_activity a
-              WHERE a.datname = current_database() AND a.backend_type = 'client backend'), now())
-        - interval '24 hours')
-"""
-
-# Between steps 2 and 3, on Citus: the transactions prepared on each worker (two-phase
-# commit), as (worker, reached, their gids joined by commas); open_floors._prepared_ended
-# waits for them to end.
-PREPARED_ON_WORKERS = """
-SELECT nodename || ':' || nodeport, success, CASE WHEN success THEN result ELSE '' END
-FROM run_command_on_workers($$
-    SELECT coalesce(string_agg(gid, ','), '') FROM pg_prepared_xacts WHERE database = current_database()
-$$)
-"""
-
-# Step 3: the oldest slot of each tenant's open runs, over every shard and day.
-OLDEST_OPEN_PER_TENANT = """
-SELECT r.tenant_id, min(r.scheduled_at) FROM job_runs r
-WHERE r.status IN ('queued', 'retrying', 'running')
-GROUP BY r.tenant_id
-"""
-
-# Step 4: the floors that change. One found above an open run (`lower`) is lowered
-# whatever its version, if it is still above the new one; the others are raised only
-# where no writer lowered them since step 1 (the version is the one read then), and
-# never lowered: an upkeep that read before another one raised the floor must not
-# lower it again.
-SET_FLOORS = """
-UPDATE tenants t SET open_floor = x.floor
-FROM unnest(%(tenants)s::bigint[], %(floors)s::timestamptz[], %(versions)s::bigint[], %(lower)s::boolean[])
-     AS x(id, floor, version, lower)
-WHERE t.id = x.id
-  AND CASE WHEN x.lower THEN x.floor < t.open_floor
-           ELSE x.floor > t.open_floor AND t.open_floor_version = x.version END
 """
 
 # --- the claim (runs/execution/claims.py) ------------------------------------------------------
@@ -448,10 +395,13 @@ _SUPERSEDED = """superseded AS (
     -- occurrence (see docs/decisions/0036-cancel-previous.md).
     SELECT p.partition_id, p.id, p.job_id, p.scheduled_at FROM picked p
     WHERE p.overlap_policy = 'cancel_previous'
-      AND EXISTS (SELECT 1 FROM job_runs n
-                  WHERE n.partition_id {partition_filter} AND n.partition_id = p.partition_id
-                    AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at AND {in_window:n}
-                    AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
+      AND (EXISTS (SELECT 1 FROM job_runs n
+                   WHERE n.partition_id {partition_filter} AND n.partition_id = p.partition_id
+                     AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at AND {in_window:n}
+                     AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
+           OR EXISTS (SELECT 1 FROM run_history n
+                      WHERE n.partition_id {partition_filter} AND n.partition_id = p.partition_id
+                        AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at))
 ),
 """
 _NOT_SUPERSEDED = (
@@ -640,9 +590,16 @@ CLAIM_IN_SHARD = {
 # --- outcomes (runs/execution/outcomes.py) ---------------------------------------------------
 
 # Write the outcomes of attempts, fenced by attempt, with each job's health in the same
-# statement (only where it changes); outcomes.complete_runs runs it.
-COMPLETE = per_partition.Forms.of(f"""
-WITH done AS (
+# statement (only where it changes); outcomes.complete_runs runs it. A success moves its
+# row to run_history, written once (`succeeded`, `moved`); any other outcome updates it
+# in place (`updated`). docs/decisions/0085-run-history.md.
+_OUTCOMES = """jsonb_to_recordset(%(rows)s::jsonb) AS x(
+        partition_id smallint, job_id uuid, scheduled_at timestamptz, attempt integer, status text,
+        not_before timestamptz, result_code integer, error text, entry jsonb)"""
+_FENCED = """r.partition_id {partition_filter} AND r.partition_id = x.partition_id
+      AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at AND {in_window:r}
+      AND r.attempt = x.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])"""
+_UPDATED = f"""updated AS (
     UPDATE job_runs r SET
         status = x.status,
         not_before = CASE WHEN x.status = 'retrying' THEN x.not_before ELSE r.not_before END,
@@ -652,16 +609,34 @@ WITH done AS (
         last_error = x.error,
         -- A first success stores no entry: its columns say it (runs/attempts.py).
         attempts = {attempts.sql_append(history="r.attempts", entry="x.entry", status="x.status")}
-    FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(
-        partition_id smallint, job_id uuid, scheduled_at timestamptz, attempt integer, status text,
-        not_before timestamptz, result_code integer, error text, entry jsonb)
-    WHERE r.partition_id {{partition_filter}} AND r.partition_id = x.partition_id
-      AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at AND {{in_window:r}}
-      AND r.attempt = x.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])
+    FROM {_OUTCOMES}
+    WHERE {_FENCED}{{moved_out}}
     RETURNING r.partition_id, r.job_id, r.scheduled_at, r.attempt, r.status,
               {attempts.sql_outcome("x.entry -> 0")} AS outcome
+)"""
+_MOVED = f""",
+succeeded AS (
+    DELETE FROM job_runs r
+    USING {_OUTCOMES}
+    WHERE {_FENCED} AND x.status = 'succeeded'
+    RETURNING r.id, r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r."trigger", r.priority,
+              r.attempt, r.not_before, r.owner, r.target, r.job_name, r.overlap_policy, r.max_attempts,
+              r.retry_backoff_seconds, r.retry_backoff_cap_seconds, r.lease_seconds, r.created_at,
+              r.started_at, x.result_code, x.error,
+              {attempts.sql_append(history="r.attempts", entry="x.entry", status="x.status")} AS attempts,
+              r.deferrals, r.deferred_since, r.rate_limited_to, r.target_version,
+              {attempts.sql_outcome("x.entry -> 0")} AS outcome
 ),
--- Job health, in the same statement (no extra round trip per batch). An attempt the
+moved AS (  -- in job_runs' column order, run_history's too (runs migration 0023)
+    INSERT INTO run_history
+    SELECT id, job_id, scheduled_at, tenant_id, partition_id, 'succeeded', "trigger", priority, attempt,
+           not_before, NULL, owner, target, job_name, overlap_policy, max_attempts,
+           retry_backoff_seconds, retry_backoff_cap_seconds, lease_seconds, created_at, started_at,
+           %(now)s, result_code, error, attempts, deferrals, deferred_since, rate_limited_to,
+           target_version
+    FROM succeeded
+)"""
+_HEALTH = f"""-- Job health, in the same statement (no extra round trip per batch). An attempt the
 -- executor handed back on shutdown says nothing about the target: it does not count.
 judged AS (
     SELECT partition_id, job_id, scheduled_at, status,
@@ -700,6 +675,10 @@ locked AS MATERIALIZED (
     WHERE jb.partition_id {{partition_filter}} AND jb.id = ANY(%(job_ids)s::uuid[])
       AND (p.fails > 0 OR jb.last_outcome <> 'succeeded' OR jb.consecutive_failures > 0 OR jb.failure_alerted
            OR jb.last_success_at IS NULL OR jb.last_success_at < %(stale_before)s
+           OR EXISTS (SELECT 1 FROM run_history n
+                      WHERE n.partition_id {{partition_filter}} AND n.partition_id = p.partition_id
+                        AND n.job_id = p.job_id AND n.scheduled_at > p.ok_slot AND n.scheduled_at <= %(now)s)
+           -- (successes recorded before run_history existed)
            OR EXISTS (SELECT 1 FROM job_runs n
                       WHERE n.partition_id {{partition_filter}} AND n.partition_id = p.partition_id
                         AND n.job_id = p.job_id AND n.scheduled_at > p.ok_slot AND n.scheduled_at <= %(now)s
@@ -728,7 +707,26 @@ health AS (
 -- batch instead, 21,000 buffers for 100 runs (docs/decisions/0040-per-partition-statements.md).
 -- (A data-modifying WITH runs to completion whether or not the result reads it.)
 SELECT job_id, scheduled_at, attempt FROM done
-""")
+"""
+
+
+def _complete(*, move: bool) -> str:
+    """COMPLETE, moving successes to run_history or (`move` False) updating them in place."""
+    done = "SELECT partition_id, job_id, scheduled_at, attempt, status, outcome FROM updated"
+    if move:
+        done += (
+            "\n    UNION ALL\n"
+            "    SELECT partition_id, job_id, scheduled_at, attempt, 'succeeded', outcome FROM succeeded"
+        )
+    updated = _UPDATED.replace("{moved_out}", " AND x.status <> 'succeeded'" if move else "")
+    return f"WITH {updated}{_MOVED if move else ''},\ndone AS (\n    {done}\n),\n{_HEALTH}"
+
+
+# Citus keeps a success in place: it runs an INSERT ... SELECT fed by a data-modifying WITH
+# through the coordinator, not inside the shard (an intermediate result per statement,
+# and, with uuid columns, an error reading it back: "invalid input syntax for type uuid:
+# PGCOPY"). docs/decisions/0085-run-history.md.
+COMPLETE = per_partition.Forms.per_engine(plain=_complete(move=True), citus=_complete(move=False))
 
 # --- run leases (runs/execution/run_leases.py) ---------------------------------------------
 

@@ -12,7 +12,7 @@ from jobs.models import JobTarget
 from jobs.services import partition_for
 from runs.enqueue import enqueue_runs, notify_executors
 from runs.execution.executor import Executor
-from runs.models import JobRun
+from runs.models import JobRun, JobRunRow
 from runs.rows import NewRun
 
 
@@ -120,7 +120,7 @@ def set_running(key, *, attempt: int = 1, lease: timedelta = timedelta(seconds=3
     """Make a run look claimed by `owner`; a negative `lease` makes an orphan whose
     owner stopped heartbeating."""
     now = datetime.now(UTC)
-    JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
         status="running", attempt=attempt, owner=owner, started_at=now, lease_until=now + lease
     )
 

@@ -14,7 +14,7 @@ from django.db import transaction
 from jobs.dispatch import planning
 from jobs.models import Job, Misfire
 from runs.enqueue import enqueue_runs
-from runs.models import JobRun
+from runs.models import JobRunRow
 
 THRESHOLD = 60  # SCHEDULER_MISFIRE_THRESHOLD_SECONDS, the default the tests run with
 
@@ -81,7 +81,7 @@ def seed(job: Job, *, consecutive_failures: int = 4) -> Seeded:
     for slot, (_, status, late) in rows.items():
         start = slot + late if late is not None else None
         finish = start + timedelta(seconds=2) if start is not None else None
-        JobRun.objects.filter(job_id=job.id, scheduled_at=slot).update(
+        JobRunRow.objects.filter(job_id=job.id, scheduled_at=slot).update(
             status=status, started_at=start, finished_at=finish if status != "queued" else None
         )
     newest_success = max(slot for slot, (_, status, _) in rows.items() if status == "succeeded")

@@ -33,12 +33,13 @@ def make_job(tenant, name: str = "nightly", **fields):
 
 
 def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
-    """A run row as the scheduler would write it, then moved to `status` as the executor would.
-    An open one lowers its tenant's open floor as every writer does (runs/open_floors.py)."""
+    """A run row as the scheduler would write it, then moved to `status` as the executor would:
+    a succeeded one into run_history. An open one lowers its tenant's open floor as every
+    writer does (runs/open_floors.py). Returns the run as readers see it (JobRun)."""
     from django.db import connection, transaction
 
     from runs import open_floors
-    from runs.models import ACTIVE_STATUSES, JobRun
+    from runs.models import ACTIVE_STATUSES, JobRun, JobRunRow
 
     values = {
         "job_id": job.id,
@@ -59,7 +60,15 @@ def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
         if values["status"] in ACTIVE_STATUSES:
             with connection.cursor() as cursor:
                 open_floors.lower(cursor, [(values["tenant_id"], scheduled_at)])
-        return JobRun.objects.create(**values)
+        row = JobRunRow.objects.create(**values)
+        if values["status"] == "succeeded":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "WITH moved AS (DELETE FROM job_runs WHERE id = %s RETURNING *)"
+                    " INSERT INTO run_history SELECT * FROM moved",
+                    [row.id],
+                )
+    return JobRun.objects.get(pk=row.pk)
 
 
 def attempt_entry(n: int, outcome: str, code: int | None = 500, error: str = "HTTP 500") -> list:

@@ -1,12 +1,12 @@
 """A database's schema as sorted text lines, read from pg_catalog: what two databases must
 share when one was built from the migrations and the other upgraded through them.
 
-Names that depend on the day or on the order objects were made in are normalised:
-day partitions are `job_runs_pYYYYMMDD` (their indexes and constraints named by the
-parent index or constraint they belong to), and a day partition's bounds are checked to
-be one UTC day rather than printed. Every day partition must have the same lines; a
-line `... variants` counts the distinct sets, so a day that differs from the others
-shows up too.
+Names that depend on the day or on the order objects were made in are normalised: day
+partitions are `job_runs_pYYYYMMDD` and `run_history_pYYYYMMDD` (their indexes and
+constraints named by the parent index or constraint they belong to), and a day
+partition's bounds are checked to be one UTC day rather than printed. Every day
+partition must have the same lines; a line `... variants` counts the distinct sets, so a
+day that differs from the others shows up too.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import re
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-DAY = re.compile(r"job_runs_p\d{8}")
-DAY_NAME = "job_runs_pYYYYMMDD"
+DAY = re.compile(r"(job_runs|run_history)_p\d{8}")
+DAY_NAME = r"\1_pYYYYMMDD"
 _BOUNDS = re.compile(r"^FOR VALUES FROM \('([^']+)'\) TO \('([^']+)'\)$")
 _KINDS = {"r": "table", "p": "partitioned table", "v": "view", "m": "materialized view", "f": "foreign table"}
 # Relations an extension created (Citus's views in public) belong to it, not to the migrations.
@@ -41,15 +41,16 @@ def schema(cursor) -> dict[str, list[str]]:
     for table, line in _sequences(cursor):
         per_table[table].add(line)
     lines: set[str] = set()
-    day_variants: set[frozenset[str]] = set()
+    day_variants: dict[str, set[frozenset[str]]] = {"job_runs": set()}
     for table, table_lines in per_table.items():
-        if DAY.fullmatch(table):
+        if day := DAY.fullmatch(table):
             normalised = frozenset(DAY.sub(DAY_NAME, line) for line in table_lines)
-            day_variants.add(normalised)
+            day_variants.setdefault(day.group(1), set()).add(normalised)
             lines |= normalised
         else:
             lines |= {DAY.sub(DAY_NAME, line) for line in table_lines}
-    lines.add(f"{DAY_NAME}: {len(day_variants)} variants")
+    for parent, variants in day_variants.items():
+        lines.add(f"{parent}_pYYYYMMDD: {len(variants)} variants")
     return {"schema": sorted(lines), "engine": sorted(_engine(cursor))}
 
 
