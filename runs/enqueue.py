@@ -69,23 +69,22 @@ ON CONFLICT DO NOTHING
 RETURNING partition_id, job_id, scheduled_at, status
 """
 
-# Undo the inserts of occurrences that already succeeded: their rows moved to run_history,
+# The inserted occurrences that already succeeded: their rows moved to run_history,
 # beyond job_runs' unique key (docs/decisions/0085-run-history.md). A statement of its
 # own, after the insert: its snapshot is newer than any success the insert waited for.
-# The keys in a WITH: on Citus a join of run_history with a function is refused, with an
-# intermediate result it runs in each shard.
-_UNDO_SUCCEEDED = """
-WITH k AS (
-    SELECT * FROM unnest(%b::smallint[], %b::uuid[], %b::timestamptz[])
-        AS k(partition_id, job_id, scheduled_at)
-),
-succeeded AS (
-    SELECT h.partition_id, h.job_id, h.scheduled_at FROM run_history h
-    JOIN k ON h.partition_id = k.partition_id AND h.job_id = k.job_id AND h.scheduled_at = k.scheduled_at
-)
-DELETE FROM job_runs q USING succeeded s
-WHERE q.partition_id = s.partition_id AND q.job_id = s.job_id AND q.scheduled_at = s.scheduled_at
-RETURNING q.job_id, q.scheduled_at
+# A read, the common case (nothing found): a DELETE over every day partition of
+# job_runs in the same statement cost dispatch a tenth of its throughput.
+_SUCCEEDED = """
+SELECT h.partition_id, h.job_id, h.scheduled_at
+FROM unnest(%b::smallint[], %b::uuid[], %b::timestamptz[]) AS k(partition_id, job_id, scheduled_at)
+JOIN run_history h
+  ON h.partition_id = k.partition_id AND h.job_id = k.job_id AND h.scheduled_at = k.scheduled_at
+"""
+# ... and the inserts of those undone, before anyone could see them.
+_UNDO = """
+DELETE FROM job_runs q
+USING unnest(%b::smallint[], %b::uuid[], %b::timestamptz[]) AS k(partition_id, job_id, scheduled_at)
+WHERE q.partition_id = k.partition_id AND q.job_id = k.job_id AND q.scheduled_at = k.scheduled_at
 """
 
 
@@ -155,9 +154,11 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
         inserted = cursor.fetchall()
         if not inserted or citus:  # on Citus no success moves (queries.COMPLETE says why)
             return [InsertedRun(job_id=j, scheduled_at=at, status=st) for _, j, at, st in inserted]
-        keys = [list(column) for column in zip(*inserted, strict=True)][:3]
-        cursor.execute(_UNDO_SUCCEEDED, keys, binary=True)
-        gone = set(cursor.fetchall())
+        cursor.execute(_SUCCEEDED, [list(column) for column in zip(*inserted, strict=True)][:3], binary=True)
+        succeeded = cursor.fetchall()
+        if succeeded:
+            cursor.execute(_UNDO, [list(column) for column in zip(*succeeded, strict=True)], binary=True)
+        gone = {(j, at) for _, j, at in succeeded}
         kept = [(j, at, st) for _, j, at, st in inserted if (j, at) not in gone]
         return [InsertedRun(job_id=j, scheduled_at=at, status=st) for j, at, st in kept]
 

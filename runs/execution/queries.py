@@ -401,7 +401,7 @@ _SUPERSEDED = """superseded AS (
                      AND n.status IN ('queued', 'retrying', 'running', 'succeeded'))
            OR EXISTS (SELECT 1 FROM run_history n
                       WHERE n.partition_id {partition_filter} AND n.partition_id = p.partition_id
-                        AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at))
+                        AND n.job_id = p.job_id AND n.scheduled_at > p.scheduled_at AND {in_window:n}))
 ),
 """
 _NOT_SUPERSEDED = (
@@ -635,6 +635,7 @@ moved AS (  -- in job_runs' column order, run_history's too (runs migration 0023
            %(now)s, result_code, error, attempts, deferrals, deferred_since, rate_limited_to,
            target_version
     FROM succeeded
+    ON CONFLICT DO NOTHING  -- a success recorded twice keeps the first (decision 0085)
 )"""
 _HEALTH = f"""-- Job health, in the same statement (no extra round trip per batch). An attempt the
 -- executor handed back on shutdown says nothing about the target: it does not count.
@@ -677,7 +678,8 @@ locked AS MATERIALIZED (
            OR jb.last_success_at IS NULL OR jb.last_success_at < %(stale_before)s
            OR EXISTS (SELECT 1 FROM run_history n
                       WHERE n.partition_id {{partition_filter}} AND n.partition_id = p.partition_id
-                        AND n.job_id = p.job_id AND n.scheduled_at > p.ok_slot AND n.scheduled_at <= %(now)s)
+                        AND n.job_id = p.job_id AND n.scheduled_at > p.ok_slot AND n.scheduled_at <= %(now)s
+                        AND {{in_window:n}})
            -- (successes recorded before run_history existed)
            OR EXISTS (SELECT 1 FROM job_runs n
                       WHERE n.partition_id {{partition_filter}} AND n.partition_id = p.partition_id

@@ -8,7 +8,8 @@ from runs.execution.breakers import prune_idle
 
 class Command(BaseCommand):
     help = (
-        "Create job_runs day partitions ahead, drop days older than RUN_RETENTION_DAYS and"
+        "Create the day partitions of job_runs and run_history ahead, drop days older than"
+        " RUN_RETENTION_DAYS and"
         " prune idle circuit-breaker rows."
     )
 
