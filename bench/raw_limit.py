@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "scheduler_project.settings")
 
+from runs import history  # noqa: E402  (after the path: the history row's writer, runs/history.py)
+
 CLAIM_SQL = """
 WITH picked AS (
     SELECT partition_id, id, scheduled_at FROM job_runs
@@ -46,7 +48,7 @@ FROM picked p WHERE r.partition_id = p.partition_id AND r.id = p.id AND r.schedu
 RETURNING r.partition_id, r.id, r.scheduled_at, r.attempt
 """
 
-DONE_SQL = """
+DONE_SQL = f"""
 WITH done AS (
     DELETE FROM job_runs r
     USING unnest(%s::smallint[], %s::bigint[], %s::timestamptz[], %s::integer[])
@@ -55,12 +57,7 @@ WITH done AS (
       AND r.attempt = d.attempt AND r.status = 'running'
     RETURNING r.*
 )
-INSERT INTO run_history
-SELECT id, job_id, scheduled_at, tenant_id, partition_id, 'succeeded', "trigger", priority, attempt,
-       not_before, NULL, owner, target, job_name, overlap_policy, max_attempts, retry_backoff_seconds,
-       retry_backoff_cap_seconds, lease_seconds, created_at, started_at, now(), 200, last_error,
-       attempts, deferrals, deferred_since, rate_limited_to, target_version
-FROM done
+{history.insert_sql("done", finished_at="now()", result_code="200")}
 """
 
 

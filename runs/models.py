@@ -27,8 +27,9 @@ class RunTrigger(models.TextChoices):
     CATCH_UP = "catch_up", "Catch-up"
 
 
-class RunColumns(models.Model):
-    """The columns of a run, as job_runs and run_history both hold them (runs migration 0023)."""
+class RunKeyColumns(models.Model):
+    """The columns that find a run: its id, its run key (job, scheduled time, partition)
+    and its tenant."""
 
     id = models.BigAutoField(primary_key=True)
     job = models.ForeignKey("jobs.Job", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+")
@@ -37,6 +38,15 @@ class RunColumns(models.Model):
         "jobs.Tenant", on_delete=models.DO_NOTHING, db_constraint=False, related_name="+"
     )
     partition_id = models.PositiveSmallIntegerField()
+
+    class Meta:
+        abstract = True
+
+
+class RunColumns(RunKeyColumns):
+    """The columns of a run: job_runs holds them all, the view `runs` gives them all back
+    (run_history keeps fewer: runs/history.py)."""
+
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
     trigger = models.CharField(max_length=16, choices=RunTrigger.choices, default=RunTrigger.SCHEDULE)
     priority = models.PositiveSmallIntegerField(default=0)
@@ -101,7 +111,7 @@ class JobRun(RunColumns):
     other way than a success (dead, cancelled, skipped); on plain PostgreSQL a success
     moves it to run_history, written once (docs/decisions/0085-run-history.md; on Citus
     it stays). This model reads
-    the view `runs`, their union (runs migration 0023); writers name the tables:
+    the view `runs`, their union (runs migrations 0023, 0024); writers name the tables:
     JobRunRow for the services' locked writes, SQL for everything else.
 
     Its identity is (job_id, scheduled_at), enforced per table as (partition_id, job_id,
@@ -128,12 +138,17 @@ class JobRun(RunColumns):
         ordering = ["-scheduled_at"]
 
 
-class RunHistoryRow(PartitionKeyed, RunColumns):
+class RunHistoryRow(PartitionKeyed, RunKeyColumns):
     """A row of the table run_history: a succeeded run, written once by the outcome
-    statement (runs/execution/queries.py, COMPLETE). Only deleted, with its job."""
+    statement (runs/execution/queries.py, COMPLETE) in the sparse form of runs/history.py,
+    and only deleted, with its job. Readers read it through JobRun, which gives the sparse
+    columns back; this model counts and deletes, so it names the key alone."""
 
     class Meta:
         db_table = "run_history"
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.scheduled_at.isoformat()}"
 
 
 class JobRunRow(PartitionKeyed, RunColumns):

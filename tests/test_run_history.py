@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, connections, transaction
 
+from runs import history
 from runs.attempts import AttemptRecord
 from runs.enqueue import enqueue_runs
 from runs.execution import outcomes
@@ -87,6 +88,61 @@ def test_a_success_moves_the_run_and_readers_see_it_once(tenant, succeeded_in):
     assert JobRun.objects.filter(job_id=key[0]).count() == 1
 
 
+# What an outcome changes: every other column must read the same after the move.
+OUTCOME_COLUMNS = {"status", "lease_until", "finished_at", "result_code", "last_error", "attempts"}
+UNCOMMON = {
+    "trigger": "manual",
+    "priority": 3,
+    "overlap_policy": "allow",
+    "max_attempts": 2,
+    "retry_backoff_seconds": 7,
+    "retry_backoff_cap_seconds": 70,
+    "lease_seconds": 45,
+    "deferrals": 2,
+}
+
+
+def stored_sparse_values(key) -> int:
+    """How many of the sparse columns (runs/history.py) the history row stores a value in."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT "
+            + " + ".join(f"({column} IS NOT NULL)::int" for column in history.SPARSE)
+            + " FROM run_history WHERE job_id = %s AND scheduled_at = %s",
+            [key[0], key[1]],
+        )
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("values", ["common", "uncommon"])
+def test_a_run_reads_the_same_after_its_move(tenant, succeeded_in, values):
+    """run_history stores NULL for a column holding the value nearly every run has, and
+    the view gives that value back: a run reads the same in both tables, whatever its
+    values (runs/history.py; runs migration 0024 holds the view's half)."""
+    (key,) = queue_runs(tenant, task_target("noop"))
+    set_running(key)
+    # The scheduler starts a run at its scheduled time (plus its job's jitter, if any).
+    start = key[1] + timedelta(seconds=5 if values == "uncommon" else 0)
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+        not_before=start, **(UNCOMMON if values == "uncommon" else {})
+    )
+    before = JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).values().get()
+    complete(key, "succeeded")
+    assert where(key) == succeeded_in
+    after = JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).values().get()
+    assert {c: v for c, v in after.items() if c not in OUTCOME_COLUMNS} == {
+        c: v for c, v in before.items() if c not in OUTCOME_COLUMNS
+    }
+    assert (after["status"], after["lease_until"], after["last_error"], after["attempts"]) == (
+        "succeeded",
+        None,
+        "",
+        [],
+    )
+    if succeeded_in == (0, 1):
+        assert stored_sparse_values(key) == (0 if values == "common" else len(UNCOMMON) + 1)
+
+
 @pytest.mark.parametrize("status", ["retrying", "dead"])
 def test_any_other_outcome_stays_in_job_runs(tenant, status):
     (key,) = queue_runs(tenant, task_target("noop"))
@@ -138,9 +194,8 @@ def test_an_insert_waiting_on_the_success_of_its_occurrence_inserts_nothing(tena
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(
                     "WITH m AS (DELETE FROM job_runs WHERE partition_id = %s AND job_id = %s"
-                    " AND scheduled_at = %s RETURNING *) INSERT INTO run_history"
-                    " SELECT (jsonb_populate_record(NULL::run_history, to_jsonb(m) || %s::jsonb)).* FROM m",
-                    [run.partition_id, key[0], key[1], '{"status": "succeeded", "lease_until": null}'],
+                    " AND scheduled_at = %s RETURNING *) " + history.insert_sql("m"),
+                    [run.partition_id, key[0], key[1]],
                 )
                 moving.set()
                 commit.wait(10)

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from runs import attempts, day_partitions, per_partition
+from runs import attempts, day_partitions, history, per_partition
 from runs.attempts import HANDED_BACK
 
 # --- connections (runs/execution/connections.py) -------------------------------------------
@@ -619,22 +619,20 @@ succeeded AS (
     DELETE FROM job_runs r
     USING {_OUTCOMES}
     WHERE {_FENCED} AND x.status = 'succeeded'
-    RETURNING r.id, r.job_id, r.scheduled_at, r.tenant_id, r.partition_id, r."trigger", r.priority,
-              r.attempt, r.not_before, r.owner, r.target, r.job_name, r.overlap_policy, r.max_attempts,
-              r.retry_backoff_seconds, r.retry_backoff_cap_seconds, r.lease_seconds, r.created_at,
-              r.started_at, x.result_code, x.error,
-              {attempts.sql_append(history="r.attempts", entry="x.entry", status="x.status")} AS attempts,
-              r.deferrals, r.deferred_since, r.rate_limited_to, r.target_version,
+    RETURNING r.*, x.result_code AS new_result_code, x.error AS new_error,
+              {attempts.sql_append(history="r.attempts", entry="x.entry", status="x.status")} AS new_attempts,
               {attempts.sql_outcome("x.entry -> 0")} AS outcome
 ),
-moved AS (  -- in job_runs' column order, run_history's too (runs migration 0023)
-    INSERT INTO run_history
-    SELECT id, job_id, scheduled_at, tenant_id, partition_id, 'succeeded', "trigger", priority, attempt,
-           not_before, NULL, owner, target, job_name, overlap_policy, max_attempts,
-           retry_backoff_seconds, retry_backoff_cap_seconds, lease_seconds, created_at, started_at,
-           %(now)s, result_code, error, attempts, deferrals, deferred_since, rate_limited_to,
-           target_version
-    FROM succeeded
+moved AS (  -- the sparse row of runs/history.py
+    {
+    history.insert_sql(
+        "succeeded",
+        finished_at="%(now)s",
+        result_code="new_result_code",
+        last_error="new_error",
+        attempts="new_attempts",
+    )
+}
     ON CONFLICT DO NOTHING  -- a success recorded twice keeps the first (decision 0085)
 )"""
 _HEALTH = f"""-- Job health, in the same statement (no extra round trip per batch). An attempt the

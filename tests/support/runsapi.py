@@ -38,7 +38,7 @@ def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
     writer does (runs/open_floors.py). Returns the run as readers see it (JobRun)."""
     from django.db import connection, transaction
 
-    from runs import open_floors
+    from runs import history, open_floors
     from runs.models import ACTIVE_STATUSES, JobRun, JobRunRow
 
     values = {
@@ -64,8 +64,8 @@ def make_run(job, scheduled_at: datetime, status: str = "queued", **fields):
         if values["status"] == "succeeded":
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "WITH moved AS (DELETE FROM job_runs WHERE id = %s RETURNING *)"
-                    " INSERT INTO run_history SELECT * FROM moved",
+                    "WITH moved AS (DELETE FROM job_runs WHERE id = %s RETURNING *) "
+                    + history.insert_sql("moved"),
                     [row.id],
                 )
     return JobRun.objects.get(pk=row.pk)

@@ -1,0 +1,109 @@
+"""run_history keeps a column only where a success differs from nearly every run.
+
+A success's row in run_history held every column of job_runs: its status (always
+`succeeded`), its lease (always none), and a dozen columns that hold the same value in
+nearly every run (the trigger `schedule`, priority 0, the policies' defaults, no error,
+no attempts history, no deferral, a start at the scheduled time). From here those
+columns are NULL in such a row, which costs one bit of the null bitmap every row has
+anyway, and the view `runs` gives the value back
+(docs/decisions/0086-sparse-history-row.md; the writers build their INSERT in
+runs/history.py).
+
+- run_history loses `status` (its CHECK goes with it) and `lease_until`; the sparse
+  columns lose NOT NULL and their defaults.
+- `runs` reads run_history through COALESCE with the value each NULL stands for, and
+  `succeeded` and a null lease for the dropped columns.
+
+The rows written before stay as they are: their sparse columns hold the value itself,
+which the COALESCE returns unchanged. Dropping a column and a NOT NULL changes the
+catalog only: nothing is rewritten or scanned. Stop the processes of the release before
+first: their move writes run_history's old columns. There is no way back: the old
+move inserts by column position, and the dropped columns cannot come back in their place.
+"""
+
+from django.db import migrations
+
+# Column -> the value its NULL stands for: runs/history.py SPARSE at the time, frozen here.
+SPARSE = {
+    "trigger": "'schedule'",
+    "priority": "0::smallint",
+    "not_before": "h.scheduled_at",
+    "overlap_policy": "'skip'",
+    "max_attempts": "5",
+    "retry_backoff_seconds": "10",
+    "retry_backoff_cap_seconds": "3600",
+    "lease_seconds": "30",
+    "last_error": "''",
+    "attempts": "'[]'::jsonb",
+    "deferrals": "0",
+}
+# The view's columns: job_runs' columns in job_runs' order, as run_history gives them.
+VIEW_COLUMNS = [
+    "id",
+    "job_id",
+    "scheduled_at",
+    "tenant_id",
+    "partition_id",
+    "status",
+    "trigger",
+    "priority",
+    "attempt",
+    "not_before",
+    "lease_until",
+    "owner",
+    "target",
+    "job_name",
+    "overlap_policy",
+    "max_attempts",
+    "retry_backoff_seconds",
+    "retry_backoff_cap_seconds",
+    "lease_seconds",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "result_code",
+    "last_error",
+    "attempts",
+    "deferrals",
+    "deferred_since",
+    "rate_limited_to",
+    "target_version",
+]
+DROPPED = {"status": "'succeeded'::varchar(16)", "lease_until": "NULL::timestamptz"}
+
+
+def _history_value(column: str) -> str:
+    if column in DROPPED:
+        return f'{DROPPED[column]} AS "{column}"'
+    if column in SPARSE:
+        return f'COALESCE(h."{column}", {SPARSE[column]}) AS "{column}"'
+    return f'h."{column}"'
+
+
+# One command per statement: Citus forwards a DDL command's text to the workers.
+FORWARD = [
+    "DROP VIEW runs",
+    "ALTER TABLE run_history DROP COLUMN status",
+    "ALTER TABLE run_history DROP COLUMN lease_until",
+    *(f'ALTER TABLE run_history ALTER COLUMN "{column}" DROP NOT NULL' for column in SPARSE),
+    *(f'ALTER TABLE run_history ALTER COLUMN "{column}" DROP DEFAULT' for column in SPARSE),
+    "CREATE VIEW runs AS SELECT * FROM job_runs UNION ALL SELECT "
+    + ", ".join(_history_value(column) for column in VIEW_COLUMNS)
+    + " FROM run_history h",
+]
+
+# RunHistoryRow only counts and deletes (readers read the view): its state keeps these
+# fields, and the others go.
+KEPT = {"id", "job_id", "scheduled_at", "tenant_id", "partition_id"}
+REMOVED = [column for column in VIEW_COLUMNS if column not in KEPT]
+
+
+class Migration(migrations.Migration):
+    dependencies = [("runs", "0023_run_history")]
+
+    operations = [
+        migrations.SeparateDatabaseAndState(
+            database_operations=[migrations.RunSQL(FORWARD)],
+            state_operations=[migrations.RemoveField(model_name="runhistoryrow", name=name) for name in REMOVED],
+        ),
+    ]
