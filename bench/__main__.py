@@ -492,7 +492,8 @@ installation has them; the minimal limits' table is not partitioned.
 executed by two `run_executor` processes against the no-op server until it succeeded; then
 a plain `VACUUM` and the sizes of every partition of `job_runs` and `run_history` (heap
 with its TOAST, and all indexes) over the runs: a success moves its row from the first to
-the second (docs/decisions/0085-run-history.md). `waves` 1: every run due at once, the
+the second (docs/decisions/0085-run-history.md), where it keeps only what sets it apart
+(0086-lean-history-row.md). `waves` 1: every run due at once, the
 worst case (the queue's indexes and the row versions claims and outcomes leave grow to
 every run); more waves: the same runs due in that many waves with a plain `VACUUM` after
 each (what autovacuum does between the hours of a day), where later waves reuse the space
@@ -501,7 +502,9 @@ with 3 attempts have a target that answers 503 twice per run key (breakers and r
 budgets lifted for that round). The seed's budget is about 200 bytes per run (400 for a
 retried one); the GB and TB columns are what these bytes come to at its volume (240M runs
 a day, 30 days kept). A run names its job's target version instead of holding the target:
-the last column is a version's bytes, one per job and target edit, not per run.
+the last column is a version's bytes, one per job and target edit, not per run. The
+second table says where a run's bytes are: what `job_runs` keeps after its runs left is
+index pages its busiest wave filled, which later waves reuse.
 
 {storage_text}
 

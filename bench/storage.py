@@ -125,6 +125,23 @@ def measure(conn: psycopg.Connection) -> dict:
     ).fetchone()
     heap, indexes = int(heap), int(indexes)
     total = (heap + indexes) / runs
+    # Where the bytes are: each table's heap, and each of its indexes (a day partition's
+    # index counts under the table's index it is attached to).
+    where = conn.execute(
+        """
+        SELECT parent, part, sum(bytes) FROM (
+            SELECT p.relname AS parent, 'heap' AS part, pg_table_size(i.inhrelid) AS bytes
+            FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+            WHERE p.relname IN ('job_runs', 'run_history')
+            UNION ALL
+            SELECT p.relname, pi.relname, pg_relation_size(x.indexrelid)
+            FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+            JOIN pg_index x ON x.indrelid = i.inhrelid
+            JOIN pg_inherits ii ON ii.inhrelid = x.indexrelid JOIN pg_class pi ON pi.oid = ii.inhparent
+            WHERE p.relname IN ('job_runs', 'run_history')
+        ) AS parts GROUP BY 1, 2 ORDER BY 1 DESC, 3 DESC
+        """
+    ).fetchall()
     versions, version_bytes = conn.execute(
         "SELECT count(*), pg_total_relation_size('job_targets') FROM job_targets"
     ).fetchone()
@@ -139,6 +156,7 @@ def measure(conn: psycopg.Connection) -> dict:
         "row_bytes": round(float(row)),
         "gb_a_day_at_seed_scale": round(total * RUNS_A_DAY / 1e9, 1),
         "tb_for_30_days": round(total * RUNS_A_DAY * DAYS_KEPT / 1e12, 2),
+        "where": [[parent, part, round(int(size) / runs)] for parent, part, size in where],
     }
 
 
@@ -199,6 +217,15 @@ def table(rows: list[dict]) -> str:
             f" | {r['index_bytes_per_run']} ({r['indexes']}) | **{r['total_bytes_per_run']}** | {r['budget']}"
             f" | {r['row_bytes']} | {r['gb_a_day_at_seed_scale']} | {r['tb_for_30_days']}"
             f" | {r['target_version_bytes_per_job']} |"
+        )
+    lines += ["", "Where a run's bytes are (B/run: each table's heap, then its indexes):", ""]
+    lines += ["| runs | waves | attempts | run_history | job_runs |", "|---|---:|---:|---|---|"]
+    for r in rows:
+        parts = {table: [f"{part} {size}" for t, part, size in r["where"] if t == table and size]
+                 for table in ("run_history", "job_runs")}  # fmt: skip
+        lines.append(
+            f"| {r['runs']} | {r['waves']} | {r['attempts']}"
+            f" | {', '.join(parts['run_history'])} | {', '.join(parts['job_runs']) or 'nothing'} |"
         )
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""What a success keeps in run_history, and how (docs/decisions/0086-sparse-history-row.md).
+"""What a success keeps in run_history, and how (docs/decisions/0086-lean-history-row.md).
 
 A success is written once into run_history and read through the view `runs` (runs
 migration 0024). The row stores a column only where the run differs from what nearly
@@ -51,7 +51,7 @@ COLUMNS: tuple[str, ...] = (
 SPARSE: dict[str, str] = {
     "trigger": "'schedule'",
     "priority": "0",
-    "not_before": "scheduled_at",
+    "not_before": "created_at",
     "overlap_policy": "'skip'",
     "max_attempts": "5",
     "retry_backoff_seconds": "10",

@@ -3,20 +3,23 @@
 A success's row in run_history held every column of job_runs: its status (always
 `succeeded`), its lease (always none), and a dozen columns that hold the same value in
 nearly every run (the trigger `schedule`, priority 0, the policies' defaults, no error,
-no attempts history, no deferral, a start at the scheduled time). From here those
+no attempts history, no deferral, a start at the time the run was created). From here those
 columns are NULL in such a row, which costs one bit of the null bitmap every row has
 anyway, and the view `runs` gives the value back
-(docs/decisions/0086-sparse-history-row.md; the writers build their INSERT in
+(docs/decisions/0086-lean-history-row.md; the writers build their INSERT in
 runs/history.py).
 
 - run_history loses `status` (its CHECK goes with it) and `lease_until`; the sparse
   columns lose NOT NULL and their defaults.
+- run_history's primary key `(id, scheduled_at, partition_id)` becomes an index on `id`:
+  the run key stays unique (`run_history_key`), and ids come from job_runs' sequence.
 - `runs` reads run_history through COALESCE with the value each NULL stands for, and
   `succeeded` and a null lease for the dropped columns.
 
 The rows written before stay as they are: their sparse columns hold the value itself,
 which the COALESCE returns unchanged. Dropping a column and a NOT NULL changes the
-catalog only: nothing is rewritten or scanned. Stop the processes of the release before
+catalog only; the id index is built over the successes run_history holds (those since
+0023), and nothing is rewritten. Stop the processes of the release before
 first: their move writes run_history's old columns. There is no way back: the old
 move inserts by column position, and the dropped columns cannot come back in their place.
 """
@@ -27,7 +30,7 @@ from django.db import migrations
 SPARSE = {
     "trigger": "'schedule'",
     "priority": "0::smallint",
-    "not_before": "h.scheduled_at",
+    "not_before": "h.created_at",
     "overlap_policy": "'skip'",
     "max_attempts": "5",
     "retry_backoff_seconds": "10",
@@ -87,6 +90,10 @@ FORWARD = [
     "ALTER TABLE run_history DROP COLUMN lease_until",
     *(f'ALTER TABLE run_history ALTER COLUMN "{column}" DROP NOT NULL' for column in SPARSE),
     *(f'ALTER TABLE run_history ALTER COLUMN "{column}" DROP DEFAULT' for column in SPARSE),
+    # The console finds a run, and lists runs newest first, by id: an index on it does
+    # that; a key of (id, scheduled_at, partition_id) only made every entry wider.
+    "ALTER TABLE run_history DROP CONSTRAINT run_history_pkey",
+    "CREATE INDEX run_history_id_idx ON run_history (id)",
     "CREATE VIEW runs AS SELECT * FROM job_runs UNION ALL SELECT "
     + ", ".join(_history_value(column) for column in VIEW_COLUMNS)
     + " FROM run_history h",
