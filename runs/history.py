@@ -51,6 +51,7 @@ COLUMNS: tuple[str, ...] = (
 SPARSE: dict[str, str] = {
     "trigger": "'schedule'",
     "priority": "0",
+    "attempt": "1",
     "not_before": "created_at",
     "overlap_policy": "'skip'",
     "max_attempts": "5",

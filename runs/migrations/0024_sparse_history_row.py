@@ -2,10 +2,10 @@
 
 A success's row in run_history held every column of job_runs: its status (always
 `succeeded`), its lease (always none), and a dozen columns that hold the same value in
-nearly every run (the trigger `schedule`, priority 0, the policies' defaults, no error,
-no attempts history, no deferral, a start at the time the run was created). From here those
-columns are NULL in such a row, which costs one bit of the null bitmap every row has
-anyway, and the view `runs` gives the value back
+nearly every run (the trigger `schedule`, priority 0, the first attempt, the policies'
+defaults, no error, no attempts history, no deferral, a start at the time the run was
+created). From here those columns are NULL in such a row, which costs one bit of the
+null bitmap every row has anyway, and the view `runs` gives the value back
 (docs/decisions/0086-lean-history-row.md; the writers build their INSERT in
 runs/history.py).
 
@@ -30,6 +30,7 @@ from django.db import migrations
 SPARSE = {
     "trigger": "'schedule'",
     "priority": "0::smallint",
+    "attempt": "1",
     "not_before": "h.created_at",
     "overlap_policy": "'skip'",
     "max_attempts": "5",
