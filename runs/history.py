@@ -16,7 +16,8 @@ reads the same before and after its move, column by column.
 
 from __future__ import annotations
 
-# run_history's columns, in the table's order.
+# run_history's columns (tests/test_run_history.py checks them against the table, so a
+# column the table gains cannot be left out of the move).
 COLUMNS: tuple[str, ...] = (
     "id",
     "job_id",
@@ -47,7 +48,9 @@ COLUMNS: tuple[str, ...] = (
     "target_version",
 )
 
-# A sparse column -> the value its NULL stands for, as SQL over the run's own columns.
+# A sparse column -> the value its NULL stands for, as SQL over the run's own columns. A
+# stored NULL means the value in force when it was written: a value here changes only
+# with a migration that writes the old one into the rows (and the view's copy in 0024).
 SPARSE: dict[str, str] = {
     "trigger": "'schedule'",
     "priority": "0",

@@ -148,6 +148,7 @@ class RunHistoryRow(PartitionKeyed, RunKeyColumns):
         db_table = "run_history"
 
     def __str__(self) -> str:
+        # A row is named by its run key, as the console and API name a run.
         return f"{self.job_id}/{self.scheduled_at.isoformat()}"
 
 

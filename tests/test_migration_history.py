@@ -13,7 +13,8 @@ whole cluster):
   in it (a tenant, a job, a misfire, runs in a day partition and in the default one,
   and an occurrence-ledger range once that table exists);
 - data: those rows are still there at the end, carrying the keys the key migrations
-  gave them (and the tenant a signing secret).
+  gave them (and the tenant a signing secret); a success stored whole in run_history
+  before runs 0024 made its row sparse reads as it did.
 
 `CRONYARD_RECORD_SCHEMA=1` extends tests/upgraded_schema.txt to today's last
 migrations, and only after the recorded part still matches: the file can take in new
@@ -163,6 +164,22 @@ def ledger_range(apps, alias: str) -> None:
     )
 
 
+def history_success(apps, alias: str) -> None:
+    """A success as runs 0023's release wrote it into run_history: every column stored,
+    uncommon values among them (runs 0024 makes the common ones NULL for later rows)."""
+    at = SUCCESS_AT
+    apps.get_model("runs", "RunHistoryRow").objects.using(alias).create(
+        job_id=JOB_ID, tenant_id=apps.get_model("jobs", "Tenant").objects.using(alias).get().id,
+        partition_id=PARTITION, scheduled_at=at, not_before=at + timedelta(seconds=5), status="succeeded",
+        trigger="manual", attempt=2, target_version=1, job_name="j", started_at=at, finished_at=at,
+        result_code=200,
+    )  # fmt: skip
+
+
+# An hour from now: today's day partition, or tomorrow's (both made ahead).
+SUCCESS_AT = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+
+
 # --- the test -----------------------------------------------------------------------
 
 
@@ -185,7 +202,13 @@ def test_a_fresh_install_and_an_upgraded_database_end_with_one_schema(django_db_
         migrate(upgraded, FIRST_RELEASE)
         first_apps = MigrationExecutor(connections[upgraded]).loader.project_state(FIRST_RELEASE).apps
         run_times = first_release_rows(first_apps, upgraded)
-        steps = migrate_one_at_a_time(upgraded, fill={("jobs", "0004_occurrence_ledger"): ledger_range})
+        steps = migrate_one_at_a_time(
+            upgraded,
+            fill={
+                ("jobs", "0004_occurrence_ledger"): ledger_range,
+                ("runs", "0023_run_history"): history_success,
+            },
+        )
         assert steps > 20  # a real walk through the releases, not one step
         assert_same(schema_of(upgraded), fresh_now, "upgraded one migration at a time", "fresh install")
 
@@ -207,6 +230,13 @@ def test_a_fresh_install_and_an_upgraded_database_end_with_one_schema(django_db_
             assert cursor.fetchall() == [(JOB_ID, PARTITION, 1, TARGET["name"])]
             cursor.execute("SELECT DISTINCT target_version, target->>'name' FROM job_runs")
             assert cursor.fetchall() == [(None, TARGET["name"])]
+            # A success stored whole before runs 0024 reads as it did through the view.
+            cursor.execute(
+                "SELECT status, trigger, attempt, not_before - scheduled_at, lease_until, max_attempts,"
+                " job_name FROM runs WHERE job_id = %s AND scheduled_at = %s",
+                [JOB_ID, SUCCESS_AT],
+            )
+            assert cursor.fetchall() == [("succeeded", "manual", 2, timedelta(seconds=5), None, 5, "j")]
 
         if os.environ.get(RECORD_ENV):
             write_recorded(leaves(fresh), fresh_now["schema"])

@@ -57,6 +57,9 @@ def test_the_keys_of_jobs_and_runs_are_the_citus_ones():
     runs = keys_of("job_runs")
     assert runs["job_runs_pkey"] == ("p", ["id", "scheduled_at", "partition_id"])
     assert runs["job_runs_job_scheduled_uniq"] == ("u", ["partition_id", "job_id", "scheduled_at"])
+    # A success's row is keyed by its run key alone, which is also its replica identity (a
+    # Citus shard move replicates deletes by it); the console reads it by an index on id.
+    assert keys_of("run_history") == {"run_history_pkey": ("p", ["partition_id", "job_id", "scheduled_at"])}
 
 
 @pytest.mark.parametrize("table", ["job_misfires", "job_slot_ranges"])
@@ -99,6 +102,7 @@ def test_the_consoles_run_list_reads_the_newest_runs_from_the_primary_key(tenant
     runs_part = listed.split("SubPlan")[0]  # the subplans read each listed run's job
     assert not re.search(r"(^|->)\s*Sort\s+\(", runs_part, re.M), listed  # a merge of indexes, no sort
     assert "Index Scan Backward using job_runs_" in listed, listed
+    assert "Index Scan Backward using run_history_" in listed, listed  # the id index (runs 0024)
 
 
 def test_the_run_key_still_refuses_a_second_run_of_a_slot(tenant):

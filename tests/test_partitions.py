@@ -1,4 +1,4 @@
-"""job_runs day partitions: created ahead, rows rescued from the default partition,
+"""job_runs and run_history day partitions: created ahead, rows rescued from the default partition,
 old days dropped for retention."""
 
 import re
@@ -11,19 +11,20 @@ from django.db import connection
 
 from jobs.dispatch.planning import run_for
 from jobs.services import create_job
-from runs.day_partitions import MAINTAINER_LOCK, maintain, partition_name
+from runs.day_partitions import HISTORY, MAINTAINER_LOCK, maintain, partition_name
 from runs.enqueue import enqueue_runs
-from runs.models import JobRunRow
+from runs.models import JobRun, JobRunRow
 from scheduler_project import db
 from scheduler_project.citus import citus_installed
+from tests.support.runsapi import make_run
 
 pytestmark = pytest.mark.django_db
 
 
-def partition_of(job_id, scheduled_at) -> str:
+def partition_of(job_id, scheduled_at, *, table: str = "job_runs") -> str:
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT tableoid::regclass::text FROM job_runs WHERE job_id = %s AND scheduled_at = %s",
+            f"SELECT tableoid::regclass::text FROM {table} WHERE job_id = %s AND scheduled_at = %s",
             [job_id, scheduled_at],
         )
         # On Citus the row's table is a shard of the partition: "<partition>_<shard id>".
@@ -61,6 +62,22 @@ def test_rows_in_default_move_into_the_new_day(tenant):
     assert partition_of(job.id, far) == partition_name(far.date())
     # The unique key still holds across the moved row: a second insert is a no-op.
     assert enqueue_runs([run_for(job, scheduled_at=far, trigger="backfill", overlap_check=False)]) == []
+
+
+def test_successes_in_the_history_default_move_into_the_new_day(tenant):
+    """run_history's default partition keeps the columns runs 0024 dropped from its parent;
+    its rows move into a new day all the same, and read as before."""
+    job = make_job(tenant)
+    far = datetime.now(UTC).replace(microsecond=0) + timedelta(days=12)
+    make_run(job, far, status="succeeded", trigger="manual", attempt=1)
+    assert partition_of(job.id, far, table="run_history") == "run_history_default"
+
+    report = maintain(days_ahead=12, retention_days=30)
+
+    assert partition_name(far.date(), HISTORY) in report.created
+    assert partition_of(job.id, far, table="run_history") == partition_name(far.date(), HISTORY)
+    run = JobRun.objects.get(job_id=job.id, scheduled_at=far)
+    assert (run.status, run.trigger, run.attempt) == ("succeeded", "manual", 1)
 
 
 def deduplicating(table: str) -> list[tuple[str, bool]]:

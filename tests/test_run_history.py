@@ -102,7 +102,18 @@ UNCOMMON = {
 }
 
 
-def stored_sparse_values(key) -> int:
+def test_every_column_of_run_history_is_written_by_the_move():
+    """runs/history.py names run_history's columns for every INSERT into it: a column the
+    table gains must be named there, or a move would leave it empty."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'run_history'::regclass"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum"
+        )
+        assert tuple(name for (name,) in cursor.fetchall()) == history.COLUMNS
+
+
+def stored_sparse_values(key: tuple) -> int:
     """How many of the sparse columns (runs/history.py) the history row stores a value in."""
     with connection.cursor() as cursor:
         cursor.execute(

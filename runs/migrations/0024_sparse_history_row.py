@@ -11,16 +11,18 @@ runs/history.py).
 
 - run_history loses `status` (its CHECK goes with it) and `lease_until`; the sparse
   columns lose NOT NULL and their defaults.
-- run_history's primary key `(id, scheduled_at, partition_id)` becomes an index on `id`:
-  the run key stays unique (`run_history_key`), and ids come from job_runs' sequence.
+- run_history's primary key `(id, scheduled_at, partition_id)` gives way to the run key
+  `(partition_id, job_id, scheduled_at)`, which was its unique constraint, and an index
+  on `id`; ids come from job_runs' sequence.
 - `runs` reads run_history through COALESCE with the value each NULL stands for, and
   `succeeded` and a null lease for the dropped columns.
 
 The rows written before stay as they are: their sparse columns hold the value itself,
 which the COALESCE returns unchanged. Dropping a column and a NOT NULL changes the
-catalog only; the id index is built over the successes run_history holds (those since
-0023), and nothing is rewritten. Stop the processes of the release before
-first: their move writes run_history's old columns. There is no way back: the old
+catalog only; the two indexes are built over the successes run_history holds (those
+since 0023), under an ACCESS EXCLUSIVE lock that every read of the view waits for, and
+no row is rewritten. Stop the executors of the release before first: their move writes
+run_history's old columns. There is no way back: the old
 move inserts by column position, and the dropped columns cannot come back in their place.
 """
 
@@ -28,11 +30,11 @@ from django.db import migrations
 
 # Column -> the value its NULL stands for: runs/history.py SPARSE at the time, frozen here.
 SPARSE = {
-    "trigger": "'schedule'",
+    "trigger": "'schedule'::varchar(16)",
     "priority": "0::smallint",
     "attempt": "1",
     "not_before": "h.created_at",
-    "overlap_policy": "'skip'",
+    "overlap_policy": "'skip'::varchar(16)",
     "max_attempts": "5",
     "retry_backoff_seconds": "10",
     "retry_backoff_cap_seconds": "3600",
@@ -84,16 +86,24 @@ def _history_value(column: str) -> str:
     return f'h."{column}"'
 
 
-# One command per statement: Citus forwards a DDL command's text to the workers.
+# One command per statement: Citus forwards a DDL command's text to the workers. The
+# lock timeout: an ALTER waiting behind a long transaction on run_history would queue
+# every reader of the view behind it. The view goes first (it depends on the columns
+# dropped), which also puts the transaction in Citus's sequential mode, so the last
+# CREATE VIEW runs after the DDL on the shards.
 FORWARD = [
+    "SET LOCAL lock_timeout = '5s'",
     "DROP VIEW runs",
     "ALTER TABLE run_history DROP COLUMN status",
     "ALTER TABLE run_history DROP COLUMN lease_until",
     *(f'ALTER TABLE run_history ALTER COLUMN "{column}" DROP NOT NULL' for column in SPARSE),
     *(f'ALTER TABLE run_history ALTER COLUMN "{column}" DROP DEFAULT' for column in SPARSE),
-    # The console finds a run, and lists runs newest first, by id: an index on it does
-    # that; a key of (id, scheduled_at, partition_id) only made every entry wider.
+    # The run key becomes the primary key, the table's replica identity (a Citus shard
+    # move replicates deletes by it), and (id, scheduled_at, partition_id) gives way to an
+    # index on id: the console finds a run, and lists runs newest first, by id alone.
     "ALTER TABLE run_history DROP CONSTRAINT run_history_pkey",
+    "ALTER TABLE run_history DROP CONSTRAINT run_history_key",
+    "ALTER TABLE run_history ADD CONSTRAINT run_history_pkey PRIMARY KEY (partition_id, job_id, scheduled_at)",
     "CREATE INDEX run_history_id_idx ON run_history (id)",
     "CREATE VIEW runs AS SELECT * FROM job_runs UNION ALL SELECT "
     + ", ".join(_history_value(column) for column in VIEW_COLUMNS)
