@@ -28,7 +28,7 @@ from runs import open_floors, selectors
 from runs.attempts import AttemptRecord
 from runs.enqueue import notify_executors, oldest_slot
 from runs.keys import run_key
-from runs.models import JobRun, JobRunRow, RunHistoryRow, RunStatus, RunTrigger
+from runs.models import JobRun, JobRunRow, RunColumns, RunHistoryRow, RunStatus, RunTrigger
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _replay_changes(now: datetime) -> dict:
     }
 
 
-def _opened(runs: Iterable[JobRun]) -> None:
+def _opened(runs: Iterable[RunColumns]) -> None:
     """Replayed runs are open again: their tenants' open floors must be no later than
     their slots (runs/open_floors.py), in the replay's transaction. On Citus before any
     statement of the transaction that spans shards: the write of the reference table
@@ -112,7 +112,7 @@ def _lock_by_ids(ids: list[int], *, statuses: Iterable[str], only: tuple[str, ..
     return sorted(rows, key=lambda run: run.id)
 
 
-def _audit(run: JobRun, *, actor: str, action: str, **changes) -> None:
+def _audit(run: RunColumns, *, actor: str, action: str, **changes) -> None:
     # The run's snapshot names its job and tenant; the job itself may be gone.
     audit.record(
         actor=actor,
@@ -174,7 +174,7 @@ def replay_run(
     return run
 
 
-def _cancelled_entry(run: JobRun, *, now: datetime, actor: str) -> list:
+def _cancelled_entry(run: JobRunRow, *, now: datetime, actor: str) -> list:
     """History entry for the attempt a cancel cuts short: that attempt's own write will
     be fenced off, so without this the history would just stop."""
     started = run.started_at
