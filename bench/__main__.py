@@ -571,7 +571,8 @@ the plain PostgreSQL above; modest sizes. Three PostgreSQL nodes share the cores
 the benchmark: this is Citus's overhead per run, not scale-out (docs/SCALING.md). The
 raw dispatch loop runs on Citus as it is (one partition per statement); the raw
 claim+complete loop (`bench/raw_limit.py`) locks runs of many partitions in one
-statement, which Citus refuses, so execution has no limit there.
+statement, which Citus refuses, so execution has no limit there. Last, the storage
+round on the cluster.
 
 {citus_text}
 

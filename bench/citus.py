@@ -30,6 +30,10 @@ EXECUTE_RUNS = 10_000
 # bench/claims.py's rounds per engine, and its claims' size (the same on both engines).
 CLAIM_ROUNDS = 3
 CLAIM_BATCH = 100
+# bench/storage.py on Citus: first-attempt successes in ten waves. Every shard of every day
+# partition starts with pages of its own, which bench/storage.py subtracts there; runs
+# enough that each of the 32 shards holds a few thousand.
+STORAGE_RUNS = 100_000
 NOT_INSTALLED = "Citus rows skipped: citus.so not installed"
 
 
@@ -126,6 +130,12 @@ def citus_part(bench, *, jobs: int, runs: int, db: str) -> list[dict]:
         rows.append(
             {"what": f"claims of {CLAIM_BATCH} runs, draining {runs:,} no-op runs", "latency": latency}
         )
+        storage = bench.run(
+            "storage.py", "--runs", str(STORAGE_RUNS), "--retried", "0", "--waves", "10",
+            "--db", "cronyard_bench_citus_storage", "--json", str(bench.data / "citus_storage.json"),
+            env=citus_env,
+        )  # fmt: skip
+        rows.append({"what": "storage", "storage": storage})
     return rows
 
 
@@ -174,7 +184,7 @@ def section(rows: list[dict] | None, *, skipped: str = NOT_INSTALLED) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        if "latency" in r:
+        if "latency" in r or "storage" in r:
             continue
         limit = r["citus_limit"]
         cells = [
@@ -186,7 +196,25 @@ def section(rows: list[dict] | None, *, skipped: str = NOT_INSTALLED) -> str:
             f"{r['citus'] / limit:.2f}" if limit else "n/a",
         ]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines + cpu_section(rows) + latency_section(rows))
+    return "\n".join(lines + cpu_section(rows) + latency_section(rows) + storage_section(rows))
+
+
+def storage_section(rows: list[dict]) -> list[str]:
+    """Bytes per finished run on Citus (bench/storage.py's table, its runs on the shards)."""
+    return [
+        line
+        for r in rows
+        if "storage" in r
+        for line in (
+            "",
+            f"Bytes on disk per first-attempt success on Citus (`bench/storage.py --runs {STORAGE_RUNS}"
+            " --waves 10` on the cluster: the shards' sizes, less those of the empty database;"
+            " a success moves to `run_history` a few seconds after its outcome,"
+            " docs/decisions/0087-citus-history-moves.md):",
+            "",
+            r["storage"].strip(),
+        )
+    ]
 
 
 def _with_rounds(row: dict, side: str) -> str:

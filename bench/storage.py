@@ -71,11 +71,30 @@ def target(url: str) -> dict:
     }
 
 
+def on_citus(conn: psycopg.Connection) -> bool:
+    return conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'citus'").fetchone()[0] > 0
+
+
 def fresh_database(base: str, name: str) -> str:
     from bench.dispatch import ensure_database
+    from scheduler_project.citus import prepare_database
 
     with psycopg.connect(base, autocommit=True) as conn:
+        citus = on_citus(conn)
+        workers = (
+            [f"{host}:{port}" for host, port in conn.execute(
+                "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'primary'"
+            )]
+            if citus
+            else []
+        )  # fmt: skip
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if citus:  # a Citus database afresh on every node, the workers' copies dropped too
+            conn.execute(f'CREATE DATABASE "{name}"')
+    if citus:
+        info = psycopg.conninfo.conninfo_to_dict(base)
+        coordinator = f"{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}"
+        prepare_database(coordinator=coordinator, workers=workers, db=name, create_on_coordinator=False)
     # Bytes per run over the partitions the runs are in: empty retained ones would add
     # their fixed pages to every run's share.
     return ensure_database(base, name, retained=False)
@@ -103,47 +122,78 @@ def seed(*, n: int, url: str) -> None:
 def wait_done(conn: psycopg.Connection, n: int, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        done = conn.execute("SELECT count(*) FROM runs WHERE status = 'succeeded'").fetchone()[0]
+        # In run_history: on Citus a success moves there a few seconds after its outcome
+        # (docs/decisions/0087-citus-history-moves.md), and is measured once it has.
+        done = conn.execute("SELECT count(*) FROM run_history").fetchone()[0]
         if done >= n:
             return
         time.sleep(1)
     raise RuntimeError(f"only {done} of {n} runs succeeded within {timeout:.0f} s")
 
 
-def measure(conn: psycopg.Connection) -> dict:
+def parts(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
+    """Bytes per (table, part): each table's heap (with its TOAST and maps) and each of its
+    indexes (a day partition's index counts under the table's index it is attached to).
+    On Citus the coordinator's tables are empty: the shards' sizes are summed from the
+    workers, and a table's indexes together."""
+    citus = on_citus(conn)
+    table_size, indexes_size = (
+        (
+            "citus_table_size(i.inhrelid)",
+            "citus_total_relation_size(i.inhrelid) - citus_table_size(i.inhrelid)",
+        )
+        if citus
+        else ("pg_table_size(i.inhrelid)", "")
+    )
+    indexes = (
+        f"""SELECT p.relname, 'indexes', {indexes_size}
+            FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+            WHERE p.relname IN ('job_runs', 'run_history')"""
+        if citus
+        else """SELECT p.relname, pi.relname, pg_relation_size(x.indexrelid)
+            FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+            JOIN pg_index x ON x.indrelid = i.inhrelid
+            JOIN pg_inherits ii ON ii.inhrelid = x.indexrelid JOIN pg_class pi ON pi.oid = ii.inhparent
+            WHERE p.relname IN ('job_runs', 'run_history')"""
+    )
+    rows = conn.execute(
+        f"""
+        SELECT parent, part, sum(bytes) FROM (
+            SELECT p.relname AS parent, 'heap' AS part, {table_size} AS bytes
+            FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
+            WHERE p.relname IN ('job_runs', 'run_history')
+            UNION ALL
+            {indexes}
+        ) AS parts GROUP BY 1, 2 ORDER BY 1 DESC, 3 DESC
+        """
+    ).fetchall()
+    return {(parent, part): int(size) for parent, part, size in rows}
+
+
+def measure(conn: psycopg.Connection, *, empty: dict[tuple[str, str], int]) -> dict:
+    """Bytes per run; `empty` is parts() of the database before its first run. On Citus
+    it is subtracted: every shard of every day partition starts with pages of its own
+    (its indexes' first pages, its heap's free space and visibility maps), 32 shards
+    times the days, which at these sizes would outweigh the runs. On plain PostgreSQL
+    it is a few pages per day partition and stays in."""
     conn.execute("VACUUM job_runs, run_history")
     runs, row = conn.execute("SELECT count(*), avg(pg_column_size(r.*)) FROM run_history AS r").fetchone()
     # The view gives back the attempt a history row leaves out (runs/history.py).
     (attempts,) = conn.execute("SELECT avg(attempt) FROM runs WHERE status = 'succeeded'").fetchone()
-    heap, indexes, index_count = conn.execute(
-        """
-        SELECT sum(pg_table_size(relid)), sum(pg_indexes_size(relid)),
-               (SELECT count(*) FROM pg_indexes WHERE tablename IN ('job_runs', 'run_history'))
-        FROM (SELECT relid FROM pg_partition_tree('job_runs') WHERE isleaf
-              UNION ALL SELECT relid FROM pg_partition_tree('run_history') WHERE isleaf) AS leaves
-        """
+    citus = on_citus(conn)
+    sizes = parts(conn)
+    if citus:
+        sizes = {key: size - empty.get(key, 0) for key, size in sizes.items()}
+    heap = sum(size for (_, part), size in sizes.items() if part == "heap")
+    indexes = sum(size for (_, part), size in sizes.items() if part != "heap")
+    (index_count,) = conn.execute(
+        "SELECT count(*) FROM pg_indexes WHERE tablename IN ('job_runs', 'run_history')"
     ).fetchone()
-    heap, indexes = int(heap), int(indexes)
     total = (heap + indexes) / runs
-    # Where the bytes are: each table's heap, and each of its indexes (a day partition's
-    # index counts under the table's index it is attached to).
-    where = conn.execute(
-        """
-        SELECT parent, part, sum(bytes) FROM (
-            SELECT p.relname AS parent, 'heap' AS part, pg_table_size(i.inhrelid) AS bytes
-            FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
-            WHERE p.relname IN ('job_runs', 'run_history')
-            UNION ALL
-            SELECT p.relname, pi.relname, pg_relation_size(x.indexrelid)
-            FROM pg_inherits i JOIN pg_class p ON p.oid = i.inhparent
-            JOIN pg_index x ON x.indrelid = i.inhrelid
-            JOIN pg_inherits ii ON ii.inhrelid = x.indexrelid JOIN pg_class pi ON pi.oid = ii.inhparent
-            WHERE p.relname IN ('job_runs', 'run_history')
-        ) AS parts GROUP BY 1, 2 ORDER BY 1 DESC, 3 DESC
-        """
-    ).fetchall()
+    where = [(parent, part, size) for (parent, part), size in sizes.items()]
+    size = "citus_total_relation_size" if citus else "pg_total_relation_size"
     versions, version_bytes = conn.execute(
-        "SELECT count(*), pg_total_relation_size('job_targets') FROM job_targets"
+        f"SELECT count(*), {size}('job_targets') FROM job_targets"
     ).fetchone()
     return {
         "target_version_bytes_per_job": round(version_bytes / max(versions, 1)),
@@ -156,7 +206,7 @@ def measure(conn: psycopg.Connection) -> dict:
         "row_bytes": round(float(row)),
         "gb_a_day_at_seed_scale": round(total * RUNS_A_DAY / 1e9, 1),
         "tb_for_30_days": round(total * RUNS_A_DAY * DAYS_KEPT / 1e12, 2),
-        "where": [[parent, part, round(int(size) / runs)] for parent, part, size in where],
+        "where": [[parent, part, round(size / runs)] for parent, part, size in where],
     }
 
 
@@ -179,6 +229,7 @@ def one_round(base: str, *, db: str, n: int, path: str, expect_attempts: int, wa
     logs = ROOT / "var" / "bench" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     with NoopServer() as server, psycopg.connect(url, autocommit=True) as conn:
+        empty = parts(conn)
         # Every run of the retried round fails twice against one host: that would open the
         # host's breaker and spend its retry budget, and the round would measure deferrals.
         # Both are lifted for it (the storage of a retried run is what is measured here).
@@ -198,7 +249,7 @@ def one_round(base: str, *, db: str, n: int, path: str, expect_attempts: int, wa
                 conn.execute("VACUUM job_runs, run_history")
         finally:
             procs.stop_all()
-        row = measure(conn)
+        row = measure(conn, empty=empty)
     row["case"] = f"{expect_attempts} attempt" + ("s" if expect_attempts > 1 else "")
     row["waves"] = waves
     row["budget"] = BUDGET[expect_attempts]

@@ -70,22 +70,31 @@ RETURNING partition_id, job_id, scheduled_at, status
 """
 
 # The inserted occurrences that already succeeded: their rows moved to run_history,
-# beyond job_runs' unique key (docs/decisions/0085-run-history.md). A statement of its
-# own, after the insert: its snapshot is newer than any success the insert waited for.
-# A read, the common case (nothing found): a DELETE over every day partition of
-# job_runs in the same statement cost dispatch a tenth of its throughput.
-_SUCCEEDED = """
+# beyond job_runs' unique key (docs/decisions/0085-run-history.md; on Citus after the
+# outcome, 0087). A statement of its own, after the insert: its snapshot is newer than
+# any success the insert waited for. A read, the common case (nothing found): a DELETE
+# over every day partition of job_runs in the same statement cost dispatch a tenth of
+# its throughput. On Citus both name the batch's partitions: keyed by a join alone,
+# they would go to every shard, and one worker down would fail every insert
+# (docs/decisions/0073-one-worker-down.md).
+_SUCCEEDED_SQL = """
 SELECT h.partition_id, h.job_id, h.scheduled_at
 FROM unnest(%b::smallint[], %b::uuid[], %b::timestamptz[]) AS k(partition_id, job_id, scheduled_at)
 JOIN run_history h
-  ON h.partition_id = k.partition_id AND h.job_id = k.job_id AND h.scheduled_at = k.scheduled_at
-"""
+  ON h.partition_id = k.partition_id AND h.job_id = k.job_id AND h.scheduled_at = k.scheduled_at"""
 # ... and the inserts of those undone, before anyone could see them.
-_UNDO = """
+_UNDO_SQL = """
 DELETE FROM job_runs q
 USING unnest(%b::smallint[], %b::uuid[], %b::timestamptz[]) AS k(partition_id, job_id, scheduled_at)
-WHERE q.partition_id = k.partition_id AND q.job_id = k.job_id AND q.scheduled_at = k.scheduled_at
-"""
+WHERE q.partition_id = k.partition_id AND q.job_id = k.job_id AND q.scheduled_at = k.scheduled_at"""
+_SUCCEEDED = {False: _SUCCEEDED_SQL, True: _SUCCEEDED_SQL + "\n  AND h.partition_id = ANY(%b::smallint[])"}
+_UNDO = {False: _UNDO_SQL, True: _UNDO_SQL + "\n  AND q.partition_id = ANY(%b::smallint[])"}
+
+
+def _keys(rows: Sequence[tuple], *, citus: bool) -> list[list]:
+    """_SUCCEEDED's and _UNDO's parameters for rows led by (partition_id, job_id, scheduled_at)."""
+    columns = [[row[i] for row in rows] for i in range(3)]
+    return [*columns, sorted(set(columns[0]))] if citus else columns
 
 
 # The overlap read (`active`) differs by engine.
@@ -152,12 +161,12 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
         # binary: the RETURNING's timestamps load in C, not through Django's text loader.
         cursor.execute(_INSERT[citus], _parameters(runs, citus=citus), binary=True)
         inserted = cursor.fetchall()
-        if not inserted or citus:  # on Citus no success moves (queries.COMPLETE says why)
-            return [InsertedRun(job_id=j, scheduled_at=at, status=st) for _, j, at, st in inserted]
-        cursor.execute(_SUCCEEDED, [list(column) for column in zip(*inserted, strict=True)][:3], binary=True)
+        if not inserted:
+            return []
+        cursor.execute(_SUCCEEDED[citus], _keys(inserted, citus=citus), binary=True)
         succeeded = cursor.fetchall()
         if succeeded:
-            cursor.execute(_UNDO, [list(column) for column in zip(*succeeded, strict=True)], binary=True)
+            cursor.execute(_UNDO[citus], _keys(succeeded, citus=citus), binary=True)
         gone = {(j, at) for _, j, at in succeeded}
         kept = [(j, at, st) for _, j, at, st in inserted if (j, at) not in gone]
         return [InsertedRun(job_id=j, scheduled_at=at, status=st) for j, at, st in kept]

@@ -108,9 +108,9 @@ class JobRun(RunColumns):
     """One occurrence of a job, wherever its row is: every reader's model (read-only).
 
     A run's row lives in job_runs while it is open, and there for good when it ends any
-    other way than a success (dead, cancelled, skipped); on plain PostgreSQL a success
-    moves it to run_history, written once (docs/decisions/0085-run-history.md; on Citus
-    it stays). This model reads
+    other way than a success (dead, cancelled, skipped); a success moves it to
+    run_history, written once (docs/decisions/0085-run-history.md; on Citus a few seconds
+    after its outcome, 0087-citus-history-moves.md). This model reads
     the view `runs`, their union (runs migrations 0023, 0024); writers name the tables:
     JobRunRow for the services' locked writes, SQL for everything else.
 

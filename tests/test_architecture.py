@@ -79,6 +79,10 @@ SCHEDULER_QUERIES = "jobs.dispatch.queries"
 # A module that holds one concept may be long; past this it is worth a look.
 WARN_LINES = 600
 MAX_LINES = 1000
+# Modules whose one concept is a list: each process's SQL statements, one module per
+# process (the style's rule), grow with the statements the process runs.
+STATEMENT_MODULES = {EXECUTOR_QUERIES, SCHEDULER_QUERIES}
+MAX_STATEMENT_LINES = 1300
 
 
 def sources() -> dict[str, Path]:
@@ -244,7 +248,11 @@ def test_module_sizes():
     for name, n in sorted(sizes.items()):
         if n > WARN_LINES:
             warnings.warn(f"{name} has {n} lines: does it still hold one concept?", stacklevel=1)
-    too_long = sorted(f"{name}: {n}" for name, n in sizes.items() if n > MAX_LINES)
+    too_long = sorted(
+        f"{name}: {n}"
+        for name, n in sizes.items()
+        if n > (MAX_STATEMENT_LINES if name in STATEMENT_MODULES else MAX_LINES)
+    )
     assert not too_long, f"split these along their concepts: {too_long}"
 
 

@@ -1,9 +1,11 @@
 """A success moves its run to run_history, written once; every other run stays in
 job_runs; the run key stays unique across the two (docs/decisions/0085-run-history.md).
-On Citus a success stays in place (runs/execution/queries.py, COMPLETE, says why).
+On Citus the outcome writes a success in place and the executor moves it afterwards
+(runs/execution/history_moves.py, docs/decisions/0087-citus-history-moves.md).
 
-The outcomes go through the executor's own statement (runs/execution/outcomes.py), the
-inserts through runs.enqueue, on both engines (make test-citus runs this file too)."""
+The outcomes go through the executor's own statements (runs/execution/outcomes.py and, on
+Citus, history_moves.move), the inserts through runs.enqueue, on both engines (make
+test-citus runs this file too)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from django.db import connection, connections, transaction
 from runs import history
 from runs.attempts import AttemptRecord
 from runs.enqueue import enqueue_runs
-from runs.execution import outcomes
+from runs.execution import history_moves, outcomes
 from runs.models import JobRun, JobRunRow, RunHistoryRow
 from runs.rows import Completion, NewRun
 from scheduler_project.citus import citus_installed
@@ -26,14 +28,14 @@ from tests.support.executor import on_executor_connection, queue_runs, set_runni
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.fixture
-def succeeded_in():
-    """Where a success's row is: (rows in job_runs, rows in run_history)."""
+def on_citus() -> bool:
     with connection.cursor() as cursor:
-        return (1, 0) if citus_installed(cursor) else (0, 1)
+        return citus_installed(cursor)
 
 
-def complete(key, status: str, *, attempt: int = 1) -> set:
+def complete(key, status: str, *, attempt: int = 1, move: bool = True) -> set:
+    """The executor's outcome of the attempt and, on Citus, its move of a success (unless
+    `move` is False)."""
     entry = AttemptRecord(
         attempt, "x:1", None, None, None, status, 200 if status == "succeeded" else 500, "", None
     )
@@ -49,7 +51,15 @@ def complete(key, status: str, *, attempt: int = 1) -> set:
         error="" if status == "succeeded" else "HTTP 500",
         entry=entry,
     )
-    return on_executor_connection(lambda conn: outcomes.complete_runs(conn, [completion]))
+    move = move and status == "succeeded" and on_citus()
+
+    async def write(conn) -> set:
+        written = await outcomes.complete_runs(conn, [completion])
+        if written and move:
+            await history_moves.move(conn, [(run.partition_id, key[0], key[1])])
+        return written
+
+    return on_executor_connection(write)
 
 
 def where(key) -> tuple[int, int]:
@@ -76,12 +86,12 @@ def again(tenant, key) -> list:
         )
 
 
-def test_a_success_moves_the_run_and_readers_see_it_once(tenant, succeeded_in):
+def test_a_success_moves_the_run_and_readers_see_it_once(tenant):
     (key,) = queue_runs(tenant, task_target("noop"))
     set_running(key)
     assert where(key) == (1, 0)
     assert len(complete(key, "succeeded")) == 1
-    assert where(key) == succeeded_in
+    assert where(key) == (0, 1)
     run = JobRun.objects.get(job_id=key[0], scheduled_at=key[1])
     assert (run.status, run.attempt, run.result_code, run.lease_until) == ("succeeded", 1, 200, None)
     assert run.finished_at is not None and run.attempts == []  # a first success stores no entry
@@ -126,7 +136,7 @@ def stored_sparse_values(key: tuple) -> int:
 
 
 @pytest.mark.parametrize("values", ["common", "uncommon"])
-def test_a_run_reads_the_same_after_its_move(tenant, succeeded_in, values):
+def test_a_run_reads_the_same_after_its_move(tenant, values):
     """run_history stores NULL for a column holding the value nearly every run has, and
     the view gives that value back: a run reads the same in both tables, whatever its
     values (runs/history.py; runs migration 0024 holds the view's half)."""
@@ -139,7 +149,7 @@ def test_a_run_reads_the_same_after_its_move(tenant, succeeded_in, values):
         )
     before = JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).values().get()
     complete(key, "succeeded", attempt=attempt)
-    assert where(key) == succeeded_in
+    assert where(key) == (0, 1)
     after = JobRun.objects.filter(job_id=key[0], scheduled_at=key[1]).values().get()
     assert {c: v for c, v in after.items() if c not in OUTCOME_COLUMNS} == {
         c: v for c, v in before.items() if c not in OUTCOME_COLUMNS
@@ -150,9 +160,8 @@ def test_a_run_reads_the_same_after_its_move(tenant, succeeded_in, values):
         "",
         [],
     )
-    if succeeded_in == (0, 1):
-        # The uncommon ones, with the start and the second attempt.
-        assert stored_sparse_values(key) == (0 if values == "common" else len(UNCOMMON) + 2)
+    # The uncommon ones, with the start and the second attempt.
+    assert stored_sparse_values(key) == (0 if values == "common" else len(UNCOMMON) + 2)
 
 
 @pytest.mark.parametrize("status", ["retrying", "dead"])
@@ -164,14 +173,14 @@ def test_any_other_outcome_stays_in_job_runs(tenant, status):
     assert JobRun.objects.get(job_id=key[0], scheduled_at=key[1]).status == status
 
 
-def test_a_retried_run_keeps_its_history_when_it_moves(tenant, succeeded_in):
+def test_a_retried_run_keeps_its_history_when_it_moves(tenant):
     (key,) = queue_runs(tenant, task_target("noop"))
     set_running(key)
     complete(key, "retrying")
     set_running(key, attempt=2)
     complete(key, "succeeded", attempt=2)
     run = JobRun.objects.get(job_id=key[0], scheduled_at=key[1])
-    assert where(key) == succeeded_in
+    assert where(key) == (0, 1)
     assert [entry[5] for entry in run.attempts] == ["retrying", "succeeded"]
 
 
@@ -182,19 +191,17 @@ def test_a_fenced_off_success_moves_nothing(tenant):
     assert where(key) == (1, 0)
 
 
-def test_an_occurrence_that_succeeded_is_not_inserted_again(tenant, succeeded_in):
+def test_an_occurrence_that_succeeded_is_not_inserted_again(tenant):
     (key,) = queue_runs(tenant, task_target("noop"))
     set_running(key)
     complete(key, "succeeded")
     assert again(tenant, key) == []
-    assert where(key) == succeeded_in
+    assert where(key) == (0, 1)
 
 
-def test_an_insert_waiting_on_the_success_of_its_occurrence_inserts_nothing(tenant, succeeded_in):
+def test_an_insert_waiting_on_the_success_of_its_occurrence_inserts_nothing(tenant):
     """The success commits while the insert waits on the row it is moving: job_runs' key
     no longer holds the occurrence when the insert goes on, run_history does."""
-    if succeeded_in == (1, 0):
-        pytest.skip("on Citus no success moves")
     (key,) = queue_runs(tenant, task_target("noop"))
     set_running(key)
     run = JobRun.objects.get(job_id=key[0], scheduled_at=key[1])
@@ -227,6 +234,47 @@ def test_an_insert_waiting_on_the_success_of_its_occurrence_inserts_nothing(tena
     inserter.join(10)
     assert inserted == [[]]
     assert where(key) == (0, 1)
+
+
+def test_an_executor_moves_the_successes_it_wrote(steps, tenant):
+    """The executor's steps: on Citus write_outcomes_once writes successes in place and
+    keeps their keys, and move_history_once moves them; on plain PostgreSQL the outcome
+    moved them and no key waits."""
+    keys = queue_runs(tenant, task_target("noop"), count=3)
+    s = steps()
+    s.run(s.executor.claim_once())
+    s.calls_done()
+    assert s.run(s.executor.write_outcomes_once()).written == 3
+    if on_citus():
+        assert len(s.executor.moves) == 3
+        assert [where(key) for key in keys] == [(1, 0)] * 3
+        # Until its move a success reads as one from job_runs.
+        statuses = JobRun.objects.filter(job_id__in=[k[0] for k in keys]).values_list("status", flat=True)
+        assert set(statuses) == {"succeeded"}
+        assert s.run(s.executor.move_history_once()) == 3
+    assert len(s.executor.moves) == 0
+    assert s.run(s.executor.move_history_once()) == 0
+    assert [where(key) for key in keys] == [(0, 1)] * 3
+
+
+def test_a_move_takes_successes_only_and_each_once(tenant):
+    """history_moves.move names runs by key; a run that is not a success in job_runs
+    (retrying, or moved already) stays where it is. (The success is written in place as
+    the Citus outcome writes it; plain PostgreSQL's outcome would have moved it.)"""
+    succeeded, retrying = queue_runs(tenant, task_target("noop"), count=2)
+    for key in (succeeded, retrying):
+        set_running(key)
+    JobRunRow.objects.filter(job_id=succeeded[0], scheduled_at=succeeded[1]).update(
+        status="succeeded", finished_at=datetime.now(UTC), lease_until=None
+    )
+    complete(retrying, "retrying")
+    moves = [
+        (JobRun.objects.get(job_id=key[0], scheduled_at=key[1]).partition_id, key[0], key[1])
+        for key in (succeeded, retrying)
+    ]
+    assert on_executor_connection(lambda conn: history_moves.move(conn, moves)) == 1
+    assert on_executor_connection(lambda conn: history_moves.move(conn, moves)) == 0
+    assert (where(succeeded), where(retrying)) == ((0, 1), (1, 0))
 
 
 def test_legacy_successes_in_job_runs_are_read_and_keep_their_key(tenant):

@@ -14,7 +14,8 @@ and shut down:
 - the reaper hands back expired leases, one executor's read per REAP_EVERY_SECONDS
   across all of them (runs/execution/turns.py), and
   analyzes tables whose planner statistics are out of date
-  (runs/execution/table_statistics.py);
+  (runs/execution/table_statistics.py), and on Citus moves the successes this executor
+  wrote to run_history (runs/execution/history_moves.py);
 - the node heartbeat refreshes this process's executor_nodes row every node_lease/3.
 
 They are separate tasks, not one sequential loop, because each has its own connection
@@ -27,9 +28,10 @@ SIGTERM/SIGINT (scheduler_project.loop.on_stop_signal, the scheduler's rule): st
 claiming, let in-flight runs finish within `grace_seconds`, hand back the rest under
 their attempt's fence, exit 0; a second signal exits at once.
 
-The steps: `claim_once`, `reap_once`, `write_outcomes_once`, `heartbeat_once` and
-`node_beat_once` are what `Scheduler.step()` is for the scheduler: tests await them in-process against
-the real database (tests/test_executor_steps.py), and the drivers below run them. A
+The steps: `claim_once`, `reap_once`, `write_outcomes_once`, `move_history_once`,
+`heartbeat_once` and `node_beat_once` are what `Scheduler.step()` is for the scheduler:
+tests await them in-process against the real database (tests/test_executor_steps.py),
+and the drivers below run them. A
 step raises `psycopg.Error` when its connection fails; the driver logs the outage and
 reconnects (`reconnect`), so a test sees the real error.
 
@@ -61,13 +63,14 @@ from typing import TypeVar
 
 import psycopg
 
-from runs import alerts, counters, open_floors, rows, tasks
+from runs import alerts, counters, open_floors, per_partition, rows, tasks
 from runs.attempts import HANDED_BACK
 from runs.execution import (
     breakers,
     claims,
     connections,
     fair_share,
+    history_moves,
     inflight,
     nodes,
     outcomes,
@@ -155,6 +158,9 @@ class Executor:
             connect=lambda: connections.connect_async(self.conninfo), size=claims.CLAIM_LANES
         )
         self._results: list[tuple[InFlight, rows.Completion]] = []
+        # On Citus, the successes written in place and not yet moved to run_history.
+        self.moves = history_moves.Pending()
+        self._citus = False
         # Alerts are sent by tasks of this loop (runs/alerts.py): a slow webhook holds no step.
         # The process's Prometheus counters (runs/counters.py), flushed with the node heartbeat.
         self.tally = counters.Tally(self.owner)
@@ -192,9 +198,9 @@ class Executor:
         self._beat_conn = await self._connect(wait_first=False)
         self._reap_conn = await self._connect(wait_first=False)
         self._node_conn = await nodes.connect(self._conninfo(), node_id=self.owner)
+        self._citus = await citus_installed_async(self._claim_conn)
         if self.claim_batch is None:
-            citus = await citus_installed_async(self._claim_conn)
-            self.claim_batch = CITUS_CLAIM_BATCH if citus else CLAIM_BATCH
+            self.claim_batch = CITUS_CLAIM_BATCH if self._citus else CLAIM_BATCH
         self._slots.claim_batch = self.claim_batch
         await self.node_beat_once()  # registered before the first claim
         self._session = targets.make_session(concurrency=self.concurrency, allow_private=self.allow_private)
@@ -345,6 +351,23 @@ class Executor:
         self._written(batch, written, finished_at=now)
         await self._record_hosts(batch)
         return Written(written=len(written), fenced=len(batch) - len(written))
+
+    async def move_history_once(self) -> int:
+        """Citus: move the oldest successes this executor wrote in place to run_history
+        (runs/execution/history_moves.py); returns how many moved. The keys of a worker
+        out of reach wait for the next move."""
+        keys = self.moves.take()
+        if not keys:
+            return 0
+        try:
+            return await history_moves.move(self._reap_conn, keys)
+        except per_partition.WorkerUnreachable as exc:
+            self._outage.failed(exc.cause)
+            self.moves.put_back(exc.items)
+            return len(exc.rows)
+        except psycopg.Error:
+            self.moves.put_back(keys)
+            raise
 
     async def heartbeat_once(self) -> Beat:
         """Extend every in-flight lease; drop (cancel, write nothing) runs no longer ours."""
@@ -531,6 +554,8 @@ class Executor:
             self.counters.handed_back += int(handed_back)
             if completion.status == "succeeded":
                 self.counters.succeeded += 1
+                if self._citus:  # written in place: moved to run_history later
+                    self.moves.note([(entry.run.partition_id, completion.job_id, completion.scheduled_at)])
                 # The run's finished_at: its tenant's newest success (/metrics).
                 self.tally.succeeded(entry.run.tenant_id, finished_at)
             elif completion.status == "retrying" and not handed_back:
@@ -639,6 +664,7 @@ class Executor:
         try:
             await self._claim_loop(once=once)
             await self._drain(grace=None if once and not self._stopping.is_set() else self.grace_seconds)
+            await self._move_the_rest()
         finally:
             for task in background:
                 task.cancel()
@@ -727,6 +753,8 @@ class Executor:
                 table_statistics.keep_statistics, "_reap_conn", "their statistics were out of date"
             )
             await self._guarded(self.keep_floors_once, "_reap_conn")
+            if self.moves.due():
+                await self._guarded(self.move_history_once, "_reap_conn")
             await asyncio.sleep(max(REAP_EVERY_SECONDS, took * (1 - REAP_SHARE) / REAP_SHARE))
 
     async def _statistics_step(
@@ -807,6 +835,20 @@ class Executor:
             self._results or any(e.writing for e in self._inflight.values())
         ) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+
+    async def _move_the_rest(self) -> None:
+        """At shutdown, move what this executor still holds for run_history (Citus)."""
+        while self.moves:
+            try:
+                if not await self.move_history_once() and self.moves:
+                    break  # a worker out of reach: those successes stay in job_runs
+            except psycopg.Error as exc:
+                log.error(
+                    "could not move %d success(es) to run_history (%s); they stay in job_runs",
+                    len(self.moves),
+                    exc,
+                )
+                return
 
     async def _hand_back(self, entries: list[InFlight]) -> None:
         for entry in entries:

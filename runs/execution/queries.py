@@ -614,6 +614,13 @@ _UPDATED = f"""updated AS (
     RETURNING r.partition_id, r.job_id, r.scheduled_at, r.attempt, r.status,
               {attempts.sql_outcome("x.entry -> 0")} AS outcome
 )"""
+_MOVED_ROW = history.insert_sql(
+    "succeeded",
+    finished_at="%(now)s",
+    result_code="new_result_code",
+    last_error="new_error",
+    attempts="new_attempts",
+)
 _MOVED = f""",
 succeeded AS (
     DELETE FROM job_runs r
@@ -624,15 +631,7 @@ succeeded AS (
               {attempts.sql_outcome("x.entry -> 0")} AS outcome
 ),
 moved AS (  -- the sparse row of runs/history.py
-    {
-    history.insert_sql(
-        "succeeded",
-        finished_at="%(now)s",
-        result_code="new_result_code",
-        last_error="new_error",
-        attempts="new_attempts",
-    )
-}
+    {_MOVED_ROW}
     ON CONFLICT DO NOTHING  -- a success recorded twice keeps the first (decision 0085)
 )"""
 _HEALTH = f"""-- Job health, in the same statement (no extra round trip per batch). An attempt the
@@ -722,11 +721,33 @@ def _complete(*, move: bool) -> str:
     return f"WITH {updated}{_MOVED if move else ''},\ndone AS (\n    {done}\n),\n{_HEALTH}"
 
 
-# Citus keeps a success in place: it runs an INSERT ... SELECT fed by a data-modifying WITH
-# through the coordinator, not inside the shard (an intermediate result per statement,
-# and, with uuid columns, an error reading it back: "invalid input syntax for type uuid:
-# PGCOPY"). docs/decisions/0085-run-history.md.
+# Citus writes a success in place and moves it later, with MOVE_SUCCEEDED: an INSERT
+# ... SELECT in a data-modifying WITH takes the statement out of its shard (Citus then
+# plans each part on its own, through the coordinator, and with uuid columns fails to read
+# back one of its parts: "invalid input syntax for type uuid: PGCOPY").
+# docs/decisions/0087-citus-history-moves.md.
 COMPLETE = per_partition.Forms.per_engine(plain=_complete(move=True), citus=_complete(move=False))
+
+# Citus: move the successes of one shard named by their keys to run_history, as COMPLETE
+# does on plain PostgreSQL; runs/execution/history_moves.py runs it. One statement per
+# shard for many outcome batches: Citus runs the DELETE inside the shard and the INSERT from
+# what it returned, in the same transaction, so a reader sees the run in one table or the
+# other. The keys come from the executor that wrote the successes; `status` fences
+# everything else (a run is written `succeeded` once and nobody changes it after).
+MOVE_SUCCEEDED = per_partition.Forms.of(f"""
+WITH succeeded AS (
+    DELETE FROM job_runs r
+    USING unnest(%(run_partitions)s::smallint[], %(job_ids)s::uuid[], %(scheduled)s::timestamptz[])
+        AS k(partition_id, job_id, scheduled_at)
+    WHERE r.partition_id {{partition_filter}} AND r.partition_id = k.partition_id
+      AND r.job_id = k.job_id AND r.scheduled_at = k.scheduled_at AND {{in_window:r}}
+      AND r.status = 'succeeded' AND r.job_id = ANY(%(job_ids)s::uuid[])
+    RETURNING r.*
+)
+{history.insert_sql("succeeded")}
+ON CONFLICT DO NOTHING  -- a success recorded twice keeps the first (decision 0085)
+RETURNING job_id
+""")
 
 # --- run leases (runs/execution/run_leases.py) ---------------------------------------------
 
