@@ -8,10 +8,11 @@ times and the dropped columns are null). A success has no status column (it is
 `succeeded`) and no lease (it has none).
 
 Every writer of run_history builds its INSERT here: the outcome statement's move
-(runs/execution/queries.py, COMPLETE), the benchmark's own-schema limit and the tests'
-run maker. The view's COALESCEs are the other half of the same encoding; migrations are
-frozen, so 0024 carries its own copy, and tests/test_run_history.py checks that a run
-reads the same before and after its move, column by column.
+(runs/execution/queries.py, COMPLETE), Citus's move after the outcome (MOVE_SUCCEEDED),
+the benchmark's own-schema limit and the tests' run maker. The view's COALESCEs are the
+other half of the same encoding; migrations are frozen, so 0024 carries its own copy,
+and tests/test_run_history.py checks that a run reads the same before and after its
+move, column by column.
 """
 
 from __future__ import annotations

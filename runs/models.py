@@ -139,10 +139,11 @@ class JobRun(RunColumns):
 
 
 class RunHistoryRow(PartitionKeyed, RunKeyColumns):
-    """A row of the table run_history: a succeeded run, written once by the outcome
-    statement (runs/execution/queries.py, COMPLETE) in the sparse form of runs/history.py,
-    and only deleted, with its job. Readers read it through JobRun, which gives the sparse
-    columns back; this model counts and deletes, so it names the key alone."""
+    """A row of the table run_history: a succeeded run, written once in the sparse form of
+    runs/history.py by the outcome statement (runs/execution/queries.py, COMPLETE) or, on
+    Citus, by the executor's move after it (MOVE_SUCCEEDED), and only deleted, with its
+    job or its day. Readers read it through JobRun, which gives the sparse columns back;
+    this model counts and deletes, so it names the key alone."""
 
     class Meta:
         db_table = "run_history"

@@ -16,10 +16,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, connections, transaction
 
-from runs import history
+from runs import history, per_partition
 from runs.attempts import AttemptRecord
 from runs.enqueue import enqueue_runs
-from runs.execution import history_moves, outcomes
+from runs.execution import history_moves, outcomes, queries
 from runs.models import JobRun, JobRunRow, RunHistoryRow
 from runs.rows import Completion, NewRun
 from scheduler_project.citus import citus_installed
@@ -200,22 +200,32 @@ def test_an_occurrence_that_succeeded_is_not_inserted_again(tenant):
 
 
 def test_an_insert_waiting_on_the_success_of_its_occurrence_inserts_nothing(tenant):
-    """The success commits while the insert waits on the row it is moving: job_runs' key
-    no longer holds the occurrence when the insert goes on, run_history does."""
+    """The move commits while the insert waits on the row it is moving: job_runs' key no
+    longer holds the occurrence when the insert goes on, run_history does. The move is the
+    executor's own statement (queries.MOVE_SUCCEEDED, Citus's; on plain PostgreSQL the
+    outcome's move is the same DELETE and INSERT), held open in a transaction."""
     (key,) = queue_runs(tenant, task_target("noop"))
     set_running(key)
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(  # as Citus's outcome writes it
+        status="succeeded", finished_at=datetime.now(UTC), lease_until=None
+    )
     run = JobRun.objects.get(job_id=key[0], scheduled_at=key[1])
     moving = threading.Event()
     commit = threading.Event()
+    form = queries.MOVE_SUCCEEDED.shard if on_citus() else queries.MOVE_SUCCEEDED.many
+    params = {
+        **per_partition.window(key[1]),
+        "run_partitions": [run.partition_id],
+        "job_ids": [key[0]],
+        "scheduled": [key[1]],
+        "partitions": [run.partition_id],
+    }
 
     def succeed_slowly():
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(
-                    "WITH m AS (DELETE FROM job_runs WHERE partition_id = %s AND job_id = %s"
-                    " AND scheduled_at = %s RETURNING *) " + history.insert_sql("m"),
-                    [run.partition_id, key[0], key[1]],
-                )
+                cursor.execute(form, params)
+                assert cursor.rowcount == 1
                 moving.set()
                 commit.wait(10)
         finally:

@@ -352,22 +352,25 @@ class Executor:
         await self._record_hosts(batch)
         return Written(written=len(written), fenced=len(batch) - len(written))
 
-    async def move_history_once(self) -> int:
+    async def move_history_once(self, conn: psycopg.AsyncConnection | None = None) -> int:
         """Citus: move the oldest successes this executor wrote in place to run_history
-        (runs/execution/history_moves.py); returns how many moved. The keys of a worker
-        out of reach wait for the next move."""
+        (runs/execution/history_moves.py), on `conn` (default: the reaper's); returns how
+        many moved. Keys whose move did not happen (a worker out of reach, an error, a
+        cancel) are pending again."""
         keys = self.moves.take()
         if not keys:
             return 0
+        failed = keys
         try:
-            return await history_moves.move(self._reap_conn, keys)
+            moved = await history_moves.move(conn or self._reap_conn, keys)
+            failed = []
+            return moved
         except per_partition.WorkerUnreachable as exc:
             self._outage.failed(exc.cause)
-            self.moves.put_back(exc.items)
+            failed = exc.items
             return len(exc.rows)
-        except psycopg.Error:
-            self.moves.put_back(keys)
-            raise
+        finally:
+            self.moves.put_back(failed)
 
     async def heartbeat_once(self) -> Beat:
         """Extend every in-flight lease; drop (cancel, write nothing) runs no longer ours."""
@@ -664,13 +667,13 @@ class Executor:
         try:
             await self._claim_loop(once=once)
             await self._drain(grace=None if once and not self._stopping.is_set() else self.grace_seconds)
-            await self._move_the_rest()
         finally:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
+            await self._move_the_rest()  # after the reaper and the writer: nothing moves or notes beside it
             await self.close()
             log.info("executor %s stopped: %s", self.owner, self.counters)
 
@@ -753,9 +756,21 @@ class Executor:
                 table_statistics.keep_statistics, "_reap_conn", "their statistics were out of date"
             )
             await self._guarded(self.keep_floors_once, "_reap_conn")
-            if self.moves.due():
-                await self._guarded(self.move_history_once, "_reap_conn")
+            await self._move_step()
             await asyncio.sleep(max(REAP_EVERY_SECONDS, took * (1 - REAP_SHARE) / REAP_SHARE))
+
+    async def _move_step(self) -> None:
+        """The reaper's moves (Citus): while a move is due and the last one took keys off.
+        Nothing it raises may stop the reaper (a database error still replaces its
+        connection)."""
+        try:
+            while self.moves.due():
+                waiting = len(self.moves)
+                await self._guarded(self.move_history_once, "_reap_conn")
+                if len(self.moves) >= waiting:
+                    return
+        except Exception:
+            log.exception("moving successes to run_history failed; %d wait", len(self.moves))
 
     async def _statistics_step(
         self, analyze: Callable[[psycopg.AsyncConnection], Awaitable[tuple[str, ...]]], conn: str, why: str
@@ -837,18 +852,28 @@ class Executor:
             await asyncio.sleep(0.05)
 
     async def _move_the_rest(self) -> None:
-        """At shutdown, move what this executor still holds for run_history (Citus)."""
-        while self.moves:
-            try:
-                if not await self.move_history_once() and self.moves:
-                    break  # a worker out of reach: those successes stay in job_runs
-            except psycopg.Error as exc:
-                log.error(
-                    "could not move %d success(es) to run_history (%s); they stay in job_runs",
-                    len(self.moves),
-                    exc,
-                )
-                return
+        """At shutdown, move what this executor still holds for run_history (Citus), on a
+        connection of its own: the reaper's may have been cancelled mid-statement. What
+        cannot be moved stays in job_runs, where it reads the same."""
+        if not self.moves:
+            return
+        try:
+            conn = await connections.connect_async(self._conninfo())
+        except psycopg.Error as exc:
+            log.error("could not move %d success(es) to run_history (%s)", len(self.moves), exc)
+            return
+        try:
+            while self.moves:
+                waiting = len(self.moves)
+                await self.move_history_once(conn)
+                if len(self.moves) >= waiting:  # a worker out of reach
+                    break
+        except psycopg.Error as exc:
+            log.error("could not move %d success(es) to run_history (%s)", len(self.moves), exc)
+        finally:
+            await close_quietly(conn)
+        if self.moves:
+            log.warning("%d success(es) stay in job_runs, not moved to run_history", len(self.moves))
 
     async def _hand_back(self, entries: list[InFlight]) -> None:
         for entry in entries:

@@ -10,7 +10,7 @@ many outcome batches (docs/decisions/0087-citus-history-moves.md).
 Between the outcome and the move the success reads the same through the view `runs`, from
 job_runs: every reader, and every check for a run key or a newer success, reads both
 tables. Keys are kept in memory only: an executor killed before it moved them leaves
-those successes in job_runs, read as before, until retention drops their day.
+those successes in job_runs, where they read the same, until retention drops their day.
 """
 
 from __future__ import annotations
@@ -28,21 +28,26 @@ log = logging.getLogger(__name__)
 
 # A key waits at most this long for its move ...
 MOVE_AFTER_SECONDS = 2.0
-# ... or until this many are waiting: one statement per shard, as many keys as it names.
-MOVE_BATCH = 5000
-# Past this many keys waiting (the moves keep failing), the oldest are given up: their
-# successes stay in job_runs, where they read the same.
+# ... or until this many wait. One move names at most this many keys, with one statement
+# per shard for its share: a few hundred to a few thousand rows each on 32 shards.
+MOVE_BATCH = 20_000
+# After a move that failed (a worker out of reach, an outage), the next waits this long.
+RETRY_SECONDS = 10.0
+# Past this many keys waiting (the moves keep failing), the oldest are given up, a move's
+# worth at a time: their successes stay in job_runs, where they read the same.
 MAX_PENDING = 500_000
 
 MoveKey = tuple[int, UUID, datetime]  # (partition_id, job_id, scheduled_at)
 
 
 class Pending:
-    """The keys of successes this executor wrote in place and has not moved yet."""
+    """The keys of successes this executor wrote in place and has not moved yet, oldest
+    first."""
 
     def __init__(self) -> None:
         self._keys: list[MoveKey] = []
         self._since = 0.0  # monotonic time the oldest waiting key was noted
+        self._retry_at = 0.0  # no move before this (monotonic), after a failed one
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -52,23 +57,34 @@ class Pending:
             self._since = time.monotonic()
         self._keys += keys
         if len(self._keys) > MAX_PENDING:
-            dropped = len(self._keys) - MAX_PENDING
+            dropped = len(self._keys) - (MAX_PENDING - MOVE_BATCH)
             del self._keys[:dropped]
             log.warning("gave up moving %d success(es) to run_history; they stay in job_runs", dropped)
 
     def due(self, *, now: float | None = None) -> bool:
-        """Whether a move is due: keys have waited MOVE_AFTER_SECONDS, or MOVE_BATCH wait."""
+        """Whether a move is due: MOVE_BATCH keys wait, or the oldest has waited
+        MOVE_AFTER_SECONDS; never within RETRY_SECONDS of a failed move."""
         now = time.monotonic() if now is None else now
-        return len(self._keys) >= MOVE_BATCH or (bool(self._keys) and now - self._since >= MOVE_AFTER_SECONDS)
+        if not self._keys or now < self._retry_at:
+            return False
+        return len(self._keys) >= MOVE_BATCH or now - self._since >= MOVE_AFTER_SECONDS
 
     def take(self) -> list[MoveKey]:
-        """The oldest MOVE_BATCH keys, no longer pending (`put_back` if their move failed)."""
+        """The oldest MOVE_BATCH keys, no longer pending (`put_back` if their move failed).
+        The keys left have waited as long: they stay due."""
         taken, self._keys = self._keys[:MOVE_BATCH], self._keys[MOVE_BATCH:]
-        self._since = time.monotonic()
         return taken
 
-    def put_back(self, keys: list[MoveKey]) -> None:
-        self._keys[:0] = keys
+    def put_back(self, keys: list[MoveKey], *, now: float | None = None) -> None:
+        """Keys whose move failed: pending again, behind the others (a worker out of reach
+        must not hold up the keys of the rest), and no move for RETRY_SECONDS."""
+        if not keys:
+            return
+        now = time.monotonic() if now is None else now
+        if not self._keys:
+            self._since = now
+        self._keys += keys
+        self._retry_at = now + RETRY_SECONDS
 
 
 async def move(conn, keys: list[MoveKey]) -> int:
