@@ -130,3 +130,19 @@ def test_node_beat_once_registers_the_executor_with_its_in_flight_count(steps):
     assert s.run(s.executor.node_beat_once()) == 0
     node = ExecutorNode.objects.get(node_id=s.executor.owner)
     assert node.concurrency == 7 and node.in_flight == 0
+
+
+def test_shutdown_leaves_a_run_whose_outcome_waits_for_the_writer(steps, tenant, http_target):
+    """Shutdown hands back the runs whose call did not finish. A call that finished and
+    whose outcome still waits for the writer keeps its run: handed back, its run would be
+    retried and the target called again."""
+    (key,) = queue_runs(tenant, http_spec(http_target.url("/ok")))
+    s = steps()
+    s.run(s.executor.claim_once())
+    s.calls_done()
+    assert [c.status for _, c in s.executor._results] == ["succeeded"]  # not written yet
+    s.run(s.executor._drain(grace=0.0))
+    assert row(key).status == "running"  # its outcome is still to be written, not handed back
+    assert s.run(s.executor.write_outcomes_once()) == Written(written=1, fenced=0)
+    assert row(key).status == "succeeded"
+    assert len(http_target.received("/ok")) == 1

@@ -841,7 +841,10 @@ class Executor:
                 await asyncio.wait_for(self._flushed.wait(), timeout=min(remaining or 0.5, 0.5))
             except TimeoutError:
                 pass
-        unfinished = [e for e in self._inflight.values() if not e.writing]
+        # Not a run whose outcome waits for the writer: handed back, its call would be
+        # made again though it happened.
+        waiting = {id(e) for e, _ in self._results}
+        unfinished = [e for e in self._inflight.values() if not e.writing and id(e) not in waiting]
         if unfinished:
             await self._hand_back(unfinished)
         # Outcomes already in the writer's hands: give them a moment to land.
