@@ -272,15 +272,12 @@ def worker_cpu() -> dict[int, float]:
     from psycopg.conninfo import make_conninfo
 
     from runs.execution.connections import database_conninfo
-    from scheduler_project.citus import citus_installed
+    from scheduler_project.citus import citus_installed, workers
 
     with connection.cursor() as cursor:
         if not citus_installed(cursor):
             return {}
-        cursor.execute(
-            "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid > 0 AND noderole = 'primary'"
-        )
-        nodes = cursor.fetchall()
+        nodes = workers(cursor)
     out: dict[int, float] = {}
     for host, port in nodes:
         with psycopg.connect(make_conninfo(database_conninfo(), host=host, port=port)) as conn:

@@ -72,29 +72,25 @@ def target(url: str) -> dict:
 
 
 def on_citus(conn: psycopg.Connection) -> bool:
-    return conn.execute("SELECT count(*) FROM pg_extension WHERE extname = 'citus'").fetchone()[0] > 0
+    from scheduler_project.citus import citus_installed
+
+    return citus_installed(conn.cursor())
 
 
 def fresh_database(base: str, name: str) -> str:
     from bench.dispatch import ensure_database
-    from scheduler_project.citus import prepare_database
+    from scheduler_project.citus import prepare_database, workers
 
     with psycopg.connect(base, autocommit=True) as conn:
         citus = on_citus(conn)
-        workers = (
-            [f"{host}:{port}" for host, port in conn.execute(
-                "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid <> 0 AND noderole = 'primary'"
-            )]
-            if citus
-            else []
-        )  # fmt: skip
+        nodes = [f"{host}:{port}" for host, port in workers(conn.cursor())] if citus else []
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         if citus:  # a Citus database afresh on every node, the workers' copies dropped too
             conn.execute(f'CREATE DATABASE "{name}"')
     if citus:
         info = psycopg.conninfo.conninfo_to_dict(base)
         coordinator = f"{info.get('host', '127.0.0.1')}:{info.get('port', 5432)}"
-        prepare_database(coordinator=coordinator, workers=workers, db=name, create_on_coordinator=False)
+        prepare_database(coordinator=coordinator, workers=nodes, db=name, create_on_coordinator=False)
     # Bytes per run over the partitions the runs are in: empty retained ones would add
     # their fixed pages to every run's share.
     return ensure_database(base, name, retained=False)

@@ -154,6 +154,16 @@ def citus_installed(cursor) -> bool:
     return _ANSWERS[database]
 
 
+# The primary workers the coordinator's copy of the database knows.
+WORKERS_SQL = "SELECT nodename, nodeport FROM pg_dist_node WHERE groupid > 0 AND noderole = 'primary'"
+
+
+def workers(cursor) -> list[tuple[str, int]]:
+    """(host, port) of each primary worker of the database of `cursor` (a Citus one)."""
+    cursor.execute(WORKERS_SQL)
+    return [(host, port) for host, port in cursor.fetchall()]
+
+
 async def citus_installed_async(conn) -> bool:
     """citus_installed for a psycopg AsyncConnection (the executor's)."""
     database = _database(conn)

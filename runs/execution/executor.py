@@ -764,11 +764,7 @@ class Executor:
         Nothing it raises may stop the reaper (a database error still replaces its
         connection)."""
         try:
-            while self.moves.due():
-                waiting = len(self.moves)
-                await self._guarded(self.move_history_once, "_reap_conn")
-                if len(self.moves) >= waiting:
-                    return
+            await self._moves(self.moves.due, lambda: self._guarded(self.move_history_once, "_reap_conn"))
         except Exception:
             log.exception("moving successes to run_history failed; %d wait", len(self.moves))
 
@@ -854,6 +850,15 @@ class Executor:
         ) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
+    async def _moves(self, more: Callable[[], bool], move: Callable[[], Awaitable[object]]) -> None:
+        """`move` while `more()` says so and the last move took keys off (none taken off:
+        a worker out of reach or an error, whose keys wait for a later move)."""
+        while more():
+            waiting = len(self.moves)
+            await move()
+            if len(self.moves) >= waiting:
+                return
+
     async def _move_the_rest(self) -> None:
         """At shutdown, move what this executor still holds for run_history (Citus), on a
         connection of its own: the reaper's may have been cancelled mid-statement. What
@@ -866,11 +871,7 @@ class Executor:
             log.error("could not move %d success(es) to run_history (%s)", len(self.moves), exc)
             return
         try:
-            while self.moves:
-                waiting = len(self.moves)
-                await self.move_history_once(conn)
-                if len(self.moves) >= waiting:  # a worker out of reach
-                    break
+            await self._moves(lambda: bool(self.moves), lambda: self.move_history_once(conn))
         except psycopg.Error as exc:
             log.error("could not move %d success(es) to run_history (%s)", len(self.moves), exc)
         finally:

@@ -3,9 +3,9 @@
 On plain PostgreSQL the outcome statement moves a success itself (queries.COMPLETE). On
 Citus that statement stays one statement inside its shard only without the move, so it
 writes the success in place (`succeeded`, in job_runs) and the executor that wrote it
-keeps the run's key here. `Pending.take` hands out the keys due for a move, and `move`
-sends them to their shards with queries.MOVE_SUCCEEDED, one statement per shard for
-many outcome batches (docs/decisions/0087-citus-history-moves.md).
+keeps the run's key here. `Pending` says when a move is due and hands out the oldest
+keys; `move` sends them to their shards with queries.MOVE_SUCCEEDED, one statement per
+shard for many outcome batches (docs/decisions/0087-citus-history-moves.md).
 
 Between the outcome and the move the success reads the same through the view `runs`, from
 job_runs: every reader, and every check for a run key or a newer success, reads both
