@@ -57,6 +57,7 @@ SQL_MODULES = {
     "runs.execution.turns",
     "runs.execution.fair_share",
     "runs.execution.outcomes",
+    "runs.execution.history_moves",
     "runs.per_partition",
     "runs.execution.table_statistics",
     "runs.execution.connections",

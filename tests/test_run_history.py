@@ -19,11 +19,11 @@ from django.db import connection, connections, transaction
 from runs import history, per_partition
 from runs.attempts import AttemptRecord
 from runs.enqueue import enqueue_runs
-from runs.execution import history_moves, outcomes, queries
+from runs.execution import history_moves, outcomes, queries, turns
 from runs.models import JobRun, JobRunRow, RunHistoryRow
 from runs.rows import Completion, NewRun
 from scheduler_project.citus import citus_installed
-from tests.support.executor import on_executor_connection, queue_runs, set_running, task_target
+from tests.support.executor import on_executor_connection, queue_runs, set_running, set_turn, task_target
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -285,6 +285,62 @@ def test_a_move_takes_successes_only_and_each_once(tenant):
     assert on_executor_connection(lambda conn: history_moves.move(conn, moves)) == 1
     assert on_executor_connection(lambda conn: history_moves.move(conn, moves)) == 0
     assert (where(succeeded), where(retrying)) == ((0, 1), (1, 0))
+
+
+def succeeded_in_place(key, *, ago: float) -> None:
+    """The run written `succeeded` in job_runs `ago` seconds ago, as the Citus outcome
+    writes it."""
+    set_running(key)
+    JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(
+        status="succeeded", finished_at=datetime.now(UTC) - timedelta(seconds=ago), lease_until=None
+    )
+
+
+def test_a_sweep_moves_only_successes_left_long_enough(tenant):
+    """history_moves.sweep: a success in job_runs that finished over SWEEP_AFTER_SECONDS
+    ago moves, once; a newer one is left to the executor that wrote it, one older than
+    SWEEP_WITHIN_SECONDS (written before executors moved successes) stays, and a run that
+    is not a success stays."""
+    left, fresh, old, retrying = queue_runs(tenant, task_target("noop"), count=4)
+    succeeded_in_place(left, ago=history_moves.SWEEP_AFTER_SECONDS + 5)
+    succeeded_in_place(fresh, ago=history_moves.SWEEP_AFTER_SECONDS - 60)
+    succeeded_in_place(old, ago=history_moves.SWEEP_WITHIN_SECONDS + 5)
+    set_running(retrying)
+    complete(retrying, "retrying")
+    JobRunRow.objects.filter(job_id=retrying[0], scheduled_at=retrying[1]).update(
+        finished_at=datetime.now(UTC) - timedelta(days=1)
+    )
+    assert on_executor_connection(history_moves.sweep) == 1
+    assert on_executor_connection(history_moves.sweep) == 0
+    assert [where(key) for key in (left, fresh, old, retrying)] == [(0, 1), (1, 0), (1, 0), (1, 0)]
+
+
+def test_the_sweep_moves_what_a_killed_executor_left(steps, tenant):
+    """On Citus the executor that takes the sweep's turn moves successes another executor
+    wrote in place and never moved (killed before its move: its keys were in memory).
+    On plain PostgreSQL the outcome moved them and no executor sweeps."""
+    keys = queue_runs(tenant, task_target("noop"), count=3)
+    killed = steps()
+    killed.run(killed.executor.claim_once())
+    killed.calls_done()
+    assert killed.run(killed.executor.write_outcomes_once()).written == 3
+    killed.executor.moves = history_moves.Pending()  # what a SIGKILL leaves of them
+    JobRunRow.objects.filter(job_id__in=[k[0] for k in keys]).update(
+        finished_at=datetime.now(UTC) - timedelta(seconds=history_moves.SWEEP_AFTER_SECONDS + 5)
+    )
+    set_turn(turns.HISTORY_SWEEP, None)
+    try:
+        sweeper = steps()
+        if on_citus():
+            assert [where(key) for key in keys] == [(1, 0)] * 3
+            assert sweeper.run(sweeper.executor.sweep_history_once()) == 3
+        else:
+            assert sweeper.run(sweeper.executor.sweep_history_once()) == 0
+        assert [where(key) for key in keys] == [(0, 1)] * 3
+        # One turn per interval across executors.
+        assert killed.run(killed.executor.sweep_history_once()) == 0
+    finally:
+        set_turn(turns.HISTORY_SWEEP, None)
 
 
 def test_legacy_successes_in_job_runs_are_read_and_keep_their_key(tenant):

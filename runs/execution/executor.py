@@ -15,7 +15,8 @@ and shut down:
   across all of them (runs/execution/turns.py), and
   analyzes tables whose planner statistics are out of date
   (runs/execution/table_statistics.py), and on Citus moves the successes this executor
-  wrote to run_history (runs/execution/history_moves.py);
+  wrote to run_history and, in turn, those no executor will move
+  (runs/execution/history_moves.py);
 - the node heartbeat refreshes this process's executor_nodes row every node_lease/3.
 
 They are separate tasks, not one sequential loop, because each has its own connection
@@ -175,6 +176,7 @@ class Executor:
         self._retry_writes_at = 0.0
         self._next_beat = float("inf")  # monotonic time the in-flight leases need extending
         self._floors_due = 0.0  # monotonic time to ask for the open floor upkeep's turn
+        self._sweep_due = 0.0  # monotonic time to ask for the history sweep's turn (Citus)
         self._signals = False
         # Whether the last claim found nothing, and whether runs were announced since:
         # the plan about to be made for them must not come from statistics that call
@@ -371,6 +373,20 @@ class Executor:
             return len(exc.rows)
         finally:
             self.moves.put_back(failed)
+
+    async def sweep_history_once(self) -> int:
+        """Citus, when this executor takes the turn (asked every
+        history_moves.SWEEP_EVERY_SECONDS; one executor's turn per that interval): move
+        successes left in job_runs that no executor will move (history_moves.sweep).
+        How many moved."""
+        if not self._citus or time.monotonic() < self._sweep_due:
+            return 0
+        self._sweep_due = time.monotonic() + history_moves.SWEEP_EVERY_SECONDS
+        if not await turns.take(
+            self._reap_conn, task=turns.HISTORY_SWEEP, seconds=history_moves.SWEEP_EVERY_SECONDS
+        ):
+            return 0
+        return await history_moves.sweep(self._reap_conn)
 
     async def heartbeat_once(self) -> Beat:
         """Extend every in-flight lease; drop (cancel, write nothing) runs no longer ours."""
@@ -760,13 +776,17 @@ class Executor:
             await asyncio.sleep(max(REAP_EVERY_SECONDS, took * (1 - REAP_SHARE) / REAP_SHARE))
 
     async def _move_step(self) -> None:
-        """The reaper's moves (Citus): while a move is due and the last one took keys off.
-        Nothing it raises may stop the reaper (a database error still replaces its
-        connection)."""
+        """The reaper's moves (Citus): while a move is due and the last one took keys off;
+        then, in turn, the sweep. Nothing they raise may stop the reaper (a database
+        error still replaces its connection)."""
         try:
             await self._moves(self.moves.due, lambda: self._guarded(self.move_history_once, "_reap_conn"))
         except Exception:
             log.exception("moving successes to run_history failed; %d wait", len(self.moves))
+        try:
+            await self._guarded(self.sweep_history_once, "_reap_conn")
+        except Exception:
+            log.exception("sweeping successes to run_history failed")
 
     async def _statistics_step(
         self, analyze: Callable[[psycopg.AsyncConnection], Awaitable[tuple[str, ...]]], conn: str, why: str
@@ -877,7 +897,7 @@ class Executor:
         finally:
             await close_quietly(conn)
         if self.moves:
-            log.warning("%d success(es) stay in job_runs, not moved to run_history", len(self.moves))
+            log.warning("%d success(es) stay in job_runs for the sweep to move", len(self.moves))
 
     async def _hand_back(self, entries: list[InFlight]) -> None:
         for entry in entries:

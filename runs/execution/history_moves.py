@@ -9,8 +9,12 @@ shard for many outcome batches (docs/decisions/0087-citus-history-moves.md).
 
 Between the outcome and the move the success reads the same through the view `runs`, from
 job_runs: every reader, and every check for a run key or a newer success, reads both
-tables. Keys are kept in memory only: an executor killed before it moved them leaves
-those successes in job_runs, where they read the same, until retention drops their day.
+tables. Keys are kept in memory only: an executor killed before it moved them, or one
+that gave them up, leaves those successes in job_runs, where they read the same until
+`sweep` moves them. Once a minute across all executors (turns.HISTORY_SWEEP), one reads
+the keys of successes that finished over SWEEP_AFTER_SECONDS ago (within the last day)
+and moves them as its own. It may meet a live executor's move of the same run: the later DELETE finds the row
+gone and moves nothing.
 """
 
 from __future__ import annotations
@@ -34,8 +38,18 @@ MOVE_BATCH = 20_000
 # After a move that failed (a worker out of reach, an outage), the next waits this long.
 RETRY_SECONDS = 10.0
 # Past this many keys waiting (the moves keep failing), the oldest are given up, a move's
-# worth at a time: their successes stay in job_runs, where they read the same.
+# worth at a time: their successes stay in job_runs, where they read the same, for the
+# sweep.
 MAX_PENDING = 500_000
+
+# The sweep: how often one executor looks for successes left in job_runs; how long after
+# its outcome a success counts as left (its executor moves it within seconds, or within
+# RETRY_SECONDS of a worker's return); and for how long after that the sweep moves it.
+# Successes written before the executors moved them (an upgrade) stay, save their last
+# day's: moving a month of them would write each again only for retention to drop it.
+SWEEP_EVERY_SECONDS = 60.0
+SWEEP_AFTER_SECONDS = 300.0
+SWEEP_WITHIN_SECONDS = 86_400.0
 
 MoveKey = tuple[int, UUID, datetime]  # (partition_id, job_id, scheduled_at)
 
@@ -59,7 +73,7 @@ class Pending:
         if len(self._keys) > MAX_PENDING:
             dropped = len(self._keys) - (MAX_PENDING - MOVE_BATCH)
             del self._keys[:dropped]
-            log.warning("gave up moving %d success(es) to run_history; they stay in job_runs", dropped)
+            log.warning("gave up moving %d success(es) to run_history; the sweep moves them", dropped)
 
     def due(self, *, now: float | None = None) -> bool:
         """Whether a move is due: MOVE_BATCH keys wait, or the oldest has waited
@@ -104,3 +118,23 @@ async def move(conn, keys: list[MoveKey]) -> int:
         },
     )
     return len(rows)
+
+
+async def sweep(conn) -> int:
+    """Move up to MOVE_BATCH successes still in job_runs that finished between
+    SWEEP_WITHIN_SECONDS and SWEEP_AFTER_SECONDS ago; returns how many moved. A worker
+    out of reach keeps its successes for a later sweep (the others move)."""
+    cursor = await conn.execute(
+        queries.UNMOVED_SUCCEEDED,
+        {"after": SWEEP_AFTER_SECONDS, "within": SWEEP_WITHIN_SECONDS, "limit": MOVE_BATCH},
+    )
+    keys = [tuple(row) for row in await cursor.fetchall()]
+    if not keys:
+        return 0
+    try:
+        moved = await move(conn, keys)
+    except per_partition.WorkerUnreachable as exc:
+        log.warning("sweep: %d success(es) wait for a worker out of reach (%s)", len(exc.items), exc.cause)
+        moved = len(exc.rows)
+    log.info("swept %d success(es) left in job_runs to run_history", moved)
+    return moved

@@ -2,16 +2,17 @@
 
 Some of an executor's periodic reads cover every partition (on Citus, every shard):
 the reaper's look for expired leases, the open floor upkeep, the read of the shards'
-planner statistics. Run by each executor, their cost would grow with the number of
-executors; run once per interval by whichever executor asks first, it does not. Each
-task has one row in `upkeep_turns` (on the coordinator on Citus), holding when its next
-turn begins: the first caller to ask at or after that moment takes the turn and sets
-the next one (TAKE_TURN).
+planner statistics, the sweep of successes left in job_runs. Run by each executor, their
+cost would grow with the number of executors; run once per interval by whichever
+executor asks first, it does not. Each task has one row in `upkeep_turns` (on the
+coordinator on Citus), holding when its next turn begins: the first caller to ask at or
+after that moment takes the turn and sets the next one (TAKE_TURN).
 
 A caller that takes a turn and then fails leaves it taken: the task waits one interval.
 Two callers doing the task at once remain safe for every task here (reaping is a
 compare-and-set on the attempt, the upkeep's writes are guarded by the floors'
-versions, a second ANALYZE is only work wasted); the turn saves their cost, nothing more.
+versions, a second ANALYZE is only work wasted, a success moves once whoever moves
+it); the turn saves their cost, nothing more.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from runs.execution import queries
 REAPER = "reaper"  # the executors' read of expired leases (runs/execution/run_leases.py)
 OPEN_FLOORS = "open_floors"  # the open floor upkeep (runs/open_floors.py, keep)
 STATISTICS = "statistics"  # Citus: the shards' planner statistics (runs/execution/table_statistics.py)
+HISTORY_SWEEP = "history_sweep"  # Citus: successes no executor will move (runs/execution/history_moves.py)
 
 
 async def take(conn: psycopg.AsyncConnection, *, task: str, seconds: float) -> bool:
