@@ -298,21 +298,27 @@ def succeeded_in_place(key, *, ago: float) -> None:
 
 def test_a_sweep_moves_only_successes_left_long_enough(tenant):
     """history_moves.sweep: a success in job_runs that finished over SWEEP_AFTER_SECONDS
-    ago moves, once; a newer one is left to the executor that wrote it, one older than
-    SWEEP_WITHIN_SECONDS (written before executors moved successes) stays, and a run that
-    is not a success stays."""
+    ago moves, once; a newer one is left to the executor that wrote it; one that finished
+    over SWEEP_WITHIN_SECONDS ago (written before executors moved successes) stays, as
+    does one of a run scheduled before the SWEEP_DAYS the sweep reads; a run that is not
+    a success stays."""
     left, fresh, old, retrying = queue_runs(tenant, task_target("noop"), count=4)
-    succeeded_in_place(left, ago=history_moves.SWEEP_AFTER_SECONDS + 5)
+    before_days = datetime.now(UTC) - timedelta(days=history_moves.SWEEP_DAYS, hours=1)
+    (old_day,) = queue_runs(tenant, task_target("noop"), start=before_days)
+    for key in (left, old_day):
+        succeeded_in_place(key, ago=history_moves.SWEEP_AFTER_SECONDS + 5)
     succeeded_in_place(fresh, ago=history_moves.SWEEP_AFTER_SECONDS - 60)
     succeeded_in_place(old, ago=history_moves.SWEEP_WITHIN_SECONDS + 5)
     set_running(retrying)
     complete(retrying, "retrying")
     JobRunRow.objects.filter(job_id=retrying[0], scheduled_at=retrying[1]).update(
-        finished_at=datetime.now(UTC) - timedelta(days=1)
+        finished_at=datetime.now(UTC) - timedelta(seconds=history_moves.SWEEP_AFTER_SECONDS + 5)
     )
-    assert on_executor_connection(history_moves.sweep) == 1
-    assert on_executor_connection(history_moves.sweep) == 0
-    assert [where(key) for key in (left, fresh, old, retrying)] == [(0, 1), (1, 0), (1, 0), (1, 0)]
+    keys, _ = on_executor_connection(history_moves.left_behind)
+    assert keys == [(JobRun.objects.get(job_id=left[0], scheduled_at=left[1]).partition_id, *left)]
+    assert on_executor_connection(history_moves.sweep) == history_moves.Swept(1)
+    assert on_executor_connection(history_moves.sweep) == history_moves.Swept(0)
+    assert [where(key) for key in (left, fresh, old, old_day, retrying)] == [(0, 1)] + [(1, 0)] * 4
 
 
 def test_the_sweep_moves_what_a_killed_executor_left(steps, tenant):
@@ -333,9 +339,7 @@ def test_the_sweep_moves_what_a_killed_executor_left(steps, tenant):
         sweeper = steps()
         if on_citus():
             assert [where(key) for key in keys] == [(1, 0)] * 3
-            assert sweeper.run(sweeper.executor.sweep_history_once()) == 3
-        else:
-            assert sweeper.run(sweeper.executor.sweep_history_once()) == 0
+        sweeper.run(sweeper.executor._move_step())  # the reaper's step
         assert [where(key) for key in keys] == [(0, 1)] * 3
         # One turn per interval across executors.
         assert killed.run(killed.executor.sweep_history_once()) == 0
@@ -344,7 +348,9 @@ def test_the_sweep_moves_what_a_killed_executor_left(steps, tenant):
 
 
 def test_legacy_successes_in_job_runs_are_read_and_keep_their_key(tenant):
-    """Successes written before run_history existed stay in job_runs until retention."""
+    """Successes written before run_history existed stay in job_runs until retention (on
+    Citus, save those of the last day, which the sweep moves once they are five minutes
+    old)."""
     (key,) = queue_runs(tenant, task_target("noop"))
     now = datetime.now(UTC)
     JobRunRow.objects.filter(job_id=key[0], scheduled_at=key[1]).update(

@@ -386,7 +386,10 @@ class Executor:
             self._reap_conn, task=turns.HISTORY_SWEEP, seconds=history_moves.SWEEP_EVERY_SECONDS
         ):
             return 0
-        return await history_moves.sweep(self._reap_conn)
+        swept = await history_moves.sweep(self._reap_conn)
+        if swept.unreachable is not None:
+            self._outage.failed(swept.unreachable)
+        return swept.moved
 
     async def heartbeat_once(self) -> Beat:
         """Extend every in-flight lease; drop (cancel, write nothing) runs no longer ours."""

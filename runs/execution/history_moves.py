@@ -22,8 +22,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
+
+import psycopg
+from django.conf import settings
 
 from runs import per_partition
 from runs.execution import queries
@@ -44,12 +48,15 @@ MAX_PENDING = 500_000
 
 # The sweep: how often one executor looks for successes left in job_runs; how long after
 # its outcome a success counts as left (its executor moves it within seconds, or within
-# RETRY_SECONDS of a worker's return); and for how long after that the sweep moves it.
-# Successes written before the executors moved them (an upgrade) stay, save their last
-# day's: moving a month of them would write each again only for retention to drop it.
+# RETRY_SECONDS of a worker's return); for how long after that the sweep moves it; and
+# the days it reads, of runs scheduled at most SWEEP_DAYS before (older days' partitions
+# are not read). Successes written before the executors moved them (an upgrade) stay,
+# save those of its last day: moving a month of them would write each again only for
+# retention to drop it.
 SWEEP_EVERY_SECONDS = 60.0
 SWEEP_AFTER_SECONDS = 300.0
 SWEEP_WITHIN_SECONDS = 86_400.0
+SWEEP_DAYS = 2
 
 MoveKey = tuple[int, UUID, datetime]  # (partition_id, job_id, scheduled_at)
 
@@ -106,10 +113,11 @@ async def move(conn, keys: list[MoveKey]) -> int:
     run_history gained. A key whose run is not a success in job_runs (moved already, or
     its job deleted) moves nothing. Raises per_partition.WorkerUnreachable with the keys
     of the workers out of reach (nothing of theirs moved)."""
+    # In key order: a sweep and an executor moving the same rows lock them in one order.
     rows = await per_partition.run(
         conn,
         queries.MOVE_SUCCEEDED,
-        per_partition.group((key[0], key) for key in keys),
+        per_partition.group((key[0], key) for key in sorted(keys)),
         lambda batch: {
             **per_partition.window(*(key[2] for key in batch)),
             "run_partitions": [key[0] for key in batch],
@@ -120,21 +128,45 @@ async def move(conn, keys: list[MoveKey]) -> int:
     return len(rows)
 
 
-async def sweep(conn) -> int:
-    """Move up to MOVE_BATCH successes still in job_runs that finished between
-    SWEEP_WITHIN_SECONDS and SWEEP_AFTER_SECONDS ago; returns how many moved. A worker
-    out of reach keeps its successes for a later sweep (the others move)."""
-    cursor = await conn.execute(
-        queries.UNMOVED_SUCCEEDED,
-        {"after": SWEEP_AFTER_SECONDS, "within": SWEEP_WITHIN_SECONDS, "limit": MOVE_BATCH},
-    )
-    keys = [tuple(row) for row in await cursor.fetchall()]
+@dataclass(frozen=True)
+class Swept:
+    moved: int
+    unreachable: psycopg.Error | None = None  # a worker out of reach: its shards wait
+
+
+async def sweep(conn) -> Swept:
+    """Move the successes `left_behind` finds. A worker out of reach keeps its successes
+    for a later sweep; the others' move."""
+    keys, unreachable = await left_behind(conn)
     if not keys:
-        return 0
+        return Swept(0, unreachable)
     try:
         moved = await move(conn, keys)
     except per_partition.WorkerUnreachable as exc:
-        log.warning("sweep: %d success(es) wait for a worker out of reach (%s)", len(exc.items), exc.cause)
-        moved = len(exc.rows)
+        moved, unreachable = len(exc.rows), exc.cause
     log.info("swept %d success(es) left in job_runs to run_history", moved)
-    return moved
+    return Swept(moved, unreachable)
+
+
+async def left_behind(conn) -> tuple[list[MoveKey], psycopg.Error | None]:
+    """The keys of up to MOVE_BATCH successes still in job_runs, of runs of the last
+    SWEEP_DAYS, that finished between SWEEP_WITHIN_SECONDS and SWEEP_AFTER_SECONDS ago;
+    and the error of a worker out of reach (one statement per shard: the others
+    answer)."""
+    params = {
+        "since": datetime.now(UTC) - timedelta(days=SWEEP_DAYS),
+        "after": SWEEP_AFTER_SECONDS,
+        "within": SWEEP_WITHIN_SECONDS,
+        "limit": MOVE_BATCH,
+    }
+    unreachable = None
+    try:
+        rows = await per_partition.run(
+            conn,
+            queries.UNMOVED_SUCCEEDED,
+            {partition: [partition] for partition in range(settings.SCHEDULER_PARTITIONS)},
+            lambda _: params,
+        )
+    except per_partition.WorkerUnreachable as exc:
+        rows, unreachable = exc.rows, exc.cause
+    return [(row[0], row[1], row[2]) for row in rows][:MOVE_BATCH], unreachable

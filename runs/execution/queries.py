@@ -750,16 +750,19 @@ RETURNING job_id
 """)
 
 # Citus: the keys of successes written in place that no executor will move (the one that
-# wrote them was killed first, or gave up their keys) and that finished between `within`
-# and `after` seconds ago; history_moves.sweep moves them. One statement over every shard,
-# once a minute across all executors (turns.HISTORY_SWEEP); it reads job_runs' heap,
-# which holds the queue and the runs that stay (dead, skipped, cancelled), not the history.
-UNMOVED_SUCCEEDED = """
+# wrote them was killed first, or gave up their keys), of runs of the days from `since`
+# on, that finished between `within` and `after` seconds ago; history_moves.sweep moves
+# them. One statement per shard, once a minute across all executors
+# (turns.HISTORY_SWEEP). `since`, a value the worker plans with, leaves the older days'
+# partitions out; in the others it reads job_runs' heap, which holds the queue and the
+# runs that stay (dead, skipped, cancelled), not the history.
+UNMOVED_SUCCEEDED = per_partition.Forms.of("""
 SELECT r.partition_id, r.job_id, r.scheduled_at FROM job_runs r
-WHERE r.status = 'succeeded' AND r.finished_at < now() - make_interval(secs => %(after)s)
+WHERE r.partition_id {partition_filter} AND r.scheduled_at >= %(since)s::timestamptz
+  AND r.status = 'succeeded' AND r.finished_at < now() - make_interval(secs => %(after)s)
   AND r.finished_at >= now() - make_interval(secs => %(within)s)
 LIMIT %(limit)s
-"""
+""")
 
 # --- run leases (runs/execution/run_leases.py) ---------------------------------------------
 
