@@ -111,7 +111,11 @@ def every(template: str) -> str:
 # Why not on plain PostgreSQL: its executors keep one generic plan per statement
 # (runs/execution/connections.py), which plans every partition once whatever the bound,
 # and a range on a parameter is estimated at 0.5% of the rows, which once made the
-# probes read a tenant's whole day (docs/decisions/0035-claim-day-bounds.md).
+# probes read a tenant's whole day (docs/decisions/0035-claim-day-bounds.md). The
+# outcome statement is the exception (`bounded`): every reference in it is keyed, so the
+# bound changes no plan, and it prunes the days when the generic plan starts: without
+# it each execution set up every day partition of its two writes and two probes
+# (docs/decisions/0088-outcome-day-window.md).
 #
 # The open floor's bounds (runs/open_floors.py, docs/decisions/0078-open-floors.md), for
 # reads of a tenant's open runs of any day (the claim's running runs):
@@ -138,6 +142,17 @@ BOUND = re.compile(r"\{(" + "|".join(BOUNDS) + r"):(\w+)\}")
 WINDOW_BOUND = BOUNDS["in_window"]
 # A window's start that leaves out no day.
 EARLIEST = datetime(1, 1, 1, tzinfo=UTC)
+
+
+def bounded(template: str, *bounds: str) -> str:
+    """The template with the named bounds written out as their conditions on every
+    engine, plain PostgreSQL included (for a statement whose generic plan is cheaper to
+    start with its days pruned; see BOUNDS)."""
+
+    def written_out(m: re.Match) -> str:
+        return BOUNDS[m.group(1)].format(alias=m.group(2)) if m.group(1) in bounds else m.group(0)
+
+    return BOUND.sub(written_out, template)
 
 
 def window(*slots: datetime) -> dict[str, datetime]:

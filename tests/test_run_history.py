@@ -9,6 +9,7 @@ test-citus runs this file too)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from datetime import UTC, datetime, timedelta
@@ -171,6 +172,38 @@ def test_any_other_outcome_stays_in_job_runs(tenant, status):
     assert len(complete(key, status)) == 1
     assert where(key) == (1, 0)
     assert JobRun.objects.get(job_id=key[0], scheduled_at=key[1]).status == status
+
+
+def test_one_outcome_batch_writes_runs_of_days_apart(tenant):
+    """The outcome statement bounds its references by the batch's day window
+    (docs/decisions/0088-outcome-day-window.md): runs of slots days apart, and an
+    attempt that failed beside them, are all written in one batch."""
+    now = datetime.now(UTC)
+    keys = [
+        queue_runs(tenant, task_target("noop"), start=now - timedelta(days=days, minutes=5))[0]
+        for days in (3, 1, 0)
+    ]
+    for key in keys:
+        set_running(key)
+    entry = AttemptRecord(1, "x:1", None, None, None, "succeeded", 200, "", None)
+    completions = [
+        Completion(
+            job_id=key[0],
+            scheduled_at=key[1],
+            partition_id=JobRun.objects.get(job_id=key[0], scheduled_at=key[1]).partition_id,
+            attempt=1,
+            status=status,
+            retry_in_s=0.0 if status == "retrying" else None,
+            result_code=200 if status == "succeeded" else 500,
+            error="",
+            entry=dataclasses.replace(entry, outcome=status),
+        )
+        for key, status in zip(keys, ("succeeded", "retrying", "succeeded"), strict=True)
+    ]
+    written = on_executor_connection(lambda conn: outcomes.complete_runs(conn, completions))
+    assert written == {(*key, 1) for key in keys}
+    statuses = {key: JobRun.objects.get(job_id=key[0], scheduled_at=key[1]).status for key in keys}
+    assert list(statuses.values()) == ["succeeded", "retrying", "succeeded"]
 
 
 def test_a_retried_run_keeps_its_history_when_it_moves(tenant):

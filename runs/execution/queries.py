@@ -726,7 +726,9 @@ def _complete(*, move: bool) -> str:
 # plans each part on its own, through the coordinator, and with uuid columns fails to read
 # back one of its parts: "invalid input syntax for type uuid: PGCOPY").
 # docs/decisions/0087-citus-history-moves.md.
-COMPLETE = per_partition.Forms.per_engine(plain=_complete(move=True), citus=_complete(move=False))
+COMPLETE = per_partition.Forms.per_engine(
+    plain=per_partition.bounded(_complete(move=True), "in_window"), citus=_complete(move=False)
+)
 
 # Citus: move the successes of one shard named by their keys to run_history, as COMPLETE
 # does on plain PostgreSQL; runs/execution/history_moves.py runs it. One statement per
