@@ -95,7 +95,7 @@ def every(template: str) -> str:
 
 
 # Bounds a template names as `{<bound>:<alias>}` (BOUNDS): on Citus the conditions
-# below, on plain PostgreSQL `TRUE`.
+# below, on plain PostgreSQL `TRUE` unless the template is `bounded`.
 #
 # `{in_window:<alias>}`, a run's day window: `%(window_from)s <= <alias>.scheduled_at <
 # %(window_to)s` (`window` gives the two parameters).
@@ -109,12 +109,13 @@ def every(template: str) -> str:
 # may find (the keys of a batch, or a probe's own bound), so it changes no result.
 #
 # Why not on plain PostgreSQL: its executors keep one generic plan per statement
-# (runs/execution/connections.py), which plans every partition once whatever the bound,
-# and a range on a parameter is estimated at 0.5% of the rows, which once made the
-# probes read a tenant's whole day (docs/decisions/0035-claim-day-bounds.md). The
-# outcome statement is the exception (`bounded`): every reference in it is keyed, so the
-# bound changes no plan, and it prunes the days when the generic plan starts: without
-# it each execution set up every day partition of its two writes and two probes
+# (runs/execution/connections.py), which plans every partition once whatever the bound
+# (a bound on parameters prunes only when the plan starts), and a range on a parameter
+# is estimated at 0.5% of the rows, which once made the probes read a tenant's whole day
+# (docs/decisions/0035-claim-day-bounds.md). The outcome statement is the exception
+# (`bounded`): every reference in it is a keyed lookup, which the range cannot mislead,
+# and the bound prunes the days when the generic plan starts: without it each execution
+# set up every day partition of its two writes and two probes
 # (docs/decisions/0088-outcome-day-window.md).
 #
 # The open floor's bounds (runs/open_floors.py, docs/decisions/0078-open-floors.md), for
@@ -148,6 +149,9 @@ def bounded(template: str, *bounds: str) -> str:
     """The template with the named bounds written out as their conditions on every
     engine, plain PostgreSQL included (for a statement whose generic plan is cheaper to
     start with its days pruned; see BOUNDS)."""
+    unknown = set(bounds) - set(BOUNDS)
+    if unknown:
+        raise ValueError(f"no bound {sorted(unknown)}")
 
     def written_out(m: re.Match) -> str:
         return BOUNDS[m.group(1)].format(alias=m.group(2)) if m.group(1) in bounds else m.group(0)

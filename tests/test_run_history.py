@@ -176,12 +176,13 @@ def test_any_other_outcome_stays_in_job_runs(tenant, status):
 
 def test_one_outcome_batch_writes_runs_of_days_apart(tenant):
     """The outcome statement bounds its references by the batch's day window
-    (docs/decisions/0088-outcome-day-window.md): runs of slots days apart, and an
-    attempt that failed beside them, are all written in one batch."""
+    (docs/decisions/0088-outcome-day-window.md): runs of slots days apart, given out of
+    order, the newest after the outcome's `now`, and an attempt that failed beside them,
+    are all written in one batch."""
     now = datetime.now(UTC)
     keys = [
         queue_runs(tenant, task_target("noop"), start=now - timedelta(days=days, minutes=5))[0]
-        for days in (3, 1, 0)
+        for days in (1, 3, 0)
     ]
     for key in keys:
         set_running(key)
@@ -198,12 +199,14 @@ def test_one_outcome_batch_writes_runs_of_days_apart(tenant):
             error="",
             entry=dataclasses.replace(entry, outcome=status),
         )
-        for key, status in zip(keys, ("succeeded", "retrying", "succeeded"), strict=True)
+        for key, status in zip(keys, ("retrying", "succeeded", "succeeded"), strict=True)
     ]
-    written = on_executor_connection(lambda conn: outcomes.complete_runs(conn, completions))
+    written = on_executor_connection(
+        lambda conn: outcomes.complete_runs(conn, completions, now=now - timedelta(minutes=10))
+    )
     assert written == {(*key, 1) for key in keys}
     statuses = {key: JobRun.objects.get(job_id=key[0], scheduled_at=key[1]).status for key in keys}
-    assert list(statuses.values()) == ["succeeded", "retrying", "succeeded"]
+    assert list(statuses.values()) == ["retrying", "succeeded", "succeeded"]
 
 
 def test_a_retried_run_keeps_its_history_when_it_moves(tenant):

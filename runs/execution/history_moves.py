@@ -12,9 +12,10 @@ job_runs: every reader, and every check for a run key or a newer success, reads 
 tables. Keys are kept in memory only: an executor killed before it moved them, or one
 that gave them up, leaves those successes in job_runs, where they read the same until
 `sweep` moves them. Once a minute across all executors (turns.HISTORY_SWEEP), one reads
-the keys of successes that finished over SWEEP_AFTER_SECONDS ago (within the last day)
-and moves them as its own. It may meet a live executor's move of the same run: the later DELETE finds the row
-gone and moves nothing.
+the keys of successes of the last SWEEP_DAYS' slots that finished over
+SWEEP_AFTER_SECONDS ago (within the last day) and moves them as its own. It may meet a
+live executor's move of the same run: the later DELETE finds the row gone and moves
+nothing.
 """
 
 from __future__ import annotations
@@ -152,20 +153,21 @@ async def left_behind(conn) -> tuple[list[MoveKey], psycopg.Error | None]:
     """The keys of up to MOVE_BATCH successes still in job_runs, of runs of the last
     SWEEP_DAYS, that finished between SWEEP_WITHIN_SECONDS and SWEEP_AFTER_SECONDS ago;
     and the error of a worker out of reach (one statement per shard: the others
-    answer)."""
-    params = {
-        "since": datetime.now(UTC) - timedelta(days=SWEEP_DAYS),
-        "after": SWEEP_AFTER_SECONDS,
-        "within": SWEEP_WITHIN_SECONDS,
-        "limit": MOVE_BATCH,
-    }
+    answer). Each shard reads at most its partitions' share of MOVE_BATCH."""
+    partitions = settings.SCHEDULER_PARTITIONS
+    since = datetime.now(UTC) - timedelta(days=SWEEP_DAYS)
     unreachable = None
     try:
         rows = await per_partition.run(
             conn,
             queries.UNMOVED_SUCCEEDED,
-            {partition: [partition] for partition in range(settings.SCHEDULER_PARTITIONS)},
-            lambda _: params,
+            {partition: [partition] for partition in range(partitions)},
+            lambda batch: {
+                "since": since,
+                "after": SWEEP_AFTER_SECONDS,
+                "within": SWEEP_WITHIN_SECONDS,
+                "limit": -(-MOVE_BATCH * len(batch) // partitions),  # the share, rounded up
+            },
         )
     except per_partition.WorkerUnreachable as exc:
         rows, unreachable = exc.rows, exc.cause
