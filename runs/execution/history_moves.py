@@ -21,6 +21,7 @@ nothing.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -114,7 +115,8 @@ async def move(conn, keys: list[MoveKey]) -> int:
     run_history gained. A key whose run is not a success in job_runs (moved already, or
     its job deleted) moves nothing. Raises per_partition.WorkerUnreachable with the keys
     of the workers out of reach (nothing of theirs moved)."""
-    # In key order: a sweep and an executor moving the same rows lock them in one order.
+    # Sorted: where the plan locks rows in key order, a sweep and an executor moving the
+    # same rows lock them in one order and do not deadlock.
     rows = await per_partition.run(
         conn,
         queries.MOVE_SUCCEEDED,
@@ -166,7 +168,7 @@ async def left_behind(conn) -> tuple[list[MoveKey], psycopg.Error | None]:
                 "since": since,
                 "after": SWEEP_AFTER_SECONDS,
                 "within": SWEEP_WITHIN_SECONDS,
-                "limit": -(-MOVE_BATCH * len(batch) // partitions),  # the share, rounded up
+                "limit": math.ceil(MOVE_BATCH * len(batch) / partitions),
             },
         )
     except per_partition.WorkerUnreachable as exc:
