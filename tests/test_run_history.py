@@ -308,11 +308,8 @@ def test_a_move_takes_successes_only_and_each_once(tenant):
     (retrying, or moved already) stays where it is. (The success is written in place as
     the Citus outcome writes it; plain PostgreSQL's outcome would have moved it.)"""
     succeeded, retrying = queue_runs(tenant, task_target("noop"), count=2)
-    for key in (succeeded, retrying):
-        set_running(key)
-    JobRunRow.objects.filter(job_id=succeeded[0], scheduled_at=succeeded[1]).update(
-        status="succeeded", finished_at=datetime.now(UTC), lease_until=None
-    )
+    succeeded_in_place(succeeded, ago=0)
+    set_running(retrying)
     complete(retrying, "retrying")
     moves = [
         (JobRun.objects.get(job_id=key[0], scheduled_at=key[1]).partition_id, key[0], key[1])

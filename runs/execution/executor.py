@@ -175,8 +175,14 @@ class Executor:
         # Outcomes for a Citus worker out of reach are written again from this time.
         self._retry_writes_at = 0.0
         self._next_beat = float("inf")  # monotonic time the in-flight leases need extending
-        self._floors_due = 0.0  # monotonic time to ask for the open floor upkeep's turn
-        self._sweep_due = 0.0  # monotonic time to ask for the history sweep's turn (Citus)
+        self._floors_turn = turns.Asking(
+            turns.OPEN_FLOORS, seconds=open_floors.UPKEEP_SECONDS, every=FLOOR_TURN_SECONDS
+        )
+        self._sweep_turn = turns.Asking(  # Citus
+            turns.HISTORY_SWEEP,
+            seconds=history_moves.SWEEP_EVERY_SECONDS,
+            every=history_moves.SWEEP_EVERY_SECONDS,
+        )
         self._signals = False
         # Whether the last claim found nothing, and whether runs were announced since:
         # the plan about to be made for them must not come from statistics that call
@@ -268,10 +274,7 @@ class Executor:
         their oldest open runs (runs/open_floors.py), which the claims on Citus read
         running runs from and the dispatch insert's overlap read its days from. Whether
         it ran."""
-        if time.monotonic() < self._floors_due:
-            return False
-        self._floors_due = time.monotonic() + FLOOR_TURN_SECONDS
-        if not await turns.take(self._reap_conn, task=turns.OPEN_FLOORS, seconds=open_floors.UPKEEP_SECONDS):
+        if not await self._floors_turn.take(self._reap_conn):
             return False
         changed = await open_floors.keep(self._reap_conn)
         log.debug("open floors: %d changed", changed)
@@ -379,12 +382,7 @@ class Executor:
         history_moves.SWEEP_EVERY_SECONDS; one executor's turn per that interval): move
         successes left in job_runs that no executor will move (history_moves.sweep).
         How many moved."""
-        if not self._citus or time.monotonic() < self._sweep_due:
-            return 0
-        self._sweep_due = time.monotonic() + history_moves.SWEEP_EVERY_SECONDS
-        if not await turns.take(
-            self._reap_conn, task=turns.HISTORY_SWEEP, seconds=history_moves.SWEEP_EVERY_SECONDS
-        ):
+        if not self._citus or not await self._sweep_turn.take(self._reap_conn):
             return 0
         swept = await history_moves.sweep(self._reap_conn)
         if swept.unreachable is not None:

@@ -17,6 +17,9 @@ it); the turn saves their cost, nothing more.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+
 import psycopg
 
 from runs.execution import queries
@@ -35,3 +38,22 @@ async def take(conn: psycopg.AsyncConnection, *, task: str, seconds: float) -> b
     back)."""
     cursor = await conn.execute(queries.TAKE_TURN, {"task": task, "seconds": seconds})
     return await cursor.fetchone() is not None
+
+
+@dataclass
+class Asking:
+    """One process's asks for a task's turn, at most one per `every` seconds: for a
+    task whose turn lasts longer than the process's loop, asking each time round would
+    cost a coordinator statement for nothing."""
+
+    task: str
+    seconds: float  # the turn's length (`take`)
+    every: float  # how often this process asks
+    _due: float = 0.0  # monotonic time of the next ask
+
+    async def take(self, conn: psycopg.AsyncConnection) -> bool:
+        """Whether this caller does the task now: an ask is due and it took the turn."""
+        if time.monotonic() < self._due:
+            return False
+        self._due = time.monotonic() + self.every
+        return await take(conn, task=self.task, seconds=self.seconds)
