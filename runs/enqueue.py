@@ -63,7 +63,7 @@ SELECT job_id, scheduled_at, tenant_id, partition_id, status, "trigger", priorit
        CASE WHEN status = 'skipped' THEN now() END,
        CASE WHEN status = 'skipped' THEN 'skipped: an earlier run of this job is still active' ELSE '' END,
        '[]'::jsonb
-FROM decided
+FROM decided{floor_holds}
 ORDER BY position
 ON CONFLICT DO NOTHING
 RETURNING partition_id, job_id, scheduled_at, status
@@ -77,16 +77,21 @@ RETURNING partition_id, job_id, scheduled_at, status
 # its throughput. On Citus both name the batch's partitions: keyed by a join alone,
 # they would go to every shard, and one worker down would fail every insert
 # (docs/decisions/0073-one-worker-down.md).
+# Both name the days of their keys, so that the planner leaves out the other day
+# partitions: the join alone planned every day of the retention, 2.3 of the read's 2.6
+# ms per batch.
 _SUCCEEDED_SQL = """
 SELECT h.partition_id, h.job_id, h.scheduled_at
 FROM unnest(%b::smallint[], %b::uuid[], %b::timestamptz[]) AS k(partition_id, job_id, scheduled_at)
 JOIN run_history h
-  ON h.partition_id = k.partition_id AND h.job_id = k.job_id AND h.scheduled_at = k.scheduled_at"""
+  ON h.partition_id = k.partition_id AND h.job_id = k.job_id AND h.scheduled_at = k.scheduled_at
+WHERE h.scheduled_at BETWEEN %b::timestamptz AND %b::timestamptz"""
 # ... and the inserts of those undone, before anyone could see them.
 _UNDO_SQL = """
 DELETE FROM job_runs q
 USING unnest(%b::smallint[], %b::uuid[], %b::timestamptz[]) AS k(partition_id, job_id, scheduled_at)
-WHERE q.partition_id = k.partition_id AND q.job_id = k.job_id AND q.scheduled_at = k.scheduled_at"""
+WHERE q.partition_id = k.partition_id AND q.job_id = k.job_id AND q.scheduled_at = k.scheduled_at
+  AND q.scheduled_at BETWEEN %b::timestamptz AND %b::timestamptz"""
 _SUCCEEDED = {False: _SUCCEEDED_SQL, True: _SUCCEEDED_SQL + "\n  AND h.partition_id = ANY(%b::smallint[])"}
 _UNDO = {False: _UNDO_SQL, True: _UNDO_SQL + "\n  AND q.partition_id = ANY(%b::smallint[])"}
 
@@ -94,16 +99,24 @@ _UNDO = {False: _UNDO_SQL, True: _UNDO_SQL + "\n  AND q.partition_id = ANY(%b::s
 def _keys(rows: Sequence[tuple], *, citus: bool) -> list[list]:
     """_SUCCEEDED's and _UNDO's parameters for rows led by (partition_id, job_id, scheduled_at)."""
     columns = [[row[i] for row in rows] for i in range(3)]
-    return [*columns, sorted(set(columns[0]))] if citus else columns
+    keyed = [*columns, min(columns[2]), max(columns[2])]
+    return [*keyed, sorted(set(columns[0]))] if citus else keyed
 
 
 # The overlap read (`active`) differs by engine.
 # - Plain PostgreSQL takes the batch's job ids as an array and reads from the lowest open
 #   floor of the batch's tenants on: no open run of a tenant is older than its floor
-#   (runs/open_floors.py), and the bound prunes the day partitions below it when the
-#   statement runs (no tenant row found: no bound). Without it a month of days that
-#   hold finished runs cost two buffers per job and day: 390 jobs, 39 days, 24,930
-#   buffers and 6 ms; with it 2,311 and 3 ms.
+#   (runs/open_floors.py). Without the bound a month of days that hold finished runs
+#   cost two buffers per job and day: 390 jobs, 39 days, 24,930 buffers and 6 ms; with
+#   it 2,311 and 3 ms.
+#   The floor is read by a statement of its own (`LOWEST_FLOOR`) and given to the insert
+#   as a constant, which the planner prunes the days below by. Read inside the insert,
+#   it pruned them only when the statement ran, after the overlap read had been planned
+#   over every day: about 7 of a 500-run batch's 23 ms
+#   (docs/decisions/0089-dispatch-floor-constant.md). A writer that opens an older run
+#   lowers the floor, and may commit between the two statements: the insert writes only
+#   if the floor it sees is still no lower (`floor_holds`). When it wrote nothing,
+#   `enqueue_runs` runs the form that reads the floor itself (`_INSERT_READING_FLOOR`).
 #   The array rather than a join with `incoming`: joined, each day was probed once per
 #   job in a nested loop, as many buffers in twice the time. No partition list: beside a
 #   keyed lookup of job_runs it misleads the planner (runs/per_partition.py).
@@ -112,32 +125,63 @@ def _keys(rows: Sequence[tuple], *, citus: bool) -> list[list]:
 #   healthy workers' jobs too (docs/decisions/0073-one-worker-down.md). The array form
 #   took about twice as long there (2,000 jobs over 30 shards: 500-640 ms against
 #   265-350), probably because Citus writes the ids into the text of every shard's query.
+_FLOOR = "(SELECT coalesce(min(t.open_floor), '-infinity') FROM tenants t WHERE t.id = ANY(%b::bigint[]))"
+# The lowest floor of the batch's tenants, NULL for none (-infinity has no Python value),
+# and the same given back to the insert.
+LOWEST_FLOOR = f"SELECT nullif({_FLOOR}, '-infinity')"
+_GIVEN_FLOOR = "coalesce(%b::timestamptz, '-infinity')"
+
+
+def _form(active_runs_of: str, floor_holds: str = "") -> str:
+    return _INSERT_SQL.replace("{active_runs_of}", active_runs_of).replace("{floor_holds}", floor_holds)
+
+
 _INSERT = {
-    False: _INSERT_SQL.replace(
-        "{active_runs_of}",
-        "r.job_id = ANY(%b::uuid[])"
-        " AND r.scheduled_at >= (SELECT coalesce(min(t.open_floor), '-infinity') FROM tenants t"
-        " WHERE t.id = ANY(%b::bigint[]))",
+    False: _form(
+        f"r.job_id = ANY(%b::uuid[]) AND r.scheduled_at >= {_GIVEN_FLOOR}",
+        f"\nWHERE {_FLOOR} >= {_GIVEN_FLOOR}",
     ),
-    True: _INSERT_SQL.replace(
-        "{active_runs_of}",
-        "r.job_id IN (SELECT job_id FROM incoming) AND r.partition_id = ANY(%b::smallint[])",
-    ),
+    True: _form("r.job_id IN (SELECT job_id FROM incoming) AND r.partition_id = ANY(%b::smallint[])"),
 }
+_INSERT_READING_FLOOR = _form(f"r.job_id = ANY(%b::uuid[]) AND r.scheduled_at >= {_FLOOR}")
 
 _NEW_RUN_FIELDS = tuple(f.name for f in fields(NewRun))
 
 
-def _parameters(runs: Sequence[NewRun], *, citus: bool) -> list[list]:
+def _parameters(runs: Sequence[NewRun], *, citus: bool, floor: datetime | None = None) -> list[list]:
     """_INSERT[citus]'s parameters: one array per column of the runs, then the overlap
-    read's (_INSERT's comment)."""
+    read's (the comment above): on plain PostgreSQL the batch's lowest floor as
+    LOWEST_FLOOR read it."""
     # Bound server-side in binary. The batch used to travel as one JSON document for
     # jsonb_to_recordset: encoding it (dataclass to dict, dates to ISO text) and quoting
     # it into the SQL text client-side cost more than the insert.
     columns = [[getattr(run, name) for run in runs] for name in _NEW_RUN_FIELDS]
     if citus:
         return [*columns, sorted({run.partition_id for run in runs})]
-    return [*columns, columns[0], sorted({run.tenant_id for run in runs})]
+    return [*columns, columns[0], floor, _tenants(runs), floor]
+
+
+def _tenants(runs: Sequence[NewRun]) -> list[int]:
+    return sorted({run.tenant_id for run in runs})
+
+
+def _insert(cursor, runs: Sequence[NewRun], *, citus: bool) -> list[tuple]:
+    """The insert's RETURNING rows (the comment above says why two statements on plain
+    PostgreSQL, and three when the first insert wrote nothing)."""
+    if citus:
+        cursor.execute(_INSERT[True], _parameters(runs, citus=True), binary=True)
+        return cursor.fetchall()
+    cursor.execute(LOWEST_FLOOR, [_tenants(runs)], binary=True)
+    (floor,) = cursor.fetchone()
+    parameters = _parameters(runs, citus=False, floor=floor)
+    cursor.execute(_INSERT[False], parameters, binary=True)
+    inserted = cursor.fetchall()
+    if inserted:
+        return inserted
+    # Every run was there already, or a writer lowered the floor since it was read.
+    columns_and_ids, tenants = parameters[:-3], parameters[-2]
+    cursor.execute(_INSERT_READING_FLOOR, [*columns_and_ids, tenants], binary=True)
+    return cursor.fetchall()
 
 
 def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
@@ -159,8 +203,7 @@ def enqueue_runs(runs: Sequence[NewRun]) -> list[InsertedRun]:
         # transaction, as the insert of a batch over many shards does.
         open_floors.lower(cursor, ((run.tenant_id, run.scheduled_at) for run in runs))
         # binary: the RETURNING's timestamps load in C, not through Django's text loader.
-        cursor.execute(_INSERT[citus], _parameters(runs, citus=citus), binary=True)
-        inserted = cursor.fetchall()
+        inserted = _insert(cursor, runs, citus=citus)
         if not inserted:
             return []
         cursor.execute(_SUCCEEDED[citus], _keys(inserted, citus=citus), binary=True)

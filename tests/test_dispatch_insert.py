@@ -1,19 +1,22 @@
-"""The dispatch insert's overlap read (runs/enqueue.py) on plain PostgreSQL reads the
-day partitions from the lowest open floor of the batch's tenants on (runs/open_floors.py),
-not every day of the retention; and it still sees an old open run, whose insert lowered
-the floor."""
+"""The dispatch insert's overlap read (runs/enqueue.py) on plain PostgreSQL plans and reads
+the day partitions from the lowest open floor of the batch's tenants on
+(runs/open_floors.py), not every day of the retention; it still sees an old open run,
+whose insert lowered the floor, also when that insert commits between the floor's read
+and the dispatch insert."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 
 from jobs.dispatch.planning import run_for
 from jobs.tenant_services import create_tenant
-from runs import enqueue
+from runs import enqueue, open_floors
 from runs.day_partitions import maintain, partition_name
+from runs.execution.connections import database_conninfo
 from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
 from tests.support.runsapi import make_job
@@ -39,27 +42,32 @@ def past_days():
             cursor.execute(f'DROP TABLE IF EXISTS "{name}"')
 
 
-def _scanned(node: dict) -> set[str]:
-    """The job_runs partitions the plan read (not the ones pruned when it ran)."""
+def _job_runs_in(node: dict, *, scanned: bool) -> set[str]:
+    """The job_runs partitions in the plan (those not pruned while planning), or only those
+    it read (not pruned when it ran either)."""
     found = set()
     if node["Node Type"] != "ModifyTable" and node.get("Relation Name", "").startswith("job_runs"):
-        if node.get("Actual Loops", 0) > 0:
+        if not scanned or node.get("Actual Loops", 0) > 0:
             found.add(node["Relation Name"])
     for child in node.get("Plans", []):
-        found |= _scanned(child)
+        found |= _job_runs_in(child, scanned=scanned)
     return found
 
 
-def _overlap_read(runs) -> set[str]:
+def _overlap_read(runs) -> tuple[set[str], set[str]]:
+    """The job_runs partitions the insert planned, and those it read, as enqueue_runs runs it."""
     with transaction.atomic(), connection.wrap_database_errors, raw_cursor(connection) as cursor:
         # As in a database whose day partitions hold runs: no sequential scan of them.
         cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(enqueue.LOWEST_FLOOR, [sorted({run.tenant_id for run in runs})])
+        (floor,) = cursor.fetchone()
         cursor.execute(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + enqueue._INSERT[False], enqueue._parameters(runs, citus=False)
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + enqueue._INSERT[False],
+            enqueue._parameters(runs, citus=False, floor=floor),
         )
         plan = cursor.fetchone()[0][0]["Plan"]
         transaction.set_rollback(True)
-    return _scanned(plan)
+    return _job_runs_in(plan, scanned=False), _job_runs_in(plan, scanned=True)
 
 
 def test_the_overlap_read_starts_at_the_tenants_open_floor(past_days):
@@ -68,18 +76,64 @@ def test_the_overlap_read_starts_at_the_tenants_open_floor(past_days):
     slot = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     runs = [run_for(job, scheduled_at=slot, trigger="schedule") for job in jobs]
 
-    # A new tenant's floor is a day before its creation: no day before yesterday is read.
-    scanned = _overlap_read(runs)
-    assert scanned and not scanned & set(past_days), scanned
+    # A new tenant's floor is a day before its creation: no day before yesterday is
+    # planned, so none is read.
+    planned, scanned = _overlap_read(runs)
+    assert scanned and not planned & set(past_days), planned
 
     # An old run opened (a backfill four days back) lowers the floor: its day is read,
     # and the job's next slot is skipped behind it.
     old = slot.replace(hour=0) - timedelta(days=4)
     enqueue.enqueue_runs([run_for(jobs[0], scheduled_at=old, trigger="backfill", overlap_check=False)])
-    scanned = _overlap_read(runs)
+    planned, scanned = _overlap_read(runs)
     assert partition_name(old.date()) in scanned
-    assert not scanned & set(past_days[: PAST_DAYS - 4])
+    assert not planned & set(past_days[: PAST_DAYS - 4])
     with transaction.atomic():
         inserted = {run.job_id: run.status for run in enqueue.enqueue_runs(runs)}
     assert inserted[jobs[0].id] == "skipped"
     assert set(inserted.values()) == {"skipped", "queued"} and len(inserted) == len(jobs)
+
+
+class _OldRunOpenedAfterTheFloorsRead:
+    """A cursor that, right after the batch's floor is read, lets another session open an
+    old run of `job` (lowering its tenant's floor, as every writer does) and commit."""
+
+    def __init__(self, cursor, job, slot):
+        self.cursor, self.job, self.slot = cursor, job, slot
+
+    def execute(self, sql, params=None, **kwargs):
+        result = self.cursor.execute(sql, params, **kwargs)
+        if sql == enqueue.LOWEST_FLOOR:
+            with psycopg.connect(database_conninfo()) as other, other.cursor() as cursor:
+                open_floors.lower(cursor, [(self.job.tenant_id, self.slot)])
+                cursor.execute(
+                    "INSERT INTO job_runs (job_id, scheduled_at, tenant_id, partition_id, status, not_before,"
+                    " target_version) VALUES (%s, %s, %s, %s, 'queued', %s, %s)",
+                    [
+                        self.job.id,
+                        self.slot,
+                        self.job.tenant_id,
+                        self.job.partition_id,
+                        self.slot,
+                        self.job.target_version,
+                    ],
+                )
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self.cursor, name)
+
+
+def test_an_old_run_opened_after_the_floor_was_read_is_still_counted(past_days):
+    tenant = create_tenant(slug="late-old-run")[0]
+    jobs = [make_job(tenant, name=f"j{i}", overlap_policy="skip") for i in range(3)]
+    slot = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    runs = [run_for(job, scheduled_at=slot, trigger="schedule") for job in jobs]
+    old = slot.replace(hour=0) - timedelta(days=4)
+
+    # The floor read first is the tenant's recent one; the old run is below it. An insert
+    # that trusted it would not see that run, and would queue the job's next slot.
+    with transaction.atomic(), connection.wrap_database_errors, raw_cursor(connection) as cursor:
+        inserted = enqueue._insert(_OldRunOpenedAfterTheFloorsRead(cursor, jobs[0], old), runs, citus=False)
+    statuses = {job_id: status for _, job_id, _, status in inserted}
+    assert statuses == {jobs[0].id: "skipped", jobs[1].id: "queued", jobs[2].id: "queued"}
