@@ -78,7 +78,7 @@ RETURNING partition_id, job_id, scheduled_at, status
 # they would go to every shard, and one worker down would fail every insert
 # (docs/decisions/0073-one-worker-down.md).
 # Both name the days of their keys, so that the planner leaves out the other day
-# partitions: the join alone planned every day of the retention, 2.3 of the read's 2.6
+# partitions: the join alone planned every day of the retention, 2.3 of the read's 2.7
 # ms per batch.
 _SUCCEEDED_SQL = """
 SELECT h.partition_id, h.job_id, h.scheduled_at
@@ -109,10 +109,10 @@ def _keys(rows: Sequence[tuple], *, citus: bool) -> list[list]:
 #   (runs/open_floors.py). Without the bound a month of days that hold finished runs
 #   cost two buffers per job and day: 390 jobs, 39 days, 24,930 buffers and 6 ms; with
 #   it 2,311 and 3 ms.
-#   The floor is read by a statement of its own (`LOWEST_FLOOR`) and given to the insert
-#   as a constant, which the planner prunes the days below by. Read inside the insert,
-#   it pruned them only when the statement ran, after the overlap read had been planned
-#   over every day: about 7 of a 500-run batch's 23 ms
+#   The floor is read by a statement of its own (`open_floors.BATCH_FLOOR`) and given to
+#   the insert as a constant, which the planner prunes the days below by. Read inside
+#   the insert, it pruned them only when the statement ran, after the overlap read had
+#   been planned over every day: planning took about 9.5 of a 500-run batch's 28 ms
 #   (docs/decisions/0089-dispatch-floor-constant.md). A writer that opens an older run
 #   lowers the floor, and may commit between the two statements: the insert writes only
 #   if the floor it sees is still no lower (`floor_holds`). When it wrote nothing,
@@ -125,21 +125,19 @@ def _keys(rows: Sequence[tuple], *, citus: bool) -> list[list]:
 #   healthy workers' jobs too (docs/decisions/0073-one-worker-down.md). The array form
 #   took about twice as long there (2,000 jobs over 30 shards: 500-640 ms against
 #   265-350), probably because Citus writes the ids into the text of every shard's query.
-_FLOOR = "(SELECT coalesce(min(t.open_floor), '-infinity') FROM tenants t WHERE t.id = ANY(%b::bigint[]))"
-# The lowest floor of the batch's tenants, NULL for none (-infinity has no Python value),
-# and the same given back to the insert.
-LOWEST_FLOOR = f"SELECT nullif({_FLOOR}, '-infinity')"
+# The floor given back to the insert: NULL (no floor) is -infinity.
 _GIVEN_FLOOR = "coalesce(%b::timestamptz, '-infinity')"
 
 
-def _form(active_runs_of: str, floor_holds: str = "") -> str:
+def _form(active_runs_of: str, *, floor_holds: str = "") -> str:
     return _INSERT_SQL.replace("{active_runs_of}", active_runs_of).replace("{floor_holds}", floor_holds)
 
 
+_FLOOR = open_floors.TENANTS_FLOOR
 _INSERT = {
     False: _form(
         f"r.job_id = ANY(%b::uuid[]) AND r.scheduled_at >= {_GIVEN_FLOOR}",
-        f"\nWHERE {_FLOOR} >= {_GIVEN_FLOOR}",
+        floor_holds=f"\nWHERE {_FLOOR} >= {_GIVEN_FLOOR}",
     ),
     True: _form("r.job_id IN (SELECT job_id FROM incoming) AND r.partition_id = ANY(%b::smallint[])"),
 }
@@ -151,7 +149,7 @@ _NEW_RUN_FIELDS = tuple(f.name for f in fields(NewRun))
 def _parameters(runs: Sequence[NewRun], *, citus: bool, floor: datetime | None = None) -> list[list]:
     """_INSERT[citus]'s parameters: one array per column of the runs, then the overlap
     read's (the comment above): on plain PostgreSQL the batch's lowest floor as
-    LOWEST_FLOOR read it."""
+    open_floors.BATCH_FLOOR read it (None: the tenants have none)."""
     # Bound server-side in binary. The batch used to travel as one JSON document for
     # jsonb_to_recordset: encoding it (dataclass to dict, dates to ISO text) and quoting
     # it into the SQL text client-side cost more than the insert.
@@ -171,7 +169,7 @@ def _insert(cursor, runs: Sequence[NewRun], *, citus: bool) -> list[tuple]:
     if citus:
         cursor.execute(_INSERT[True], _parameters(runs, citus=True), binary=True)
         return cursor.fetchall()
-    cursor.execute(LOWEST_FLOOR, [_tenants(runs)], binary=True)
+    cursor.execute(open_floors.BATCH_FLOOR, [_tenants(runs)], binary=True)
     (floor,) = cursor.fetchone()
     parameters = _parameters(runs, citus=False, floor=floor)
     cursor.execute(_INSERT[False], parameters, binary=True)

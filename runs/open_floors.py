@@ -57,6 +57,14 @@ FROM unnest(%s::bigint[], %s::timestamptz[]) AS x(tenant_id, slot)
 WHERE t.id = x.tenant_id
 """
 
+# The lowest floor of some tenants, -infinity for none, as a sub-select (the run insert's
+# overlap read and its guard, runs/enqueue.py); and as a statement of its own, NULL for
+# none (-infinity has no Python value). Parameter: the tenant ids.
+TENANTS_FLOOR = (
+    "(SELECT coalesce(min(t.open_floor), '-infinity') FROM tenants t WHERE t.id = ANY(%b::bigint[]))"
+)
+BATCH_FLOOR = f"SELECT nullif({TENANTS_FLOOR}, '-infinity')"
+
 # --- the upkeep's statements (the executor runs them: `lowest`, `keep`) ---------------------
 
 # The lowest floor of all, NULL for none: the day windows of reads of every tenant's

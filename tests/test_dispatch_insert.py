@@ -6,9 +6,9 @@ and the dispatch insert."""
 
 from __future__ import annotations
 
+import threading
 from datetime import UTC, datetime, timedelta
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 
@@ -16,7 +16,6 @@ from jobs.dispatch.planning import run_for
 from jobs.tenant_services import create_tenant
 from runs import enqueue, open_floors
 from runs.day_partitions import maintain, partition_name
-from runs.execution.connections import database_conninfo
 from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
 from tests.support.runsapi import make_job
@@ -59,7 +58,7 @@ def _overlap_read(runs) -> tuple[set[str], set[str]]:
     with transaction.atomic(), connection.wrap_database_errors, raw_cursor(connection) as cursor:
         # As in a database whose day partitions hold runs: no sequential scan of them.
         cursor.execute("SET LOCAL enable_seqscan = off")
-        cursor.execute(enqueue.LOWEST_FLOOR, [sorted({run.tenant_id for run in runs})])
+        cursor.execute(open_floors.BATCH_FLOOR, [enqueue._tenants(runs)])
         (floor,) = cursor.fetchone()
         cursor.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + enqueue._INSERT[False],
@@ -94,30 +93,35 @@ def test_the_overlap_read_starts_at_the_tenants_open_floor(past_days):
     assert set(inserted.values()) == {"skipped", "queued"} and len(inserted) == len(jobs)
 
 
+def _backfill_elsewhere(job, slot) -> None:
+    """A backfill of `slot` committed by another session: Django gives the thread its own
+    connection, and enqueue_runs lowers the tenant's floor in the run's transaction."""
+
+    def backfill() -> None:
+        try:
+            with transaction.atomic():
+                enqueue.enqueue_runs(
+                    [run_for(job, scheduled_at=slot, trigger="backfill", overlap_check=False)]
+                )
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=backfill)
+    thread.start()
+    thread.join()
+
+
 class _OldRunOpenedAfterTheFloorsRead:
     """A cursor that, right after the batch's floor is read, lets another session open an
-    old run of `job` (lowering its tenant's floor, as every writer does) and commit."""
+    old run of `job` and commit."""
 
     def __init__(self, cursor, job, slot):
         self.cursor, self.job, self.slot = cursor, job, slot
 
     def execute(self, sql, params=None, **kwargs):
         result = self.cursor.execute(sql, params, **kwargs)
-        if sql == enqueue.LOWEST_FLOOR:
-            with psycopg.connect(database_conninfo()) as other, other.cursor() as cursor:
-                open_floors.lower(cursor, [(self.job.tenant_id, self.slot)])
-                cursor.execute(
-                    "INSERT INTO job_runs (job_id, scheduled_at, tenant_id, partition_id, status, not_before,"
-                    " target_version) VALUES (%s, %s, %s, %s, 'queued', %s, %s)",
-                    [
-                        self.job.id,
-                        self.slot,
-                        self.job.tenant_id,
-                        self.job.partition_id,
-                        self.slot,
-                        self.job.target_version,
-                    ],
-                )
+        if sql == open_floors.BATCH_FLOOR:
+            _backfill_elsewhere(self.job, self.slot)
         return result
 
     def __getattr__(self, name):
