@@ -146,16 +146,21 @@ _INSERT_READING_FLOOR = _form(f"r.job_id = ANY(%b::uuid[]) AND r.scheduled_at >=
 _NEW_RUN_FIELDS = tuple(f.name for f in fields(NewRun))
 
 
-def _parameters(runs: Sequence[NewRun], *, citus: bool, floor: datetime | None = None) -> list[list]:
-    """_INSERT[citus]'s parameters: one array per column of the runs, then the overlap
-    read's (the comment above): on plain PostgreSQL the batch's lowest floor as
-    open_floors.BATCH_FLOOR read it (None: the tenants have none)."""
+def _parameters(
+    runs: Sequence[NewRun], *, citus: bool, floor: datetime | None = None, reading_floor: bool = False
+) -> list[list]:
+    """The insert's parameters: one array per column of the runs, then the overlap
+    read's (the comment above). For _INSERT on plain PostgreSQL, the batch's lowest floor
+    as open_floors.BATCH_FLOOR read it (None: the tenants have none); for
+    _INSERT_READING_FLOOR (`reading_floor`), the tenants only."""
     # Bound server-side in binary. The batch used to travel as one JSON document for
     # jsonb_to_recordset: encoding it (dataclass to dict, dates to ISO text) and quoting
     # it into the SQL text client-side cost more than the insert.
     columns = [[getattr(run, name) for run in runs] for name in _NEW_RUN_FIELDS]
     if citus:
         return [*columns, sorted({run.partition_id for run in runs})]
+    if reading_floor:
+        return [*columns, columns[0], _tenants(runs)]
     return [*columns, columns[0], floor, _tenants(runs), floor]
 
 
@@ -171,14 +176,12 @@ def _insert(cursor, runs: Sequence[NewRun], *, citus: bool) -> list[tuple]:
         return cursor.fetchall()
     cursor.execute(open_floors.BATCH_FLOOR, [_tenants(runs)], binary=True)
     (floor,) = cursor.fetchone()
-    parameters = _parameters(runs, citus=False, floor=floor)
-    cursor.execute(_INSERT[False], parameters, binary=True)
+    cursor.execute(_INSERT[False], _parameters(runs, citus=False, floor=floor), binary=True)
     inserted = cursor.fetchall()
     if inserted:
         return inserted
     # Every run was there already, or a writer lowered the floor since it was read.
-    columns_and_ids, tenants = parameters[:-3], parameters[-2]
-    cursor.execute(_INSERT_READING_FLOOR, [*columns_and_ids, tenants], binary=True)
+    cursor.execute(_INSERT_READING_FLOOR, _parameters(runs, citus=False, reading_floor=True), binary=True)
     return cursor.fetchall()
 
 
