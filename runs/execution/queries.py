@@ -101,6 +101,23 @@ NOT_AHEAD = f"(r.scheduled_at < now() + interval '{AHEAD.days} day' OR r.schedul
 # plan leaves those partitions out when it starts. '-infinity' where there is no bound.
 OPEN_FROM = "r.scheduled_at >= %(open_from)s::timestamptz"
 
+
+def held(alias: str) -> str:
+    """The fence of a write that names its runs by key: the run is still running.
+
+    `(status = 'running') IS TRUE` holds for the same rows as `status = 'running'`
+    (status is NOT NULL), but the planner cannot prove job_runs_running_idx's predicate
+    from it, so it cannot pick that index and finds each run by its run key. From the
+    bare equality it could, and did: a generic plan made while the statistics counted
+    no running run (an ANALYZE taken just after a burst was queued, the common case at
+    the top of the hour) walked the whole running index once for each run of the
+    batch, so an outcome's cost grew with every run in flight on any executor: 32
+    outcomes took 11 ms with 2,000 runs in flight against 2.4 ms by key
+    (docs/decisions/0090-keyed-writes-find-runs-by-key.md).
+    """
+    return f"({alias}.status = 'running') IS TRUE"
+
+
 # Runs of busy skip/buffer_one jobs are passed over, in the claim and in its plan (a
 # tenant whose only due runs are blocked would take a place for nothing). Needs `busy`.
 NOT_BLOCKED = """(r.overlap_policy NOT IN ('skip', 'buffer_one')
@@ -437,7 +454,7 @@ cancelled AS (
     FROM older x
     WHERE o.partition_id {{partition_filter}} AND o.partition_id = x.partition_id
       AND o.job_id = x.job_id AND o.scheduled_at = x.scheduled_at
-      AND o.attempt = x.attempt AND o.status = 'running' AND {{since_floor:o}}
+      AND o.attempt = x.attempt AND {held("o")} AND {{since_floor:o}}
     RETURNING o.job_id
 )"""
 
@@ -596,9 +613,9 @@ CLAIM_IN_SHARD = {
 _OUTCOMES = """jsonb_to_recordset(%(rows)s::jsonb) AS x(
         partition_id smallint, job_id uuid, scheduled_at timestamptz, attempt integer, status text,
         not_before timestamptz, result_code integer, error text, entry jsonb)"""
-_FENCED = """r.partition_id {partition_filter} AND r.partition_id = x.partition_id
-      AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at AND {in_window:r}
-      AND r.attempt = x.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])"""
+_FENCED = f"""r.partition_id {{partition_filter}} AND r.partition_id = x.partition_id
+      AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at AND {{in_window:r}}
+      AND r.attempt = x.attempt AND {held("r")} AND r.job_id = ANY(%(job_ids)s::uuid[])"""
 _UPDATED = f"""updated AS (
     UPDATE job_runs r SET
         status = x.status,
@@ -770,14 +787,14 @@ LIMIT %(limit)s
 
 # Extend the leases of the attempts still held; run_leases.heartbeat_runs runs it.
 HEARTBEAT = per_partition.Forms.of(
-    """
+    f"""
 UPDATE job_runs r SET lease_until = to_timestamp(%(epoch)s + r.lease_seconds)
 FROM unnest(%(run_partitions)s::smallint[], %(job_ids)s::uuid[], %(scheduled)s::timestamptz[],
             %(attempts)s::integer[])
     AS h(partition_id, job_id, scheduled_at, attempt)
-WHERE r.partition_id {partition_filter} AND r.partition_id = h.partition_id
-  AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at AND {in_window:r}
-  AND r.attempt = h.attempt AND r.status = 'running' AND r.job_id = ANY(%(job_ids)s::uuid[])
+WHERE r.partition_id {{partition_filter}} AND r.partition_id = h.partition_id
+  AND r.job_id = h.job_id AND r.scheduled_at = h.scheduled_at AND {{in_window:r}}
+  AND r.attempt = h.attempt AND {held("r")} AND r.job_id = ANY(%(job_ids)s::uuid[])
 RETURNING r.job_id, r.scheduled_at, r.attempt
 """
 )
@@ -907,7 +924,7 @@ FROM jsonb_to_recordset(%(rows)s::jsonb) AS x(partition_id smallint, job_id uuid
                                                attempt integer, until timestamptz, reason text)
 WHERE r.partition_id {{partition_filter}} AND r.partition_id = x.partition_id
   AND r.job_id = x.job_id AND r.scheduled_at = x.scheduled_at AND {{in_window:r}}
-  AND r.attempt = x.attempt AND r.status = 'running'
+  AND r.attempt = x.attempt AND {held("r")}
 RETURNING r.job_id
 """
 )
