@@ -54,7 +54,7 @@ class Explaining:
         return _NoRows()
 
 
-# The parameters' types, as the executor's connection binds them.
+# The parameters' types for PREPARE (the statement's casts take the text to jsonb).
 _TYPES = {datetime: "timestamptz", str: "text", list: "uuid[]"}
 
 
@@ -63,13 +63,19 @@ class _NoRows:
         return []
 
 
-def runs_read(plan: dict) -> int:
-    """Rows of job_runs the plan's scans returned or filtered out, over all their loops."""
-    read = 0
-    if plan["Node Type"].endswith("Scan") and plan.get("Relation Name", "").startswith("job_runs"):
-        loops = plan.get("Actual Loops", 1)
-        read += (plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * loops
-    return read + sum(runs_read(child) for child in plan.get("Plans", []))
+def repeated_walks(plan: dict) -> list[tuple[str, float]]:
+    """The scans of job_runs the plan repeats (once per row of the batch) that read more
+    than one run each time: (index, runs read per loop). A lookup by key reads one."""
+    walks = []
+    of_runs = plan["Node Type"].endswith("Scan") and plan.get("Relation Name", "").startswith("job_runs")
+    if of_runs and plan.get("Actual Loops", 0) > 1:
+        # EXPLAIN gives both counts per loop.
+        per_loop = plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
+        if per_loop > 1:
+            walks.append((plan.get("Index Name", plan["Node Type"]), per_loop))
+    for child in plan.get("Plans", []):
+        walks += repeated_walks(child)
+    return walks
 
 
 def test_outcomes_look_each_run_up_by_its_key_however_many_runs_are_in_flight(tenant):
@@ -86,19 +92,22 @@ def test_outcomes_look_each_run_up_by_its_key_however_many_runs_are_in_flight(te
         )
         claimed = cursor.fetchall()
     now = datetime.now(UTC)
+    # Successes (moved to run_history) and failures (updated in place): each half of the
+    # statement finds its runs.
+    statuses = ["succeeded", "retrying", "dead"]
     done = [
         rows.Completion(
             job_id=job_id,
             scheduled_at=scheduled_at,
             partition_id=partition_id,
             attempt=1,
-            status="succeeded",
-            retry_in_s=None,
-            result_code=None,
-            error="",
-            entry=AttemptRecord(1, "x:1", now, now, None, "succeeded", None, "", None),
+            status=statuses[i % 3],
+            retry_in_s=30.0 if statuses[i % 3] == "retrying" else None,
+            result_code=500,
+            error="" if statuses[i % 3] == "succeeded" else "boom",
+            entry=AttemptRecord(1, "x:1", now, now, None, statuses[i % 3], 500, "", None),
         )
-        for partition_id, job_id, scheduled_at in claimed[:BATCH]
+        for i, (partition_id, job_id, scheduled_at) in enumerate(claimed[:BATCH])
     ]
 
     async def explain(conn) -> list[dict]:
@@ -108,8 +117,15 @@ def test_outcomes_look_each_run_up_by_its_key_however_many_runs_are_in_flight(te
 
     (plan,) = on_executor_connection(explain)
     with connection.cursor() as cursor:
+        # The statement ran and wrote every outcome.
         cursor.execute("SELECT count(*) FROM run_history WHERE tenant_id = %s", [tenant.id])
-        assert cursor.fetchone()[0] == BATCH  # the statement ran, and moved the batch
-    # One lookup per outcome (two branches, each reads the runs of its own status): with
-    # the running index, each outcome read all 400 runs in flight.
-    assert runs_read(plan) <= 2 * BATCH
+        assert cursor.fetchone()[0] == len([c for c in done if c.status == "succeeded"])
+        cursor.execute(
+            "SELECT count(*) FROM job_runs WHERE tenant_id = %s AND status IN ('retrying', 'dead')",
+            [tenant.id],
+        )
+        assert cursor.fetchone()[0] == len([c for c in done if c.status != "succeeded"])
+    # A lookup per outcome. Through the running index, the plan read every run in flight
+    # (400) again for each outcome. (A single pass over a small partition, hashed against
+    # the batch, is the planner's choice by the table's size, and costed as such.)
+    assert repeated_walks(plan) == []

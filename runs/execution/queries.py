@@ -105,14 +105,14 @@ OPEN_FROM = "r.scheduled_at >= %(open_from)s::timestamptz"
 def held(alias: str) -> str:
     """The fence of a write that names its runs by key: the run is still running.
 
-    `(status = 'running') IS TRUE` holds for the same rows as `status = 'running'`
-    (status is NOT NULL), but the planner cannot prove job_runs_running_idx's predicate
-    from it, so it cannot pick that index and finds each run by its run key. From the
-    bare equality it could, and did: a generic plan made while the statistics counted
-    no running run (an ANALYZE taken just after a burst was queued, the common case at
-    the top of the hour) walked the whole running index once for each run of the
-    batch, so an outcome's cost grew with every run in flight on any executor: 32
-    outcomes took 11 ms with 2,000 runs in flight against 2.4 ms by key
+    `(status = 'running') IS TRUE` keeps the same rows as `status = 'running'`, but the
+    planner cannot prove job_runs_running_idx's predicate from it, so that index is no
+    candidate and each run is found by its run key. From the bare equality it could,
+    and did: a generic plan made on statistics that counted no running run (an ANALYZE
+    taken while a burst was still queued: runs/execution/table_statistics.py takes one
+    before the burst's first claim, autovacuum soon after its dispatch) walked the whole
+    running index once per run of the batch, so an outcome's cost grew with every run in
+    flight on any executor: 11 ms against 2.4 ms for 32 outcomes with 2,000 in flight
     (docs/decisions/0090-keyed-writes-find-runs-by-key.md).
     """
     return f"({alias}.status = 'running') IS TRUE"
@@ -853,7 +853,7 @@ UPDATE job_runs r SET
 FROM expired e
 WHERE r.partition_id {{partition_filter}} AND r.partition_id = e.partition_id
   AND r.job_id = e.job_id AND r.scheduled_at = e.scheduled_at
-  AND r.status = 'running' AND r.lease_until < %(now)s
+  AND {held("r")} AND r.lease_until < %(now)s
 RETURNING r.job_id, r.scheduled_at, r.tenant_id, r.job_name, r.attempt, r.owner, r.status, r.last_error
 """)
 
