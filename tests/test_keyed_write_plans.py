@@ -82,8 +82,8 @@ def test_outcomes_look_each_run_up_by_its_key_however_many_runs_are_in_flight(te
     start = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     keys = queue_runs(tenant, task_target("noop"), count=IN_FLIGHT, start=start, spacing=timedelta(0))
     with connection.cursor() as cursor:
-        # Statistics taken while every run was queued, as autovacuum takes them just after
-        # a burst is dispatched: they count no running run.
+        # Statistics taken while every run was queued, as the executor's table statistics
+        # and autovacuum take them at the start of a burst: they count no running run.
         cursor.execute(f"ANALYZE {day_partition_of(keys[0])}")
         cursor.execute(
             "UPDATE job_runs SET status = 'running', attempt = 1, lease_until = now() + interval '1 hour'"
@@ -94,21 +94,23 @@ def test_outcomes_look_each_run_up_by_its_key_however_many_runs_are_in_flight(te
     now = datetime.now(UTC)
     # Successes (moved to run_history) and failures (updated in place): each half of the
     # statement finds its runs.
-    statuses = ["succeeded", "retrying", "dead"]
-    done = [
-        rows.Completion(
-            job_id=job_id,
-            scheduled_at=scheduled_at,
-            partition_id=partition_id,
-            attempt=1,
-            status=statuses[i % 3],
-            retry_in_s=30.0 if statuses[i % 3] == "retrying" else None,
-            result_code=500,
-            error="" if statuses[i % 3] == "succeeded" else "boom",
-            entry=AttemptRecord(1, "x:1", now, now, None, statuses[i % 3], 500, "", None),
+    outcomes_of = [("succeeded", 200, ""), ("retrying", 503, "busy"), ("dead", 500, "broken")]
+    done = []
+    for i, (partition_id, job_id, scheduled_at) in enumerate(claimed[:BATCH]):
+        status, code, error = outcomes_of[i % 3]
+        done.append(
+            rows.Completion(
+                job_id=job_id,
+                scheduled_at=scheduled_at,
+                partition_id=partition_id,
+                attempt=1,
+                status=status,
+                retry_in_s=30.0 if status == "retrying" else None,
+                result_code=code,
+                error=error,
+                entry=AttemptRecord(1, "x:1", now, now, None, status, code, error, None),
+            )
         )
-        for i, (partition_id, job_id, scheduled_at) in enumerate(claimed[:BATCH])
-    ]
 
     async def explain(conn) -> list[dict]:
         explaining = Explaining(conn, queries.COMPLETE.many)
