@@ -18,6 +18,7 @@ from runs import enqueue, open_floors
 from runs.day_partitions import maintain, partition_name
 from scheduler_project.citus import citus_installed
 from scheduler_project.db import raw_cursor
+from tests.support.plans import job_runs_reads
 from tests.support.runsapi import make_job
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,13 +45,11 @@ def past_days():
 def _job_runs_in(node: dict, *, scanned: bool) -> set[str]:
     """The job_runs partitions in the plan (those not pruned while planning), or only those
     it read (not pruned when it ran either)."""
-    found = set()
-    if node["Node Type"] != "ModifyTable" and node.get("Relation Name", "").startswith("job_runs"):
-        if not scanned or node.get("Actual Loops", 0) > 0:
-            found.add(node["Relation Name"])
-    for child in node.get("Plans", []):
-        found |= _job_runs_in(child, scanned=scanned)
-    return found
+    return {
+        read["Relation Name"]
+        for read in job_runs_reads(node)
+        if not scanned or read.get("Actual Loops", 0) > 0
+    }
 
 
 def _overlap_read(runs) -> tuple[set[str], set[str]]:

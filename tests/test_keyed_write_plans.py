@@ -16,6 +16,7 @@ from runs import rows
 from runs.attempts import AttemptRecord
 from runs.execution import outcomes, queries
 from tests.support.executor import day_partition_of, on_executor_connection, queue_runs, task_target
+from tests.support.plans import job_runs_reads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -66,16 +67,13 @@ class _NoRows:
 def repeated_walks(plan: dict) -> list[tuple[str, float]]:
     """The scans of job_runs the plan repeats (once per row of the batch) that read more
     than one run each time: (index, runs read per loop). A lookup by key reads one."""
-    walks = []
-    of_runs = plan["Node Type"].endswith("Scan") and plan.get("Relation Name", "").startswith("job_runs")
-    if of_runs and plan.get("Actual Loops", 0) > 1:
-        # EXPLAIN gives both counts per loop.
-        per_loop = plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)
-        if per_loop > 1:
-            walks.append((plan.get("Index Name", plan["Node Type"]), per_loop))
-    for child in plan.get("Plans", []):
-        walks += repeated_walks(child)
-    return walks
+    # EXPLAIN gives both counts per loop.
+    return [
+        (read.get("Index Name", read["Node Type"]), per_loop)
+        for read in job_runs_reads(plan)
+        if read.get("Actual Loops", 0) > 1
+        and (per_loop := read.get("Actual Rows", 0) + read.get("Rows Removed by Filter", 0)) > 1
+    ]
 
 
 def test_outcomes_look_each_run_up_by_its_key_however_many_runs_are_in_flight(tenant):
